@@ -1,0 +1,30 @@
+"""fsspec-shards: a retrying, verifying, cached fsspec protocol and resumable sample streams.
+
+Importing this package is cheap: the storage layer loads with fsspec's entry point, and the
+iteration module (which may import torch) loads on first use of :class:`ShardDataset`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsspec_shards.errors import IntegrityError, ShardFormatError
+
+if TYPE_CHECKING:
+    from fsspec_shards.iteration.dataset import ShardDataset
+    from fsspec_shards.storage.filesystem import WdsFileSystem
+
+__version__ = "0.1.0"
+__all__ = ["IntegrityError", "ShardDataset", "ShardFormatError", "WdsFileSystem", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ShardDataset":
+        from fsspec_shards.iteration.dataset import ShardDataset
+
+        return ShardDataset
+    if name == "WdsFileSystem":
+        from fsspec_shards.storage.filesystem import WdsFileSystem
+
+        return WdsFileSystem
+    raise AttributeError(f"module 'fsspec_shards' has no attribute {name!r}")

@@ -1,0 +1,121 @@
+"""Option parsing and defaults shared by the storage layer, the iteration module and the CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CACHE_SIZE = 20 * 1024**3
+"""Default upper bound of the cache: 20 GiB. Bounded so a forgotten cache cannot fill a disk."""
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_size(value: int | float | str) -> int:
+    """Parse a byte count: an int, or a string such as ``"50GB"`` (decimal) or ``"1GiB"`` (binary)."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid size {value!r}: expected bytes as an int or a string like '50GB'")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"invalid size {value!r}: must not be negative")
+        return int(value)
+    match = _SIZE_RE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(
+            f"invalid size {value!r}: expected bytes as an int or a string like '50GB' or '1GiB'"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    """Parse a boolean option that may come from an environment variable as a string."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"invalid value {value!r} for option {name!r}: expected true or false")
+
+
+def parse_int(value: Any, name: str, minimum: int = 0) -> int:
+    """Parse an integer option that may come from an environment variable as a string."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid value {value!r} for option {name!r}: expected an integer") from None
+    if number < minimum:
+        raise ValueError(f"invalid value {value!r} for option {name!r}: must be >= {minimum}")
+    return number
+
+
+def parse_float(value: Any, name: str, minimum: float = 0.0) -> float:
+    """Parse a number option that may come from an environment variable as a string."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid value {value!r} for option {name!r}: expected a number") from None
+    if number < minimum:
+        raise ValueError(f"invalid value {value!r} for option {name!r}: must be >= {minimum}")
+    return number
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache directory (XDG on Linux, ~/Library/Caches on macOS)."""
+    if os.name == "nt":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif os.uname().sysname == "Darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "fsspec-shards"
+
+
+def default_cache_dir() -> str:
+    """``FSSPEC_SHARDS_CACHE``, then webdataset's ``WDS_CACHE``, then the user cache directory."""
+    for name in ("FSSPEC_SHARDS_CACHE", "WDS_CACHE"):
+        if os.environ.get(name):
+            return os.path.expanduser(os.environ[name])
+    return str(user_cache_dir())
+
+
+def default_cache_size() -> int:
+    """``FSSPEC_SHARDS_CACHE_SIZE``, then ``WDS_CACHE_SIZE``, then :data:`DEFAULT_CACHE_SIZE`."""
+    for name in ("FSSPEC_SHARDS_CACHE_SIZE", "WDS_CACHE_SIZE"):
+        if os.environ.get(name):
+            try:
+                return parse_size(os.environ[name])
+            except ValueError as exc:
+                raise ValueError(f"environment variable {name}: {exc}") from None
+    return DEFAULT_CACHE_SIZE
+
+
+def verbose_cache() -> bool:
+    """webdataset's ``WDS_VERBOSE_CACHE``: log every cache download at INFO on stderr."""
+    return parse_bool(os.environ.get("WDS_VERBOSE_CACHE", "0"), "WDS_VERBOSE_CACHE")

@@ -1,0 +1,116 @@
+"""Exceptions shared by the storage and iteration layers, and URL redaction for messages."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+REDACTED = "REDACTED"
+
+# Query parameters that carry credentials in pre-signed / SAS / token URLs.
+_SECRET_QUERY_KEYS = frozenset(
+    {
+        "x-amz-signature",
+        "x-amz-credential",
+        "x-amz-security-token",
+        "signature",
+        "awsaccesskeyid",
+        "x-goog-signature",
+        "x-goog-credential",
+        "googleaccessid",
+        "sig",
+        "sv",
+        "se",
+        "st",
+        "sp",
+        "spr",
+        "srt",
+        "ss",
+        "sr",
+        "skoid",
+        "sktid",
+        "skt",
+        "ske",
+        "sks",
+        "skv",
+        "token",
+        "access_token",
+        "key",
+        "api_key",
+        "apikey",
+        "password",
+        "secret",
+    }
+)
+
+
+class IntegrityError(OSError):
+    """Bytes from storage did not match the expected size or checksum."""
+
+    def __init__(self, url: str, expected: str, actual: str, detail: str = "") -> None:
+        self.url = redact_url(url)
+        self.expected = expected
+        self.actual = actual
+        message = f"integrity check failed for {self.url}: expected {expected}, got {actual}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.expected, self.actual))
+
+
+class ShardFormatError(ValueError):
+    """A shard is not a well-formed tar archive."""
+
+    def __init__(self, shard: str, offset: int, reason: str) -> None:
+        self.shard = redact_url(shard)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"malformed tar shard {self.shard} at byte {offset}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.shard, self.offset, self.reason))
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with user info and credential-bearing query values replaced.
+
+    Works on chained fsspec URLs (``wds::s3://...``) and on plain paths.
+    """
+    if not isinstance(url, str):
+        return url
+    if "::" in url:
+        return "::".join(redact_url(part) for part in url.split("::"))
+    if "://" not in url and "?" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("?", 1)[0] + ("?" + REDACTED if "?" in url else "")
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, REDACTED if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs],
+            safe=REDACTED,
+        )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def strip_secrets(url: str) -> str:
+    """Return ``url`` without user info and without credential-bearing query parameters.
+
+    Used to derive cache keys: two signed URLs of the same object map to one key.
+    """
+    if "::" in url:
+        return "::".join(strip_secrets(part) for part in url.split("::"))
+    if "://" not in url and "?" not in url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_QUERY_KEYS])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
