@@ -38,7 +38,9 @@ _FALSE = {"0", "false", "no", "off", ""}
 def parse_size(value: int | float | str) -> int:
     """Parse a byte count: an int, or a string such as ``"50GB"`` (decimal) or ``"1GiB"`` (binary)."""
     if isinstance(value, bool):
-        raise ValueError(f"invalid size {value!r}: expected bytes as an int or a string like '50GB'")
+        raise ValueError(
+            f"invalid size {value!r}: expected bytes as an int or a string like '50GB'"
+        )
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError(f"invalid size {value!r}: must not be negative")
@@ -69,7 +71,9 @@ def parse_int(value: Any, name: str, minimum: int = 0) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"invalid value {value!r} for option {name!r}: expected an integer") from None
+        raise ValueError(
+            f"invalid value {value!r} for option {name!r}: expected an integer"
+        ) from None
     if number < minimum:
         raise ValueError(f"invalid value {value!r} for option {name!r}: must be >= {minimum}")
     return number
@@ -80,7 +84,9 @@ def parse_float(value: Any, name: str, minimum: float = 0.0) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"invalid value {value!r} for option {name!r}: expected a number") from None
+        raise ValueError(
+            f"invalid value {value!r} for option {name!r}: expected a number"
+        ) from None
     if number < minimum:
         raise ValueError(f"invalid value {value!r} for option {name!r}: must be >= {minimum}")
     return number

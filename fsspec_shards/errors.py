@@ -50,13 +50,14 @@ class IntegrityError(OSError):
         self.url = redact_url(url)
         self.expected = expected
         self.actual = actual
+        self.detail = detail
         message = f"integrity check failed for {self.url}: expected {expected}, got {actual}"
         if detail:
             message += f" ({detail})"
         super().__init__(message)
 
     def __reduce__(self):
-        return (type(self), (self.url, self.expected, self.actual))
+        return (type(self), (self.url, self.expected, self.actual, self.detail))
 
 
 class ShardFormatError(ValueError):

@@ -1,0 +1,74 @@
+import pytest
+
+from fsspec_shards import config
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (1234, 1234),
+        ("1234", 1234),
+        ("50GB", 50 * 1000**3),
+        ("50 gb", 50 * 1000**3),
+        ("1GiB", 1024**3),
+        ("1.5MiB", int(1.5 * 1024**2)),
+        ("10k", 10_000),
+        ("2TiB", 2 * 1024**4),
+    ],
+)
+def test_parse_size_accepts_decimal_and_binary_units(text, expected):
+    assert config.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "GB", "10 parsecs", "-5", -1, True, "1e9"])
+def test_parse_size_rejects_garbage_with_a_clear_message(bad):
+    with pytest.raises(ValueError, match="invalid size"):
+        config.parse_size(bad)
+
+
+def test_cache_dir_prefers_fsspec_shards_over_webdataset_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("WDS_CACHE", str(tmp_path / "wds"))
+    assert config.default_cache_dir() == str(tmp_path / "wds")
+    monkeypatch.setenv("FSSPEC_SHARDS_CACHE", str(tmp_path / "ours"))
+    assert config.default_cache_dir() == str(tmp_path / "ours")
+
+
+def test_cache_dir_defaults_to_the_user_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("WDS_CACHE", raising=False)
+    monkeypatch.delenv("FSSPEC_SHARDS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert config.default_cache_dir() == str(tmp_path / "fsspec-shards")
+
+
+def test_cache_size_is_bounded_by_default_and_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv("WDS_CACHE_SIZE", raising=False)
+    monkeypatch.delenv("FSSPEC_SHARDS_CACHE_SIZE", raising=False)
+    assert config.default_cache_size() == config.DEFAULT_CACHE_SIZE
+    monkeypatch.setenv("WDS_CACHE_SIZE", "1GiB")
+    assert config.default_cache_size() == 1024**3
+    monkeypatch.setenv("FSSPEC_SHARDS_CACHE_SIZE", "2GB")
+    assert config.default_cache_size() == 2 * 1000**3
+
+
+def test_bad_cache_size_in_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("FSSPEC_SHARDS_CACHE_SIZE", "lots")
+    with pytest.raises(ValueError, match="FSSPEC_SHARDS_CACHE_SIZE"):
+        config.default_cache_size()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("1", True), ("yes", True), ("0", False), ("off", False)]
+)
+def test_parse_bool_reads_environment_style_values(text, expected):
+    assert config.parse_bool(text, "x") is expected
+
+
+def test_parse_bool_and_int_reject_garbage_naming_the_option():
+    with pytest.raises(ValueError, match="'verify'"):
+        config.parse_bool("maybe", "verify")
+    with pytest.raises(ValueError, match="'retries'"):
+        config.parse_int("many", "retries")
+    with pytest.raises(ValueError, match=">= 1"):
+        config.parse_int("0", "retries", minimum=1)
+    with pytest.raises(ValueError, match="'timeout'"):
+        config.parse_float("soon", "timeout")
