@@ -36,7 +36,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 def parse_size(value: int | float | str) -> int:
-    """Parse a byte count: an int, or a string such as ``"50GB"`` (decimal) or ``"1GiB"`` (binary)."""
+    """Parse a byte count: an int, or a string like ``"50GB"`` (decimal) or ``"1GiB"`` (binary)."""
     if isinstance(value, bool):
         raise ValueError(
             f"invalid size {value!r}: expected bytes as an int or a string like '50GB'"
