@@ -1,0 +1,358 @@
+"""A fast, strict, streaming tar reader for webdataset shards.
+
+Reads 512-byte headers straight from a buffered stream and slices their fields, which is
+several times faster than :mod:`tarfile`. Member names follow :mod:`tarfile`'s rules
+(ustar prefix, GNU long names, pax ``path``/``size`` records, global pax headers), so the
+members equal what webdataset sees. Unlike :mod:`tarfile` in stream mode, which stops
+silently at a damaged header, every malformation raises
+:class:`~fsspec_shards.errors.ShardFormatError` with the byte offset of the damage.
+Memory stays bounded by the member being read: data is read in bounded pieces, so a
+header that claims a huge size on a short stream fails at truncation without allocating it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from fsspec_shards.errors import ShardFormatError
+
+logger = logging.getLogger("fsspec_shards.tar")
+
+BLOCK_SIZE = 512
+MAX_MEMBER_SIZE = 1 << 40
+STREAM_BUFFER_SIZE = 1 << 20
+READ_PIECE_SIZE = 16 << 20
+MAX_EXTENDED_HEADER_SIZE = 8 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_SUFFIXES = (".gz", ".tgz")
+
+_ZERO_BLOCK = bytes(BLOCK_SIZE)
+_REGULAR_TYPES = frozenset((b"0", b"\0", b"7"))
+# Types that tarfile knows and treats as having no data blocks, whatever their size field says.
+_DATALESS_TYPES = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))
+_GNU_LONG_TYPES = frozenset((b"L", b"K"))
+_PAX_LOCAL_TYPES = frozenset((b"x", b"X"))
+_COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+@dataclass(slots=True)
+class TarMember:
+    """One regular file of a tar: its full name, its bytes and where it lies in the tar."""
+
+    name: str
+    data: bytes
+    offset: int
+    end: int
+
+
+def _number(field: bytes) -> int:
+    """Decode a numeric header field: NUL/space-terminated octal, or GNU base-256."""
+    lead = field[0]
+    if lead == 0x80:
+        return int.from_bytes(field[1:], "big")
+    if lead == 0xFF:
+        return int.from_bytes(field[1:], "big") - (1 << (8 * (len(field) - 1)))
+    nul = field.find(0)
+    if nul >= 0:
+        field = field[:nul]
+    field = field.strip()
+    if not field:
+        return 0
+    if not field.isdigit():
+        raise ValueError(f"not an octal number: {field!r}")
+    return int(field, 8)
+
+
+def _checksum_ok(header: bytes, declared: int) -> bool:
+    """Check the header checksum, unsigned (POSIX) or signed (old Sun/NeXT tars).
+
+    The unsigned sum is computed with adler32 over two 256-byte halves: below 65521 the
+    low half of adler32 is exactly 1 + the byte sum, and C is much faster than ``sum()``.
+    """
+    total = (zlib.adler32(header[:256]) & 0xFFFF) + (zlib.adler32(header[256:]) & 0xFFFF) - 2
+    unsigned = total - sum(header[148:156]) + 256
+    if declared == unsigned:
+        return True
+    high_bytes = sum(1 for i, byte in enumerate(header) if byte >= 0x80 and not 148 <= i < 156)
+    return declared == unsigned - 256 * high_bytes
+
+
+def _name_field(raw: bytes) -> str:
+    nul = raw.find(0)
+    if nul >= 0:
+        raw = raw[:nul]
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _parse_pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
+    """Parse ``"<len> <keyword>=<value>\\n"`` records of a pax extended header."""
+    records: dict[str, str] = {}
+    pos = 0
+    end = len(payload)
+    while pos < end and payload[pos] != 0:
+        space = payload.find(b" ", pos, pos + 24)
+        length_text = payload[pos:space] if space > pos else b""
+        if not length_text.isdigit():
+            raise ShardFormatError(shard, offset, "malformed pax record length")
+        length = int(length_text)
+        record_end = pos + length
+        if length <= len(length_text) + 1 or record_end > end or payload[record_end - 1] != 0x0A:
+            raise ShardFormatError(shard, offset, "malformed pax record")
+        keyword, sep, value = payload[space + 1 : record_end - 1].partition(b"=")
+        if not sep:
+            raise ShardFormatError(shard, offset, "pax record without '='")
+        records[keyword.decode("utf-8", "surrogateescape")] = value.decode(
+            "utf-8", "surrogateescape"
+        )
+        pos = record_end
+    if any(key.startswith("GNU.sparse.") for key in records):
+        raise ShardFormatError(shard, offset, "sparse members are not supported")
+    return records
+
+
+def _pax_size(records: dict[str, str], shard: str, offset: int) -> int | None:
+    text = records.get("size")
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise ShardFormatError(shard, offset, f"invalid pax size {text[:40]!r}")
+    return int(text)
+
+
+def iter_members(
+    stream: BinaryIO, shard: str, start: int = 0, max_member_size: int = MAX_MEMBER_SIZE
+) -> Iterator[TarMember]:
+    """Yield the regular files of the tar read from ``stream``, in archive order.
+
+    ``stream`` is positioned at uncompressed offset ``start``, a header boundary (pass the
+    result of :func:`open_shard_stream`). Offsets reported are absolute in the uncompressed
+    tar. Directories, links, devices and unknown types are skipped, as tarfile/webdataset
+    do. Iteration ends at the first all-zero block or at end of stream on a block boundary;
+    anything else malformed raises :class:`ShardFormatError`.
+    """
+    read = stream.read
+    position = start
+    header_offset = start
+    member_offset: int | None = None
+    long_name: str | None = None
+    pax_name: str | None = None
+    pax_size: int | None = None
+    global_name: str | None = None
+    try:
+        while True:
+            header_offset = position
+            header = read(BLOCK_SIZE)
+            if len(header) != BLOCK_SIZE:
+                if header:
+                    header += _read_exactly(read, BLOCK_SIZE - len(header))
+                if not header:
+                    if member_offset is not None:
+                        raise ShardFormatError(
+                            shard, member_offset, "archive ends after an extended header"
+                        )
+                    return
+                if len(header) != BLOCK_SIZE:
+                    raise ShardFormatError(
+                        shard, header_offset, f"truncated header ({len(header)} of 512 bytes)"
+                    )
+            if header == _ZERO_BLOCK:
+                if member_offset is not None:
+                    raise ShardFormatError(
+                        shard, member_offset, "archive ends after an extended header"
+                    )
+                return
+            position += BLOCK_SIZE
+            try:
+                declared = _number(header[148:156])
+                size = _number(header[124:136])
+            except ValueError as exc:
+                raise ShardFormatError(
+                    shard, header_offset, f"invalid number field: {exc}"
+                ) from None
+            if not _checksum_ok(header, declared):
+                raise ShardFormatError(shard, header_offset, "bad header checksum")
+            if size < 0:
+                raise ShardFormatError(shard, header_offset, f"negative size {size}")
+            kind = header[156:157]
+            if member_offset is None:
+                member_offset = header_offset
+
+            if kind == b"\0" and header[:100].split(b"\0", 1)[0].endswith(b"/"):
+                kind = b"5"  # an old V7 directory: a regular-file type with a trailing slash
+            if kind in _REGULAR_TYPES:
+                if pax_size is not None:
+                    size = pax_size
+                if size > max_member_size:
+                    raise ShardFormatError(
+                        shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
+                    )
+                if size <= READ_PIECE_SIZE:
+                    data = read(size)
+                    if len(data) != size:
+                        data += _read_exactly(read, size - len(data))
+                else:
+                    data = _read_exactly(read, size)
+                if len(data) != size:
+                    raise ShardFormatError(
+                        shard,
+                        member_offset,
+                        f"truncated member: {size} data bytes declared at {position}, "
+                        f"stream ends after {len(data)}",
+                    )
+                position += size
+                padding = -size % BLOCK_SIZE
+                if padding:
+                    pad = read(padding)
+                    if len(pad) != padding:
+                        pad += _read_exactly(read, padding - len(pad))
+                        if len(pad) != padding:
+                            raise ShardFormatError(
+                                shard, member_offset, f"stream ends inside padding at {position}"
+                            )
+                    position += padding
+                name = long_name or pax_name or global_name
+                if name is None:
+                    name = _name_field(header[:100])
+                    if header[345] != 0:
+                        name = _name_field(header[345:500]) + "/" + name
+                yield TarMember(name, data, member_offset, position)
+                member_offset = long_name = pax_name = pax_size = None
+                continue
+
+            if kind in _DATALESS_TYPES:
+                member_offset = long_name = pax_name = pax_size = None
+                continue
+            if kind == b"S":
+                raise ShardFormatError(shard, header_offset, "sparse members are not supported")
+            if kind in _GNU_LONG_TYPES or kind in _PAX_LOCAL_TYPES or kind == b"g":
+                if size > MAX_EXTENDED_HEADER_SIZE:
+                    raise ShardFormatError(
+                        shard,
+                        header_offset,
+                        f"extended header size {size} exceeds limit {MAX_EXTENDED_HEADER_SIZE}",
+                    )
+                payload = _read_exactly(read, size + (-size % BLOCK_SIZE))
+                if len(payload) != size + (-size % BLOCK_SIZE):
+                    raise ShardFormatError(shard, header_offset, "truncated extended header")
+                position += len(payload)
+                payload = payload[:size]
+                if kind == b"L":
+                    if long_name is None and pax_name is None:
+                        long_name = _name_field(payload)
+                elif kind in _PAX_LOCAL_TYPES:
+                    records = _parse_pax_records(payload, shard, header_offset)
+                    if "path" in records and long_name is None and pax_name is None:
+                        pax_name = records["path"].rstrip("/")
+                    new_size = _pax_size(records, shard, header_offset)
+                    if new_size is not None and pax_size is None:
+                        pax_size = new_size
+                elif kind == b"g":
+                    records = _parse_pax_records(payload, shard, header_offset)
+                    if "size" in records:
+                        raise ShardFormatError(
+                            shard, header_offset, "size in a global pax header is not supported"
+                        )
+                    if "path" in records:
+                        global_name = records["path"].rstrip("/") or None
+                    member_offset = None
+                continue
+            # An unknown type: tarfile skips its data blocks and webdataset ignores it.
+            if pax_size is not None:
+                size = pax_size
+            if size > max_member_size:
+                raise ShardFormatError(
+                    shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
+                )
+            skipped = _skip(read, size + (-size % BLOCK_SIZE))
+            if skipped != size + (-size % BLOCK_SIZE):
+                raise ShardFormatError(shard, member_offset, "truncated member of unknown type")
+            position += skipped
+            member_offset = long_name = pax_name = pax_size = None
+    except _COMPRESSED_STREAM_ERRORS as exc:
+        raise ShardFormatError(shard, header_offset, f"corrupt compressed stream: {exc}") from None
+
+
+def _read_exactly(read, count: int) -> bytes:
+    """Read up to ``count`` bytes in bounded pieces; shorter only at end of stream."""
+    pieces = []
+    remaining = count
+    while remaining > 0:
+        piece = read(min(remaining, READ_PIECE_SIZE))
+        if not piece:
+            break
+        pieces.append(piece)
+        remaining -= len(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _skip(read, count: int) -> int:
+    """Read and drop ``count`` bytes in bounded pieces; return how many there were."""
+    skipped = 0
+    while skipped < count:
+        piece = read(min(count - skipped, READ_PIECE_SIZE))
+        if not piece:
+            break
+        skipped += len(piece)
+    return skipped
+
+
+def parse_members(
+    data: bytes, shard: str, base_offset: int, max_member_size: int = MAX_MEMBER_SIZE
+) -> list[TarMember]:
+    """Parse the members in ``data``, the byte range ``[base_offset, base_offset+len(data))``
+    of an uncompressed tar that starts and ends on member boundaries."""
+    return list(iter_members(io.BytesIO(data), shard, base_offset, max_member_size))
+
+
+def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
+    """Return the next ``count`` bytes without consuming them, or None if impossible."""
+    peek = getattr(fileobj, "peek", None)
+    if peek is not None:
+        return peek(count)[:count]
+    if fileobj.seekable():
+        position = fileobj.tell()
+        head = fileobj.read(count)
+        fileobj.seek(position)
+        return head
+    return None
+
+
+def _buffered(fileobj: BinaryIO) -> BinaryIO:
+    if isinstance(fileobj, (io.BufferedReader, io.BufferedRandom, io.BytesIO)):
+        return fileobj
+    return io.BufferedReader(fileobj, STREAM_BUFFER_SIZE)
+
+
+def is_gzip_shard(shard: str, fileobj: BinaryIO) -> bool:
+    """True when the shard is gzip-compressed: by magic bytes, else by its name."""
+    head = _peek(fileobj, 2)
+    if head is not None and len(head) == 2:
+        return head == GZIP_MAGIC
+    return shard.split("?", 1)[0].lower().endswith(GZIP_SUFFIXES)
+
+
+def open_shard_stream(fileobj: BinaryIO, shard: str) -> BinaryIO:
+    """Return a buffered stream of the uncompressed tar in ``fileobj``.
+
+    gzip is detected by its magic bytes (or, when the file cannot be peeked, by a
+    ``.gz``/``.tgz`` name). A plain tar comes back buffered and as seekable as ``fileobj``.
+    """
+    buffered = _buffered(fileobj)
+    if is_gzip_shard(shard, buffered):
+        logger.debug("reading %s as gzip", shard)
+        return io.BufferedReader(gzip.GzipFile(fileobj=buffered, mode="rb"), STREAM_BUFFER_SIZE)
+    return buffered
+
+
+def is_seekable_shard(shard: str, fileobj: BinaryIO) -> bool:
+    """True when a reader may seek to a member offset: plain tar on a seekable file.
+
+    False for gzip: resuming a compressed shard must re-read it from the start.
+    """
+    return fileobj.seekable() and not is_gzip_shard(shard, fileobj)
