@@ -1,0 +1,295 @@
+"""ShardDataset: webdataset-format samples from sharded tars, split, shuffled and resumable.
+
+One epoch of one consumer (a DataLoader worker of one rank) reads its part of the epoch's
+shard order (:mod:`~fsspec_shards.iteration.order`), shard by shard and sample by sample
+(:mod:`~fsspec_shards.iteration.reader`), optionally through a seeded shuffle buffer
+(:mod:`~fsspec_shards.iteration.shuffle`), while the next shards are prefetched into the
+storage cache (:mod:`~fsspec_shards.iteration.prefetch`). After every delivered sample the
+stream's position is a small :class:`~fsspec_shards.iteration.state.StreamState`;
+:meth:`ShardDataset.state_dict` returns it and :meth:`ShardDataset.load_state_dict` makes a
+fresh dataset continue from it exactly, seeking instead of re-reading.
+
+Epochs change only through :meth:`ShardDataset.set_epoch`. A loaded state resumes the epoch
+it was taken in; a state taken after the last sample of epoch ``e`` leaves nothing of ``e``,
+so iterating ``e`` again yields nothing and ``set_epoch(e + 1)`` starts ``e + 1`` from its
+beginning. See docs/resumption.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
+from fsspec_shards.iteration.order import Consumer, consumer_shards, current_consumer, shard_order
+from fsspec_shards.iteration.prefetch import ShardPrefetcher
+from fsspec_shards.iteration.reader import ShardReader
+from fsspec_shards.iteration.rng import CounterRNG
+from fsspec_shards.iteration.samples import RawSample, to_dict
+from fsspec_shards.iteration.shuffle import ShuffleBuffer, shuffle_key
+from fsspec_shards.iteration.state import (
+    SampleRef,
+    StreamState,
+    check_fingerprint,
+    urls_digest,
+)
+from fsspec_shards.iteration.urls import expand_urls
+
+try:
+    from torch.utils.data import IterableDataset as _DatasetBase
+except ImportError:
+    _DatasetBase = object
+
+logger = logging.getLogger("fsspec_shards.dataset")
+
+HANDLERS = ("raise", "warn", "skip")
+SHARD_ERRORS = (OSError, IntegrityError, ShardFormatError)
+"""What makes a shard broken: cannot be opened or read, fails verification, or is malformed."""
+
+Entry = tuple[SampleRef, RawSample]
+
+
+@dataclass(slots=True)
+class _Live:
+    """The position of the iterator currently running, read by ``state_dict()``."""
+
+    state: StreamState
+    buffer: ShuffleBuffer[Entry] | None
+
+    def snapshot(self) -> StreamState:
+        state = self.state
+        buffer_refs = [ref for ref, _ in self.buffer.items] if self.buffer is not None else []
+        rng_counter = self.buffer.rng.counter if self.buffer is not None else 0
+        return StreamState(
+            fingerprint=dict(state.fingerprint),
+            epoch=state.epoch,
+            shard=state.shard,
+            offset=state.offset,
+            rng_counter=rng_counter,
+            buffer=buffer_refs,
+            delivered=state.delivered,
+            finished=state.finished,
+        )
+
+
+@dataclass(slots=True)
+class _Stats:
+    samples: int = 0
+    shards_done: int = 0
+    shards_failed: int = 0
+    failures: list[tuple[str, BaseException]] = field(default_factory=list)
+
+
+class ShardDataset(_DatasetBase):
+    """Samples (dicts of ``__key__``, ``__url__`` and one bytes value per extension) of shards.
+
+    ``urls`` is a brace pattern or a list of URLs (fsspec chains such as ``wds::s3://...``
+    included); ``storage_options`` go to ``fsspec.core.url_to_fs``. ``transforms`` are
+    callables applied in order to each delivered sample dict. See the contract (section 2).
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        storage_options: Mapping[str, Any] | None = None,
+        shuffle_shards: bool = True,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        split_by_node: bool = True,
+        split_by_worker: bool = True,
+        handler: str = "raise",
+        prefetch: int = 2,
+        *,
+        transforms: Sequence[Callable[[dict], Any]] = (),
+    ) -> None:
+        if handler not in HANDLERS:
+            raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
+        if int(shuffle_buffer) < 0 or int(prefetch) < 0:
+            raise ValueError("shuffle_buffer and prefetch must be >= 0")
+        self.urls = expand_urls(urls)
+        if not self.urls:
+            raise ValueError(f"no shard URLs in {urls!r}")
+        self.storage_options = dict(storage_options or {})
+        self.shuffle_shards = bool(shuffle_shards)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.seed = int(seed)
+        self.split_by_node = bool(split_by_node)
+        self.split_by_worker = bool(split_by_worker)
+        self.handler = handler
+        self.prefetch = int(prefetch)
+        self.transforms = tuple(transforms)
+        self.epoch = 0
+        self._reader = ShardReader(self.storage_options)
+        self._pending: StreamState | None = None
+        self._live: _Live | None = None
+        self._stats = _Stats()
+
+    # --- epochs and state -------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next iteration reads; its shard order comes from (seed, epoch)."""
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last delivered sample, as a small JSON-serialisable dict."""
+        if self._pending is not None and self._pending.epoch == self.epoch:
+            return self._pending.to_dict()
+        if self._live is not None and self._live.state.epoch == self.epoch:
+            return self._live.snapshot().to_dict()
+        return StreamState(self._fingerprint(self._consumer()), epoch=self.epoch).to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration; ValueError if made with other args."""
+        loaded = StreamState.from_dict(state)
+        check_fingerprint(loaded.fingerprint, self._fingerprint(self._consumer()))
+        if self.shuffle_buffer and len(loaded.buffer) >= self.shuffle_buffer:
+            raise ValueError(
+                f"the state holds {len(loaded.buffer)} buffered samples, "
+                f"more than a shuffle buffer of {self.shuffle_buffer} keeps between samples"
+            )
+        self._pending = loaded
+        self._live = None
+        self.epoch = loaded.epoch
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of this dataset object in this process: samples, shards done and failed."""
+        return {
+            "samples": self._stats.samples,
+            "shards_done": self._stats.shards_done,
+            "shards_failed": self._stats.shards_failed,
+            "failures": list(self._stats.failures),
+        }
+
+    def _consumer(self) -> Consumer:
+        return current_consumer(self.split_by_node, self.split_by_worker)
+
+    def _fingerprint(self, consumer: Consumer) -> dict[str, Any]:
+        return {
+            "urls": urls_digest(self.urls),
+            "shards": len(self.urls),
+            "seed": self.seed,
+            "shuffle_shards": self.shuffle_shards,
+            "shuffle_buffer": self.shuffle_buffer,
+            "rank": consumer.rank,
+            "world_size": consumer.world_size,
+            "worker": consumer.worker,
+            "num_workers": consumer.num_workers,
+        }
+
+    def _start_state(self, fingerprint: dict[str, Any]) -> StreamState:
+        """The loaded state when it is for this epoch, else the start of this epoch."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            check_fingerprint(pending.fingerprint, fingerprint)
+            if pending.epoch == self.epoch:
+                return pending
+            logger.info(
+                "dropping the loaded state of epoch %d: set_epoch(%d) chose another epoch",
+                pending.epoch,
+                self.epoch,
+            )
+        return StreamState(fingerprint, epoch=self.epoch)
+
+    def consumer_urls(self, epoch: int, consumer: Consumer) -> list[str]:
+        """The shard URLs ``consumer`` reads in ``epoch``, in order."""
+        order = shard_order(len(self.urls), self.seed, epoch, self.shuffle_shards)
+        return [self.urls[index] for index in consumer_shards(order, consumer)]
+
+    # --- iteration ----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict]:
+        consumer = self._consumer()
+        urls = self.consumer_urls(self.epoch, consumer)
+        state = self._start_state(self._fingerprint(consumer))
+        buffer = None
+        if self.shuffle_buffer:
+            rng = CounterRNG(
+                shuffle_key(self.seed, state.epoch, consumer.rank, consumer.worker),
+                state.rng_counter,
+            )
+            buffer = ShuffleBuffer(self.shuffle_buffer, rng)
+        live = _Live(state, buffer)
+        self._live = live
+        return self._deliver(urls, live)
+
+    def _deliver(self, urls: list[str], live: _Live) -> Iterator[dict]:
+        state = live.state
+        if state.finished:
+            return
+        prefetcher = ShardPrefetcher(urls, self._reader.locate, self.prefetch)
+        try:
+            source = self._read(urls, state, prefetcher)
+            if live.buffer is None:
+                entries = source
+            else:
+                live.buffer.items = self._reread(urls, state.buffer)
+                entries = live.buffer.shuffle(source)
+            for _, sample in entries:
+                state.delivered += 1
+                self._stats.samples += 1
+                yield self._apply_transforms(to_dict(sample))
+            state.finished = True
+        finally:
+            prefetcher.close()
+
+    def _read(
+        self, urls: list[str], state: StreamState, prefetcher: ShardPrefetcher
+    ) -> Iterator[Entry]:
+        """Samples of this consumer's shards from the state's position, moving the position."""
+        while state.shard < len(urls):
+            index = state.shard
+            url = urls[index]
+            try:
+                prefetch_error = prefetcher.wait(index)
+                prefetcher.advance(index)
+                if prefetch_error is not None:
+                    raise prefetch_error
+                for sample in self._reader.samples(url, state.offset):
+                    state.offset = sample.end
+                    yield SampleRef(index, sample.offset, sample.end), sample
+            except SHARD_ERRORS as exc:
+                self._shard_failed(url, exc)
+            else:
+                self._stats.shards_done += 1
+            state.shard = index + 1
+            state.offset = 0
+
+    def _reread(self, urls: list[str], refs: list[SampleRef]) -> list[Entry]:
+        """The buffered samples of a saved state, read back by byte range, shard by shard."""
+        ranges_by_shard: dict[int, list[tuple[int, int]]] = {}
+        for ref in refs:
+            ranges_by_shard.setdefault(ref.shard, []).append((ref.offset, ref.end))
+        found: dict[SampleRef, RawSample] = {}
+        for shard, ranges in ranges_by_shard.items():
+            try:
+                samples = self._reader.samples_at(urls[shard], ranges)
+            except SHARD_ERRORS as exc:
+                self._shard_failed(urls[shard], exc)
+                continue
+            for (offset, end), sample in zip(ranges, samples, strict=True):
+                found[SampleRef(shard, offset, end)] = sample
+        return [(ref, found[ref]) for ref in refs if ref in found]
+
+    def _shard_failed(self, url: str, error: BaseException) -> None:
+        """Apply the error policy to a broken shard: raise, or log and count it."""
+        shown = redact_url(url)
+        if self.handler == "raise":
+            if shown not in str(error) and hasattr(error, "add_note"):
+                error.add_note(f"while reading shard {shown}")
+            raise error
+        self._stats.shards_failed += 1
+        self._stats.failures.append((shown, error))
+        level = logging.WARNING if self.handler == "warn" else logging.DEBUG
+        logger.log(level, "leaving out shard %s: %s: %s", shown, type(error).__name__, error)
+
+    def _apply_transforms(self, sample: dict) -> Any:
+        for transform in self.transforms:
+            sample = transform(sample)
+        return sample
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state

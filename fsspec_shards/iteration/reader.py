@@ -1,0 +1,137 @@
+"""Read samples of one shard through fsspec: from a byte offset, or by byte ranges.
+
+Shards are reached only through fsspec (``url_to_fs``, ``open``, ``cat_ranges``), never by
+importing the storage layer. A plain tar on a seekable file is opened and sought to the
+offset; a gzip shard cannot seek, so it is decompressed from its start and the bytes before
+the offset are dropped. Samples are streamed member by member: a shard is never held whole.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import fsspec
+
+from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.iteration.samples import RawSample, group_samples
+from fsspec_shards.iteration.tar import (
+    BLOCK_SIZE,
+    TarMember,
+    is_seekable_shard,
+    iter_members,
+    open_shard_stream,
+    parse_members,
+)
+
+_SKIP_PIECE = 1 << 20
+
+
+class ShardReader:
+    """Opens shard URLs with the dataset's storage options."""
+
+    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.storage_options = dict(storage_options or {})
+
+    def locate(self, url: str) -> tuple[Any, str]:
+        """The fsspec filesystem and path of ``url``."""
+        return fsspec.core.url_to_fs(url, **self.storage_options)
+
+    def samples(self, url: str, start: int = 0, headers_only: bool = False) -> Iterator[RawSample]:
+        """Samples of the shard from uncompressed byte offset ``start`` (a sample boundary).
+
+        With ``headers_only`` the samples carry no fields and payloads are not read.
+        """
+        fs, path = self.locate(url)
+        with fs.open(path, "rb") as raw:
+            seekable = is_seekable_shard(url, raw)
+            stream = open_shard_stream(raw, url)
+            if start and seekable:
+                stream.seek(start)
+            elif start:
+                _skip_to(stream, url, start)
+            if headers_only:
+                yield from sample_refs(stream, url, start)
+            else:
+                yield from group_samples(iter_members(stream, url, start), url)
+
+    def samples_at(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[RawSample]:
+        """The samples at byte ranges ``[offset, end)`` of the shard, in the order given.
+
+        A plain tar is read with one ``cat_ranges`` call; a gzip shard is scanned from its
+        start until every range was seen.
+        """
+        if not ranges:
+            return []
+        fs, path = self.locate(url)
+        with fs.open(path, "rb") as raw:
+            seekable = is_seekable_shard(url, raw)
+        if seekable:
+            starts = [offset for offset, _ in ranges]
+            ends = [end for _, end in ranges]
+            blobs = fs.cat_ranges([path] * len(ranges), starts, ends)
+            found = {}
+            for (offset, end), blob in zip(ranges, blobs, strict=True):
+                if isinstance(blob, BaseException):
+                    raise blob
+                found[(offset, end)] = _single_sample(blob, url, offset, end)
+        else:
+            found = self._scan_for(url, set(ranges))
+        return [found[item] for item in ranges]
+
+    def _scan_for(self, url: str, wanted: set[tuple[int, int]]) -> dict:
+        found: dict[tuple[int, int], RawSample] = {}
+        for sample in self.samples(url):
+            if (sample.offset, sample.end) in wanted:
+                found[(sample.offset, sample.end)] = sample
+                if len(found) == len(wanted):
+                    return found
+        missing = min(wanted - set(found))
+        raise ShardFormatError(
+            url, missing[0], "no sample at this saved position; the shard changed since"
+        )
+
+
+def _single_sample(blob: bytes, url: str, offset: int, end: int) -> RawSample:
+    """The one sample that the byte range ``[offset, end)`` must hold."""
+    samples = list(group_samples(parse_members(blob, url, offset), url))
+    if len(blob) != end - offset or len(samples) != 1 or samples[0].end != end:
+        raise ShardFormatError(
+            url, offset, "no sample at this saved position; the shard changed since"
+        )
+    return samples[0]
+
+
+def _skip_to(stream, url: str, start: int) -> None:
+    """Read and drop the first ``start`` bytes of a stream that cannot seek."""
+    remaining = start
+    while remaining:
+        piece = stream.read(min(remaining, _SKIP_PIECE))
+        if not piece:
+            raise ShardFormatError(url, start - remaining, "shard ends before the saved offset")
+        remaining -= len(piece)
+
+
+def sample_refs(stream, url: str, start: int = 0) -> Iterator[RawSample]:
+    """Samples of a tar stream with empty fields, from headers only: payloads are sought over.
+
+    Used to fast-forward to a sample count without reading sample bytes. Offsets and keys
+    equal those of :func:`group_samples` over :func:`iter_members`; :mod:`tarfile` names
+    members by the same rules.
+    """
+    return group_samples(_header_members(stream, url, start), url)
+
+
+def _header_members(stream, url: str, start: int) -> Iterator[TarMember]:
+    position = start
+    try:
+        with tarfile.open(fileobj=stream, mode="r:") as archive:
+            while (info := archive.next()) is not None:
+                archive.members.clear()
+                position = info.offset
+                if info.isreg():
+                    end = info.offset_data + info.size + (-info.size % BLOCK_SIZE)
+                    yield TarMember(info.name, b"", info.offset, end)
+    except tarfile.TarError as exc:
+        raise ShardFormatError(url, position, f"unreadable tar: {exc}") from None

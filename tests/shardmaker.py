@@ -1,0 +1,58 @@
+"""Small webdataset-format tar shards made by tests (shared by the dataset tests)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+
+def sample_bytes(shard: int, index: int, size: int = 64) -> bytes:
+    """Deterministic payload of one sample, different for every (shard, index)."""
+    seed = f"{shard:04d}-{index:05d}|".encode()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def shard_tar(shard: int, samples: int, payload_size: int = 64) -> bytes:
+    """A tar with ``samples`` samples of two members each (``.txt`` and ``.cls``)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for index in range(samples):
+            key = f"s{shard:04d}_{index:05d}"
+            for extension, data in (
+                ("txt", sample_bytes(shard, index, payload_size)),
+                ("cls", str(index % 10).encode()),
+            ):
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(data)
+                info.mtime = 0
+                archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def write_shards(
+    directory: Path,
+    shards: int,
+    samples: int | list[int],
+    gz: bool = False,
+    payload_size: int = 64,
+) -> list[str]:
+    """Write ``shards`` tar files into ``directory``; return their paths in order.
+
+    ``samples`` is the sample count of every shard, or one count per shard.
+    """
+    counts = samples if isinstance(samples, list) else [samples] * shards
+    paths = []
+    for shard in range(shards):
+        data = shard_tar(shard, counts[shard], payload_size)
+        name = f"shard-{shard:04d}.tar" + (".gz" if gz else "")
+        path = Path(directory) / name
+        path.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+        paths.append(str(path))
+    return paths
+
+
+def keys(samples) -> list[str]:
+    """The ``__key__`` of every sample dict, in order."""
+    return [sample["__key__"] for sample in samples]
