@@ -35,6 +35,7 @@ from fsspec_shards.iteration.state import (
     check_fingerprint,
     urls_digest,
 )
+from fsspec_shards.iteration.transforms import Batched
 from fsspec_shards.iteration.urls import expand_urls
 
 try:
@@ -87,7 +88,9 @@ class ShardDataset(_DatasetBase):
 
     ``urls`` is a brace pattern or a list of URLs (fsspec chains such as ``wds::s3://...``
     included); ``storage_options`` go to ``fsspec.core.url_to_fs``. ``transforms`` are
-    callables applied in order to each delivered sample dict. See the contract (section 2).
+    per-sample steps (:mod:`~fsspec_shards.iteration.transforms` or any callable) applied in
+    order to each sample dict; a step returning ``None`` drops the sample. See the contract
+    (section 2) and docs/resumption.md.
     """
 
     def __init__(
@@ -120,6 +123,11 @@ class ShardDataset(_DatasetBase):
         self.handler = handler
         self.prefetch = int(prefetch)
         self.transforms = tuple(transforms)
+        if any(isinstance(step, Batched) for step in self.transforms):
+            raise ValueError(
+                "batched() spans samples and would lose a partial batch on resume: batch in "
+                "the DataLoader (batch_size=...) or apply it to the dataset's output"
+            )
         self.epoch = 0
         self._reader = ShardReader(self.storage_options)
         self._pending: StreamState | None = None
@@ -228,8 +236,10 @@ class ShardDataset(_DatasetBase):
                 entries = live.buffer.shuffle(source)
             for _, sample in entries:
                 state.delivered += 1
-                self._stats.samples += 1
-                yield self._apply_transforms(to_dict(sample))
+                result = self._apply_transforms(to_dict(sample))
+                if result is not None:
+                    self._stats.samples += 1
+                    yield result
             state.finished = True
         finally:
             prefetcher.close()
@@ -287,6 +297,8 @@ class ShardDataset(_DatasetBase):
     def _apply_transforms(self, sample: dict) -> Any:
         for transform in self.transforms:
             sample = transform(sample)
+            if sample is None:
+                return None
         return sample
 
     def __getstate__(self) -> dict[str, Any]:

@@ -28,7 +28,11 @@ class SampleRef:
 
 @dataclass(slots=True)
 class StreamState:
-    """Position of one consumer's stream; ``finished`` marks a fully delivered epoch."""
+    """Position of one consumer's stream; ``finished`` marks a fully delivered epoch.
+
+    ``delivered`` counts the samples taken from the stream this epoch (including any that a
+    transform dropped).
+    """
 
     fingerprint: dict[str, Any]
     epoch: int = 0
