@@ -1,0 +1,186 @@
+"""ShardDataset: the sample stream, splitting, epochs, transforms and the error policy."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from fsspec_shards import ShardDataset, ShardFormatError
+from fsspec_shards.iteration import transforms
+from tests.shardmaker import keys, sample_bytes, write_shards
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return write_shards(tmp_path, 6, 5)
+
+
+def test_unshuffled_stream_equals_webdatasets(shards):
+    webdataset = pytest.importorskip("webdataset")
+    ours = list(ShardDataset(shards, shuffle_shards=False, prefetch=0))
+    theirs = list(
+        webdataset.WebDataset(shards, shardshuffle=False, nodesplitter=None, workersplitter=None)
+    )
+    assert len(ours) == 30
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert mine["__key__"] == reference["__key__"]
+        assert mine["__url__"] == reference["__url__"]
+        assert mine["txt"] == reference["txt"] and mine["cls"] == reference["cls"]
+
+
+def test_sample_fields_are_the_member_bytes(shards):
+    first = next(iter(ShardDataset(shards, shuffle_shards=False)))
+    assert first == {
+        "__key__": "s0000_00000",
+        "__url__": shards[0],
+        "txt": sample_bytes(0, 0),
+        "cls": b"0",
+    }
+
+
+def test_brace_pattern_is_expanded(tmp_path, shards):
+    pattern = str(tmp_path / "shard-{0000..0005}.tar")
+    assert keys(ShardDataset(pattern, seed=3)) == keys(ShardDataset(shards, seed=3))
+
+
+def test_gzip_shards_give_the_same_samples(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "gz").mkdir()
+    plain = write_shards(tmp_path / "plain", 3, 4)
+    gz = write_shards(tmp_path / "gz", 3, 4, gz=True)
+
+    def without_url(dataset):
+        return [{k: v for k, v in sample.items() if k != "__url__"} for sample in dataset]
+
+    assert without_url(ShardDataset(plain, seed=1)) == without_url(ShardDataset(gz, seed=1))
+
+
+def test_epoch_decides_the_order(shards):
+    dataset = ShardDataset(shards, seed=5, shuffle_buffer=4)
+    first = keys(dataset)
+    assert keys(dataset) == first
+    dataset.set_epoch(1)
+    second = keys(dataset)
+    assert second != first and sorted(second) == sorted(first)
+
+
+def test_ranks_together_yield_every_sample_exactly_once(shards, monkeypatch):
+    everything = sorted(keys(ShardDataset(shards, split_by_node=False)))
+    seen = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        part = keys(ShardDataset(shards, seed=2, shuffle_buffer=3))
+        assert part
+        seen += part
+    assert sorted(seen) == everything
+
+
+def test_too_few_shards_for_the_ranks_is_an_error_not_a_hang(shards, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    with pytest.raises(ValueError, match="cannot be split over 7 consumers"):
+        list(ShardDataset(shards))
+
+
+def test_dataset_pickles_and_iterates_the_same(shards):
+    dataset = ShardDataset(shards, seed=4, shuffle_buffer=5)
+    iterator = iter(dataset)
+    next(iterator)
+    assert keys(pickle.loads(pickle.dumps(dataset))) == keys(
+        ShardDataset(shards, seed=4, shuffle_buffer=5)
+    )
+
+
+def test_transforms_map_and_drop_samples(shards):
+    steps = [
+        transforms.select(lambda sample: sample["cls"] != b"0"),
+        transforms.map(lambda sample: sample["__key__"]),
+    ]
+    result = list(ShardDataset(shards, shuffle_shards=False, transforms=steps))
+    assert result == [
+        k for k in keys(ShardDataset(shards, shuffle_shards=False)) if not k.endswith("00000")
+    ]
+
+
+def test_batching_inside_the_dataset_is_refused(shards):
+    with pytest.raises(ValueError, match="batch"):
+        ShardDataset(shards, transforms=[transforms.batched(4)])
+
+
+def test_invalid_arguments_are_refused(shards):
+    with pytest.raises(ValueError, match="handler"):
+        ShardDataset(shards, handler="ignore")
+    with pytest.raises(ValueError, match="no shard URLs"):
+        ShardDataset([])
+
+
+def test_memory_stays_bounded_on_a_large_shard(tmp_path):
+    shard = write_shards(tmp_path, 1, 160, payload_size=64 * 1024)
+    assert Path(shard[0]).stat().st_size > 10 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in ShardDataset(shard, prefetch=0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 160
+    assert peak < 4 * 1024 * 1024
+
+
+# --- the error policy ---------------------------------------------------------------------
+
+
+def break_shard(path: str, how: str) -> None:
+    data = Path(path).read_bytes()
+    if how == "missing":
+        Path(path).unlink()
+    elif how == "truncated":
+        Path(path).write_bytes(data[: len(data) // 2 + 100])
+    elif how == "corrupt":
+        damaged = bytearray(data)
+        damaged[3 * 1024 + 150] ^= 0x55  # the checksum field of the fourth member's header
+        Path(path).write_bytes(bytes(damaged))
+
+
+EXPECTED_ERROR = {
+    "missing": FileNotFoundError,
+    "truncated": ShardFormatError,
+    "corrupt": ShardFormatError,
+}
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "corrupt"])
+def test_handler_raise_names_the_broken_shard(shards, how):
+    break_shard(shards[2], how)
+    with pytest.raises(EXPECTED_ERROR[how]) as raised:
+        list(ShardDataset(shards, shuffle_shards=False))
+    shown = str(raised.value) + " ".join(getattr(raised.value, "__notes__", []))
+    assert Path(shards[2]).name in shown
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "corrupt"])
+@pytest.mark.parametrize("handler, level", [("warn", logging.WARNING), ("skip", logging.DEBUG)])
+def test_handler_warn_and_skip_leave_the_shard_out_and_count_it(
+    shards, how, handler, level, caplog
+):
+    good = [
+        k for k in keys(ShardDataset(shards, shuffle_shards=False)) if not k.startswith("s0002_")
+    ]
+    break_shard(shards[2], how)
+    dataset = ShardDataset(shards, shuffle_shards=False, handler=handler)
+    with caplog.at_level(logging.DEBUG, logger="fsspec_shards"):
+        result = keys(dataset)
+    assert [k for k in result if not k.startswith("s0002_")] == good
+    assert len([k for k in result if k.startswith("s0002_")]) < 5
+    stats = dataset.stats()
+    assert stats["shards_failed"] == 1 and stats["shards_done"] == 5
+    assert stats["samples"] == len(result)
+    url, error = stats["failures"][0]
+    assert url == shards[2] and isinstance(error, EXPECTED_ERROR[how])
+    records = [r for r in caplog.records if "leaving out shard" in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == level
