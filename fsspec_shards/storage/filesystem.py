@@ -1,0 +1,704 @@
+"""``WdsFileSystem``: the ``wds`` fsspec protocol, a retrying, verifying, caching wrapper.
+
+``wds::s3://bucket/train-0001.tar`` reads the object through any fsspec backend; whole files
+are downloaded once into a shared local cache (:class:`~fsspec_shards.storage.cache.ShardCache`)
+with retries, resume and verification, then read from local disk. Listing calls go to the
+backend with retries; writes go straight to the backend and drop the cached copy.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+import time
+import warnings
+from typing import Any, BinaryIO
+
+import fsspec
+from fsspec.implementations.chained import ChainedFileSystem
+from fsspec.spec import AbstractBufferedFile
+from fsspec.utils import stringify_path
+
+from fsspec_shards import config
+from fsspec_shards.errors import IntegrityError, redact_url, strip_secrets
+from fsspec_shards.storage import backends
+from fsspec_shards.storage.download import Target, download, read_range
+from fsspec_shards.storage.integrity import (
+    Manifest,
+    StreamingHasher,
+    load_manifest,
+    parse_verify,
+)
+from fsspec_shards.storage.retry import RetryPolicy
+
+logger = logging.getLogger("fsspec_shards.storage.filesystem")
+
+COUNTERS = (
+    "hits",
+    "misses",
+    "bytes_downloaded",
+    "retries",
+    "integrity_failures",
+    "evictions",
+)
+_BASE_OPTIONS = frozenset(
+    {
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "asynchronous",
+        "loop",
+    }
+)
+DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
+
+
+class WdsFileSystem(ChainedFileSystem):
+    """Retrying, verifying, caching access to any fsspec backend.
+
+    Parameters
+    ----------
+    target_protocol, target_options, fs:
+        The backend, as fsspec's caching filesystems take them (``fs`` wins when given).
+    cache_dir, cache_size:
+        Where cached files live and the most bytes kept (int or ``"50GB"``); defaults from
+        ``FSSPEC_SHARDS_CACHE``/``WDS_CACHE`` and ``FSSPEC_SHARDS_CACHE_SIZE``/``WDS_CACHE_SIZE``.
+    cache:
+        False streams reads (retried, size-checked, checksum at the end) and keeps nothing.
+    retries:
+        The most attempts for one chain of transient failures (progress starts a new chain).
+    verify:
+        ``"auto"`` (size plus the strongest checksum known), ``"size"`` or False.
+    checksums:
+        A mapping path -> ``"sha256:<hex>"``, or the path/URL of a ``SHA256SUMS``-style file.
+    backoff, max_backoff, deadline, timeout:
+        First backoff and its cap (s, full jitter), the most seconds spent on one failure
+        chain, and the seconds after which a single request counts as stalled.
+    block_size:
+        Read size of streamed (uncached) files.
+    check_stale, stale_ttl:
+        Compare a cached file's identity with the backend before using it; with
+        ``stale_ttl`` only when the last check is older than that many seconds.
+
+    Every option may also come from ``fsspec.config.conf["wds"]`` (``FSSPEC_WDS_<OPTION>``).
+    """
+
+    protocol = "wds"
+    _strip_tokenize_options = ("fo",)
+
+    def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
+        cache: bool | str = True,
+        retries: int | str = 5,
+        verify: str | bool = "auto",
+        checksums: dict | str | None = None,
+        backoff: float | str = 0.2,
+        max_backoff: float | str = 10.0,
+        deadline: float | str = 300.0,
+        timeout: float | str = 60.0,
+        block_size: int | str | None = None,
+        check_stale: bool | str = False,
+        stale_ttl: float | str | None = None,
+        fo: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = sorted(set(kwargs) - _BASE_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) for the wds filesystem: {', '.join(unknown)}; backend "
+                "options belong in target_options, or in the backend's own section, e.g. "
+                "storage_options={'wds': {...}, 's3': {...}}"
+            )
+        super().__init__(**kwargs)
+        if fs is None and not target_protocol:
+            raise ValueError(
+                "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
+                "target_protocol=..., or fs=..."
+            )
+        if target_options is not None and not isinstance(target_options, dict):
+            raise ValueError(f"invalid target_options {target_options!r}: expected a dict")
+        self.policy = RetryPolicy(
+            attempts=config.parse_int(retries, "retries", minimum=1),
+            backoff=config.parse_float(backoff, "backoff"),
+            max_backoff=config.parse_float(max_backoff, "max_backoff"),
+            deadline=config.parse_float(deadline, "deadline"),
+            timeout=config.parse_float(timeout, "timeout", minimum=0.001),
+        )
+        self.verify = parse_verify(verify)
+        self.cache_enabled = config.parse_bool(cache, "cache")
+        self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
+        self.cache_size = (
+            config.default_cache_size() if cache_size is None else _parse_size(cache_size)
+        )
+        self.block_size = (
+            DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
+        )
+        if self.block_size < 1:
+            raise ValueError(f"invalid value {block_size!r} for option 'block_size': must be > 0")
+        self.check_stale = config.parse_bool(check_stale, "check_stale")
+        self.stale_ttl = None if stale_ttl is None else config.parse_float(stale_ttl, "stale_ttl")
+        if checksums is not None and not isinstance(checksums, dict | str):
+            raise ValueError(
+                f"invalid value for option 'checksums': expected a mapping or a path, "
+                f"got {type(checksums).__name__}"
+            )
+        self._checksums_source = checksums
+        self._target_protocol = target_protocol
+        self._target_options = dict(target_options or {})
+        self._given_fs = fs
+        self._lock = threading.RLock()
+        self._pid = -1
+        self._backend: fsspec.AbstractFileSystem | None = None
+        self._cache = None
+        self._cache_pid = -1
+        self._manifest: Manifest | None = None
+        self._memory_counters = dict.fromkeys(COUNTERS, 0)
+        if fs is None:
+            self._build_backend()
+
+    # -- the backend, the cache and the manifest (per process) ----------------------------
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The backend; rebuilt in a forked child, where the parent's event loop is gone."""
+        if self._given_fs is not None:
+            return self._given_fs
+        if self._pid != os.getpid():
+            self._build_backend()
+        return self._backend
+
+    def _build_backend(self) -> None:
+        with self._lock:
+            protocol = self._target_protocol
+            options = backends.tamed_target_options(
+                protocol, self._target_options, self.policy.timeout
+            )
+            backend = fsspec.filesystem(protocol, **options)
+            backends.tame_instance(backend, protocol)
+            self._backend = backend
+            self._pid = os.getpid()
+
+    @property
+    def shard_cache(self):
+        """The :class:`ShardCache` behind this filesystem (None with ``cache=False``)."""
+        if not self.cache_enabled:
+            return None
+        with self._lock:
+            if self._cache is None or self._cache_pid != os.getpid():
+                from fsspec_shards.storage.cache import ShardCache
+
+                self._cache = ShardCache(self.cache_dir, self.cache_size)
+                self._cache_pid = os.getpid()
+            return self._cache
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The ``checksums`` option, loaded on first use."""
+        if self._checksums_source is None:
+            return None
+        with self._lock:
+            if self._manifest is None:
+                source = self._checksums_source
+                self._manifest = self.policy.call(
+                    lambda: load_manifest(source, self.fs),
+                    source if isinstance(source, str) else "checksums",
+                    "load manifest",
+                    lambda: self._count("retries"),
+                )
+            return self._manifest
+
+    # -- paths, counters ---------------------------------------------------------------
+
+    def _backend_path(self, path: Any) -> Any:
+        if isinstance(path, list | tuple):
+            return [self._backend_path(p) for p in path]
+        path = stringify_path(path)
+        for prefix in ("wds::", "wds://"):
+            if path.startswith(prefix):
+                path = path[len(prefix) :]
+        return self.fs._strip_protocol(path)
+
+    def _url(self, backend_path: str) -> str:
+        """The full backend URL of a path, without secrets: the cache key and the shown name."""
+        return strip_secrets(self.fs.unstrip_protocol(backend_path))
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        if not amount:
+            return
+        cache = self.shard_cache
+        if cache is not None:
+            cache.incr(name, amount)
+        else:
+            with self._lock:
+                self._memory_counters[name] = self._memory_counters.get(name, 0) + amount
+
+    def _target(self, backend_path: str) -> Target:
+        manifest = self.manifest
+        return Target(
+            fs=self.fs,
+            path=backend_path,
+            url=self._url(backend_path),
+            policy=self.policy,
+            verify=self.verify,
+            manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
+            count=self._count,
+        )
+
+    def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:
+        shown = self._url(backend_path) if isinstance(backend_path, str) else method
+        return self.policy.call(
+            lambda: backends.call(
+                self.fs, method, backend_path, *args, timeout=self.policy.timeout, **kwargs
+            ),
+            shown,
+            method,
+            lambda: self._count("retries"),
+        )
+
+    # -- the cache ---------------------------------------------------------------------
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Counters (hits, misses, bytes_downloaded, retries, integrity_failures, evictions)
+        and the cache's content (cached_files, cached_bytes)."""
+        cache = self.shard_cache
+        if cache is not None:
+            return cache.stats()
+        with self._lock:
+            stats = dict(self._memory_counters)
+        stats.update(cached_files=0, cached_bytes=0)
+        return stats
+
+    def clear_cache(self) -> None:
+        """Remove every cached file (and, with the cache off, reset the counters)."""
+        cache = self.shard_cache
+        if cache is not None:
+            cache.clear()
+        else:
+            with self._lock:
+                self._memory_counters = dict.fromkeys(COUNTERS, 0)
+
+    def prefetch(self, path: str) -> str | None:
+        """Make sure ``path`` is in the cache; its local path (None with the cache off)."""
+        if not self.cache_enabled:
+            return None
+        backend_path = self._backend_path(path)
+        handle = self._open_cached(backend_path)
+        if handle is None:
+            return None
+        handle.close()
+        return handle.name
+
+    def _cached_handle(self, backend_path: str) -> BinaryIO | None:
+        """The cached copy opened for reading, or None; drops it first if it went stale."""
+        cache = self.shard_cache
+        url = self._url(backend_path)
+        if self.check_stale and not self._still_fresh(cache, url, backend_path):
+            cache.discard(url)
+            return None
+        return cache.open(url)
+
+    def _still_fresh(self, cache: Any, url: str, backend_path: str) -> bool:
+        metadata = cache.metadata(url)
+        if metadata is None:
+            return True
+        validated = metadata.get("validated_at") or 0
+        if self.stale_ttl is not None and time.time() - validated < self.stale_ttl:
+            return True
+        current = backends.object_identity(self._retried("info", backend_path))
+        if current != metadata.get("identity"):
+            logger.info("cached copy of %s is stale: downloading again", redact_url(url))
+            return False
+        cache.touch_validated(url)
+        return True
+
+    def _open_cached(self, backend_path: str) -> BinaryIO | None:
+        """The whole verified file from the cache, downloading it on a miss; None when it
+        cannot be cached (larger than the cache, or no room)."""
+        from fsspec_shards.storage.cache import CacheFullError
+
+        handle = self._cached_handle(backend_path)
+        if handle is not None:
+            return handle
+        target = self._target(backend_path)
+        info = target.stat()
+        size = info.get("size")
+        cache = self.shard_cache
+        for _ in range(3):
+            try:
+                local = cache.fetch(
+                    target.url, lambda out: download(target, out, info), expected_size=size
+                )
+            except CacheFullError as exc:
+                warnings.warn(
+                    f"not caching {redact_url(target.url)}: {exc}; streaming it instead",
+                    stacklevel=3,
+                )
+                return None
+            try:
+                return open(local, "rb")
+            except FileNotFoundError:  # evicted by another process in between
+                continue
+        return None
+
+    def _drop_cached(self, backend_paths: Any) -> None:
+        cache = self.shard_cache
+        if cache is None:
+            return
+        for path in backend_paths if isinstance(backend_paths, list) else [backend_paths]:
+            cache.discard(self._url(path))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict | None = None,
+        **kwargs: Any,
+    ):
+        backend_path = self._backend_path(path)
+        if "r" not in mode:
+            self._drop_cached(backend_path)
+            handle = self.fs.open(
+                backend_path, mode, block_size=block_size, autocommit=autocommit, **kwargs
+            )
+            return _DropCachedOnClose(handle, lambda: self._drop_cached(backend_path))
+        if self.cache_enabled:
+            handle = self._open_cached(backend_path)
+            if handle is not None:
+                return handle
+        target = self._target(backend_path)
+        return RetryingFile(self, target, target.stat(), block_size or self.block_size)
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        """Bytes of ``path`` (``[start, end)``, negative from the end): from the cached copy
+        if there is one; a whole-file read fills the cache; a ranged miss reads the range."""
+        backend_path = self._backend_path(path)
+        whole = start in (None, 0) and end is None
+        if self.cache_enabled:
+            handle = self._open_cached(backend_path) if whole else self._cached_handle(backend_path)
+            if handle is not None:
+                with handle:
+                    return _read_local_range(handle, start, end)
+        target = self._target(backend_path)
+        info = target.stat()
+        if whole:
+            buffer = io.BytesIO()
+            download(target, buffer, info)
+            return buffer.getvalue()
+        size = info.get("size")
+        first, last = _resolve_range(start, end, size)
+        if first >= last:
+            return b""
+        return read_range(
+            self.fs,
+            backend_path,
+            first,
+            last,
+            size,
+            target.attempts("read"),
+            lambda n: self._count("bytes_downloaded", n),
+        )
+
+    def cat_ranges(
+        self,
+        paths: list[str],
+        starts: int | list[int | None] | None,
+        ends: int | list[int | None] | None,
+        max_gap: int | None = None,
+        on_error: str = "return",
+        **kwargs: Any,
+    ) -> list[bytes | Exception]:
+        """Several ranges; each path is stat-ed and opened once, whatever its number of ranges."""
+        count = len(paths)
+        starts = starts if isinstance(starts, list) else [starts] * count
+        ends = ends if isinstance(ends, list) else [ends] * count
+        if len(starts) != count or len(ends) != count:
+            raise ValueError("cat_ranges: paths, starts and ends must have the same length")
+        results: list[bytes | Exception] = [b""] * count
+        by_path: dict[str, list[int]] = {}
+        for index, path in enumerate(paths):
+            by_path.setdefault(self._backend_path(path), []).append(index)
+        for backend_path, indices in by_path.items():
+            try:
+                self._cat_path_ranges(backend_path, indices, starts, ends, results)
+            except Exception as exc:
+                if on_error == "raise":
+                    raise
+                for index in indices:
+                    results[index] = exc
+        return results
+
+    def _cat_path_ranges(
+        self,
+        backend_path: str,
+        indices: list[int],
+        starts: list[int | None],
+        ends: list[int | None],
+        results: list[bytes | Exception],
+    ) -> None:
+        handle = self._cached_handle(backend_path) if self.cache_enabled else None
+        if handle is not None:
+            with handle:
+                for index in indices:
+                    results[index] = _read_local_range(handle, starts[index], ends[index])
+            return
+        target = self._target(backend_path)
+        size = target.stat().get("size")
+        for index in indices:
+            first, last = _resolve_range(starts[index], ends[index], size)
+            results[index] = (
+                read_range(
+                    self.fs,
+                    backend_path,
+                    first,
+                    last,
+                    size,
+                    target.attempts("read"),
+                    lambda n: self._count("bytes_downloaded", n),
+                )
+                if first < last
+                else b""
+            )
+
+    # -- metadata, delegated with retries ----------------------------------------------
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return self._retried("info", self._backend_path(path), **kwargs)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list:
+        return self._retried("ls", self._backend_path(path), detail=detail, **kwargs)
+
+    def find(
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        detail: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        return self._retried(
+            "find",
+            self._backend_path(path),
+            maxdepth=maxdepth,
+            withdirs=withdirs,
+            detail=detail,
+            **kwargs,
+        )
+
+    def glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
+        return self._retried("glob", self._backend_path(path), maxdepth=maxdepth, **kwargs)
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        """Whether ``path`` exists; transient failures are retried, not taken for absence."""
+        try:
+            self.info(path, **kwargs)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return self.info(path)["type"] == "directory"
+        except FileNotFoundError:
+            return False
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self.info(path)["type"] == "file"
+        except FileNotFoundError:
+            return False
+
+    def size(self, path: str) -> int | None:
+        return self.info(path).get("size")
+
+    def checksum(self, path: str) -> int:
+        return self._retried("checksum", self._backend_path(path))
+
+    def ukey(self, path: str) -> str:
+        return self._retried("ukey", self._backend_path(path))
+
+    def modified(self, path: str) -> Any:
+        return self._retried("modified", self._backend_path(path))
+
+    def created(self, path: str) -> Any:
+        return self._retried("created", self._backend_path(path))
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self.fs.invalidate_cache(None if path is None else self._backend_path(path))
+
+    # -- writing: straight to the backend, dropping cached copies ------------------------
+
+    def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
+        backend_path = self._backend_path(path)
+        self._drop_cached(backend_path)
+        self.fs.pipe_file(backend_path, value, **kwargs)
+        self._drop_cached(backend_path)
+
+    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
+        backend_path = self._backend_path(rpath)
+        self._drop_cached(backend_path)
+        self.fs.put_file(lpath, backend_path, **kwargs)
+        self._drop_cached(backend_path)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        destination = self._backend_path(path2)
+        self.fs.cp_file(self._backend_path(path1), destination, **kwargs)
+        self._drop_cached(destination)
+
+    def mv(self, path1: str, path2: str, recursive: bool = False, **kwargs: Any) -> None:
+        sources = self.fs.expand_path(self._backend_path(path1), recursive=recursive)
+        self.fs.mv(self._backend_path(path1), self._backend_path(path2), recursive, **kwargs)
+        self._drop_cached(sources)
+        self._drop_cached(self._backend_path(path2))
+
+    def rm_file(self, path: str) -> None:
+        backend_path = self._backend_path(path)
+        self.fs.rm_file(backend_path)
+        self._drop_cached(backend_path)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        backend_paths = self._backend_path(path)
+        removed = self.fs.expand_path(backend_paths, recursive=recursive, maxdepth=maxdepth)
+        self.fs.rm(backend_paths, recursive=recursive, maxdepth=maxdepth)
+        self._drop_cached(removed)
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self.fs.mkdir(self._backend_path(path), create_parents=create_parents, **kwargs)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.fs.makedirs(self._backend_path(path), exist_ok=exist_ok)
+
+    def rmdir(self, path: str) -> None:
+        self.fs.rmdir(self._backend_path(path))
+
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        backend_path = self._backend_path(path)
+        self.fs.touch(backend_path, truncate=truncate, **kwargs)
+        self._drop_cached(backend_path)
+
+
+def _parse_size(value: Any, name: str = "cache_size") -> int:
+    try:
+        return config.parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"invalid value for option {name!r}: {exc}") from None
+
+
+def _resolve_range(start: int | None, end: int | None, size: int | None) -> tuple[int, int]:
+    """``[start, end)`` as absolute offsets, with Python's negative-index and clamping rules."""
+    if size is None:
+        if (start or 0) < 0 or end is None or end < 0:
+            raise ValueError("a negative or open-ended range needs the object's size")
+        return start or 0, end
+    first = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
+    last = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+    return first, max(first, last)
+
+
+def _read_local_range(handle: BinaryIO, start: int | None, end: int | None) -> bytes:
+    size = os.fstat(handle.fileno()).st_size
+    first, last = _resolve_range(start, end, size)
+    handle.seek(first)
+    return handle.read(last - first)
+
+
+class _DropCachedOnClose(io.RawIOBase):
+    """A backend file opened for writing; closing it drops the cached copy of the path."""
+
+    def __init__(self, handle: Any, drop: Any) -> None:
+        super().__init__()
+        self._handle = handle
+        self._drop = drop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, data: Any) -> int:
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        if not self._handle.closed:
+            self._handle.flush()
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._handle.close()
+        finally:
+            super().close()
+            self._drop()
+
+
+class RetryingFile(AbstractBufferedFile):
+    """A seekable read-only file over the backend whose ranged reads are retried and resumed.
+
+    The size is checked on every read; when the file is read start to end, its checksum is
+    checked as the last byte arrives and a mismatch raises ``IntegrityError``.
+    """
+
+    def __init__(self, wds: WdsFileSystem, target: Target, info: dict, block_size: int) -> None:
+        self.target = target
+        size = info.get("size")
+        expected = target.expected_checksum(info)
+        self._expected = expected
+        self._hasher = StreamingHasher(expected.algorithm) if expected else None
+        self._hashed_until = 0
+        super().__init__(
+            wds, target.path, mode="rb", block_size=block_size, cache_type="readahead", size=size
+        )
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if start >= end:
+            return b""
+        data = read_range(
+            self.target.fs,
+            self.target.path,
+            start,
+            end,
+            self.size,
+            self.target.attempts("read"),
+            lambda n: self.target.incr("bytes_downloaded", n),
+        )
+        self._hash(start, data)
+        return data
+
+    def _hash(self, start: int, data: bytes) -> None:
+        if self._hasher is None or start != self._hashed_until:
+            return
+        self._hasher.update(data)
+        self._hashed_until += len(data)
+        if self._hashed_until == self.size:
+            actual = self._hasher.checksum()
+            self._hasher = None
+            if actual != self._expected:
+                self.target.incr("integrity_failures")
+                raise IntegrityError(
+                    self.target.url, str(self._expected), str(actual), "streamed without cache"
+                )

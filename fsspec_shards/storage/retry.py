@@ -1,0 +1,317 @@
+"""Retry policy and error classification shared by every backend call.
+
+Backends report the same failure in different shapes (s3fs turns botocore errors into
+``OSError`` with an errno, gcsfs raises ``HttpError`` with ``.code``, azure-core has
+``.status_code``, fsspec's http backend wraps aiohttp errors in ``FileNotFoundError``). Here
+they are sorted into transient (retry with backoff) and permanent (raise at once as the
+matching ``OSError`` subclass naming the redacted URL).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fsspec_shards.errors import redact_url
+
+logger = logging.getLogger("fsspec_shards.storage")
+
+T = TypeVar("T")
+
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 507, 509, 598, 599})
+_THROTTLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestThrottled",
+        "ServiceUnavailable",
+        "InternalError",
+        "RequestTimeout",
+        "ServerBusy",
+        "OperationTimedOut",
+    }
+)
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EBUSY,  # s3fs: 503 SlowDown / ServiceUnavailable
+        getattr(errno, "EREMOTEIO", errno.EIO),  # s3fs: 500 InternalError
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.EAGAIN,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+    }
+)
+# Exception class names (anywhere in the MRO) of the backends' network failures; matched by
+# name so that no optional backend library has to be imported here.
+_TRANSIENT_TYPE_NAMES = frozenset(
+    {
+        # aiohttp
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ClientConnectionError",
+        "ClientConnectionResetError",
+        "ServerTimeoutError",
+        # botocore
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "HTTPClientError",
+        # azure-core
+        "ServiceRequestError",
+        "ServiceResponseError",
+        # requests / urllib3 / http.client (gcsfs auth, sync clients)
+        "ChunkedEncodingError",
+        "ProtocolError",
+        "IncompleteRead",
+        "ReadTimeout",
+        "ConnectTimeout",
+        "ConnectionError",
+        "Timeout",
+        # this package: a body shorter than asked for
+        "TransientError",
+    }
+)
+_NOT_FOUND_TYPE_NAMES = frozenset({"ResourceNotFoundError", "NoSuchKey"})
+_DENIED_TYPE_NAMES = frozenset({"ClientAuthenticationError"})
+_URLISH_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+class TransientError(OSError):
+    """A failure worth retrying that no backend reported as such (e.g. a short body)."""
+
+
+class RetriesExhaustedError(OSError):
+    """A transient failure persisted through every attempt or past the deadline."""
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 8:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
+def _type_names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status carried by ``exc`` or by an exception it was raised from, if any."""
+    for link in _chain(exc):
+        response = getattr(link, "response", None)
+        if isinstance(response, dict):  # botocore ClientError
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        for attribute in ("status", "status_code", "code"):
+            value = getattr(link, attribute, None)
+            if isinstance(value, str) and value.isdigit():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+                return value
+    return None
+
+
+def _error_code(exc: BaseException) -> str | None:
+    for link in _chain(exc):
+        response = getattr(link, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code:
+                return str(code)
+        code = getattr(link, "error_code", None)  # azure-core
+        if isinstance(code, str) and code:
+            return code
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying ``exc`` may succeed: network cuts, time-outs, 408/429/5xx, throttling."""
+    code = _error_code(exc)
+    if code in _THROTTLE_CODES:
+        return True
+    status = http_status(exc)
+    if status is not None:
+        return status in _TRANSIENT_STATUSES
+    for link in _chain(exc):
+        if isinstance(link, ConnectionError | TimeoutError | EOFError):
+            return True
+        if _type_names(link) & _TRANSIENT_TYPE_NAMES:
+            return True
+        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
+            return True
+    return False
+
+
+def scrub(text: str) -> str:
+    """Redact every URL-like token in ``text`` (backend messages may quote signed URLs)."""
+    return _URLISH_RE.sub(lambda match: redact_url(match.group(0)), text)
+
+
+def describe(exc: BaseException) -> str:
+    """A short, secret-free reason for logs and messages."""
+    status = http_status(exc)
+    text = scrub(str(exc)).strip().replace("\n", " ")
+    if len(text) > 200:
+        text = text[:197] + "..."
+    name = type(exc).__name__
+    label = f"{name} HTTP {status}" if status is not None else name
+    return f"{label}: {text}" if text else label
+
+
+def permanent_error(exc: BaseException, url: str) -> BaseException:
+    """``exc`` as the matching ``OSError`` subclass naming the redacted ``url``.
+
+    Exceptions that are no storage failure at all (e.g. ``TypeError``) come back unchanged.
+    """
+    shown = redact_url(url)
+    reason = describe(exc)
+    status = http_status(exc)
+    names = set().union(*(_type_names(link) for link in _chain(exc)))
+    message = str(exc)
+    if status in (404, 410) or (status is None and isinstance(exc, FileNotFoundError)):
+        return FileNotFoundError(errno.ENOENT, f"not found: {shown} ({reason})")
+    if (
+        status in (401, 403)
+        or isinstance(exc, PermissionError)
+        or names & _DENIED_TYPE_NAMES
+        or message.startswith("Forbidden")  # gcsfs 403
+    ):
+        return PermissionError(errno.EACCES, f"permission denied: {shown} ({reason})")
+    if names & _NOT_FOUND_TYPE_NAMES:
+        return FileNotFoundError(errno.ENOENT, f"not found: {shown} ({reason})")
+    for kind in (IsADirectoryError, NotADirectoryError, FileExistsError):
+        if isinstance(exc, kind):
+            return kind(exc.errno, f"{exc.strerror or kind.__name__}: {shown} ({reason})")
+    if status is not None:
+        code = errno.EINVAL if 400 <= status < 500 else errno.EIO
+        return OSError(code, f"request failed for {shown} ({reason})")
+    if isinstance(exc, OSError):
+        return OSError(exc.errno or errno.EIO, f"request failed for {shown} ({reason})")
+    return exc
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try: ``attempts`` per failure chain, exponential backoff with full jitter
+    capped at ``max_backoff``, no retry once ``deadline`` seconds have passed since the chain's
+    first failure, and ``timeout`` seconds for any single request before it counts as stalled.
+    """
+
+    attempts: int = 5
+    backoff: float = 0.2
+    max_backoff: float = 10.0
+    deadline: float = 300.0
+    timeout: float = 60.0
+
+    def delay(self, failure: int, rng: random.Random) -> float:
+        """Seconds to wait after the ``failure``-th consecutive failure (1-based)."""
+        ceiling = min(self.max_backoff, self.backoff * 2 ** (failure - 1))
+        return rng.uniform(0.0, ceiling)
+
+    def attempts_for(
+        self, url: str, action: str, on_retry: Callable[[], None] | None = None
+    ) -> Attempts:
+        """A tracker for one operation that may fail, make progress and fail again."""
+        return Attempts(self, url, action, on_retry)
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        url: str,
+        action: str,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """Run ``fn`` until it succeeds, a permanent error occurs, or the attempts are spent."""
+        tracker = self.attempts_for(url, action, on_retry)
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                tracker.failed(exc)
+
+
+class Attempts:
+    """Counts consecutive failures of one operation; progress starts a new failure chain."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        url: str,
+        action: str,
+        on_retry: Callable[[], None] | None = None,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.policy = policy
+        self.url = url
+        self.action = action
+        self.on_retry = on_retry
+        self.rng = rng or random.Random()
+        self.sleep = sleep
+        self.failures = 0
+        self.chain_started: float | None = None
+
+    def progressed(self) -> None:
+        """The operation moved forward: the next failure starts a fresh chain."""
+        self.failures = 0
+        self.chain_started = None
+
+    def failed(self, exc: BaseException) -> None:
+        """Handle one failure: raise it (permanent, or attempts/deadline spent) or back off."""
+        shown = redact_url(self.url)
+        if not is_transient(exc):
+            converted = permanent_error(exc, self.url)
+            if converted is exc:
+                raise exc
+            raise converted from (None if shown != self.url else exc)
+        now = time.monotonic()
+        if self.chain_started is None:
+            self.chain_started = now
+        self.failures += 1
+        wait = self.policy.delay(self.failures, self.rng)
+        spent = now - self.chain_started + wait > self.policy.deadline
+        if self.failures >= self.policy.attempts or spent:
+            limit = (
+                f"{self.failures} attempts"
+                if not spent
+                else f"the {self.policy.deadline:g}s deadline"
+            )
+            error = RetriesExhaustedError(
+                errno.EIO, f"{self.action} {shown} failed after {limit}: {describe(exc)}"
+            )
+            raise error from (None if shown != self.url else exc)
+        logger.info(
+            "retrying %s %s after %s (attempt %d of %d, waiting %.2fs)",
+            self.action,
+            shown,
+            describe(exc),
+            self.failures + 1,
+            self.policy.attempts,
+            wait,
+        )
+        if self.on_retry is not None:
+            self.on_retry()
+        self.sleep(wait)
