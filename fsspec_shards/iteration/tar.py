@@ -26,7 +26,7 @@ logger = logging.getLogger("fsspec_shards.tar")
 
 BLOCK_SIZE = 512
 MAX_MEMBER_SIZE = 1 << 40
-STREAM_BUFFER_SIZE = 1 << 20
+STREAM_BUFFER_SIZE = 128 << 10
 READ_PIECE_SIZE = 16 << 20
 MAX_EXTENDED_HEADER_SIZE = 8 << 20
 GZIP_MAGIC = b"\x1f\x8b"
@@ -52,7 +52,7 @@ class TarMember:
 
 
 def _number(field: bytes) -> int:
-    """Decode a numeric header field: NUL/space-terminated octal, or GNU base-256."""
+    """Decode a numeric header field as tarfile does: GNU base-256, else octal up to a NUL."""
     lead = field[0]
     if lead == 0x80:
         return int.from_bytes(field[1:], "big")
@@ -61,22 +61,32 @@ def _number(field: bytes) -> int:
     nul = field.find(0)
     if nul >= 0:
         field = field[:nul]
-    field = field.strip()
-    if not field:
-        return 0
-    if not field.isdigit():
-        raise ValueError(f"not an octal number: {field!r}")
-    return int(field, 8)
+    return int(field.strip() or b"0", 8)
+
+
+def _size_and_checksum(header: bytes) -> tuple[int, int]:
+    """The size and declared checksum fields; the common layouts take a fast path."""
+    try:
+        size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
+        declared = int(header[148:154], 8) if header[154] == 0 else _number(header[148:156])
+        return size, declared
+    except ValueError:
+        return _number(header[124:136]), _number(header[148:156])
 
 
 def _checksum_ok(header: bytes, declared: int) -> bool:
     """Check the header checksum, unsigned (POSIX) or signed (old Sun/NeXT tars).
 
-    The unsigned sum is computed with adler32 over two 256-byte halves: below 65521 the
-    low half of adler32 is exactly 1 + the byte sum, and C is much faster than ``sum()``.
+    The unsigned sum skips the checksum field, counted as 8 spaces (256). It is summed with
+    adler32 over pieces of at most 256 bytes: there the low half of adler32 is exactly
+    1 + the byte sum, and C is much faster than ``sum()``.
     """
-    total = (zlib.adler32(header[:256]) & 0xFFFF) + (zlib.adler32(header[256:]) & 0xFFFF) - 2
-    unsigned = total - sum(header[148:156]) + 256
+    unsigned = (
+        (zlib.adler32(header[:148]) & 0xFFFF)
+        + (zlib.adler32(header[156:400]) & 0xFFFF)
+        + (zlib.adler32(header[400:]) & 0xFFFF)
+        + 253
+    )
     if declared == unsigned:
         return True
     high_bytes = sum(1 for i, byte in enumerate(header) if byte >= 0x80 and not 148 <= i < 156)
@@ -169,8 +179,7 @@ def iter_members(
                 return
             position += BLOCK_SIZE
             try:
-                declared = _number(header[148:156])
-                size = _number(header[124:136])
+                size, declared = _size_and_checksum(header)
             except ValueError as exc:
                 raise ShardFormatError(
                     shard, header_offset, f"invalid number field: {exc}"
@@ -218,7 +227,8 @@ def iter_members(
                     position += padding
                 name = long_name or pax_name or global_name
                 if name is None:
-                    name = _name_field(header[:100])
+                    nul = header.find(0, 0, 100)
+                    name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
                     if header[345] != 0:
                         name = _name_field(header[345:500]) + "/" + name
                 yield TarMember(name, data, member_offset, position)

@@ -1,0 +1,133 @@
+"""Benchmark the tar reader against webdataset 1.0.2, a plain tarfile loop and raw read().
+
+Builds two shards in a temporary directory: small samples (a 1 KiB ``.bin`` plus a short
+``.cls``) and large samples (a 1 MiB ``.bin`` plus a ``.cls``). Each reader turns a shard
+into sample dicts without decoding. Runs are interleaved (every reader once per round) so
+that machine load hits them alike; the medians are reported with their ratios.
+
+    python benchmarks/bench_tar.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+
+from fsspec_shards.iteration.samples import group_samples, to_dict
+from fsspec_shards.iteration.tar import iter_members, open_shard_stream
+
+SMALL_SAMPLES = 20_000
+SMALL_SIZE = 1024
+LARGE_SAMPLES = 150
+LARGE_SIZE = 1 << 20
+READ_CHUNK = 1 << 20
+
+
+def write_shard(path: str, samples: int, payload_size: int) -> None:
+    """Write a shard of ``samples`` two-file samples with a ``payload_size`` .bin member."""
+    payload = os.urandom(payload_size)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for index in range(samples):
+            for extension, data in (("bin", payload), ("cls", str(index % 1000).encode())):
+                info = tarfile.TarInfo(f"sample{index:08d}.{extension}")
+                info.size = len(data)
+                info.mtime = 1_700_000_000
+                tar.addfile(info, io.BytesIO(data))
+
+
+def count_ours(path: str) -> int:
+    with open(path, "rb", buffering=0) as raw:
+        stream = open_shard_stream(raw, path)
+        return sum(1 for _ in map(to_dict, group_samples(iter_members(stream, path), path)))
+
+
+def count_webdataset(path: str) -> int:
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    with open(path, "rb") as stream:
+        return sum(1 for _ in group_by_keys(tar_file_expander([{"url": path, "stream": stream}])))
+
+
+def count_tarfile(path: str) -> int:
+    members = 0
+    with tarfile.open(path, "r|") as tar:
+        for info in tar:
+            if info.isreg():
+                tar.extractfile(info).read()
+                members += 1
+    return members // 2
+
+
+def read_raw(path: str) -> int:
+    with open(path, "rb", buffering=0) as raw:
+        total = 0
+        while chunk := raw.read(READ_CHUNK):
+            total += len(chunk)
+    return total
+
+
+def _time(function: Callable[[str], int], path: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    result = function(path)
+    return time.perf_counter() - started, result
+
+
+def measure(path: str, samples: int, rounds: int) -> dict[str, float]:
+    """Median samples/s of each reader on one shard, interleaved over ``rounds`` rounds."""
+    readers = {"ours": count_ours, "webdataset": count_webdataset, "tarfile": count_tarfile}
+    times: dict[str, list[float]] = {name: [] for name in [*readers, "raw_read"]}
+    size = os.path.getsize(path)
+    read_raw(path)
+    for _ in range(rounds):
+        for name, reader in readers.items():
+            elapsed, count = _time(reader, path)
+            if count != samples:
+                raise RuntimeError(f"{name} read {count} samples, expected {samples}")
+            times[name].append(elapsed)
+        elapsed, count = _time(read_raw, path)
+        if count != size:
+            raise RuntimeError(f"raw read got {count} bytes, expected {size}")
+        times["raw_read"].append(elapsed)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    result = {f"{name}_samples_per_s": samples / seconds for name, seconds in medians.items()}
+    result["raw_read_mb_per_s"] = size / medians["raw_read"] / 1e6
+    result["ours_mb_per_s"] = size / medians["ours"] / 1e6
+    result["ours_vs_webdataset"] = medians["webdataset"] / medians["ours"]
+    result["ours_vs_tarfile"] = medians["tarfile"] / medians["ours"]
+    result["ours_vs_raw_read"] = medians["raw_read"] / medians["ours"]
+    return result
+
+
+def run(rounds: int = 5, directory: str | None = None) -> dict[str, dict[str, float]]:
+    """Build the shards and measure all readers: ``{"small_1KiB": {...}, "large_1MiB": {...}}``."""
+    with tempfile.TemporaryDirectory(dir=directory) as workdir:
+        small = os.path.join(workdir, "small.tar")
+        large = os.path.join(workdir, "large.tar")
+        write_shard(small, SMALL_SAMPLES, SMALL_SIZE)
+        write_shard(large, LARGE_SAMPLES, LARGE_SIZE)
+        return {
+            "small_1KiB": measure(small, SMALL_SAMPLES, rounds),
+            "large_1MiB": measure(large, LARGE_SAMPLES, rounds),
+        }
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats (default 5)")
+    arguments = parser.parse_args(argv)
+    results = run(arguments.rounds)
+    for case, values in results.items():
+        print(case)
+        for name, value in values.items():
+            print(f"  {name:28s} {value:12.1f}" if value >= 100 else f"  {name:28s} {value:12.2f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
