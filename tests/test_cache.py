@@ -1,0 +1,349 @@
+"""Unit tests of ShardCache: counting, LRU eviction, size cap, failure clean-up, self-healing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from fsspec_shards.errors import IntegrityError
+from fsspec_shards.storage.cache import CacheFullError, ShardCache, cache_key
+
+
+def payload(name: str, size: int) -> bytes:
+    """Deterministic bytes for an object name."""
+    seed = hashlib.sha256(name.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def writer(data: bytes, metadata: dict | None = None):
+    """A download callback that writes ``data`` and returns ``metadata``."""
+
+    def download(file) -> dict:
+        file.write(data)
+        return dict(metadata or {"checksum": "sha256:" + hashlib.sha256(data).hexdigest()})
+
+    return download
+
+
+def fill(cache: ShardCache, url: str, size: int = 100) -> str:
+    return cache.fetch(url, writer(payload(url, size)), expected_size=size)
+
+
+def cached_urls(cache: ShardCache) -> list[str]:
+    return [entry["url"] for entry in cache.entries()]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> ShardCache:
+    return ShardCache(str(tmp_path / "cache"), 1000)
+
+
+def test_fetch_returns_whole_file_and_counts_a_miss_then_hits(cache: ShardCache) -> None:
+    url = "s3://bucket/a.tar"
+    path = fill(cache, url)
+    assert Path(path).read_bytes() == payload(url, 100)
+    assert cache.get(url) == path
+    assert cache.fetch(url, writer(b"never written")) == path
+    stats = cache.stats()
+    assert (stats["misses"], stats["hits"]) == (1, 2)
+    assert (stats["cached_files"], stats["cached_bytes"]) == (1, 100)
+
+
+def test_get_of_uncached_url_returns_none_and_counts_nothing(cache: ShardCache) -> None:
+    assert cache.get("s3://bucket/absent") is None
+    assert cache.stats()["misses"] == 0 and cache.stats()["hits"] == 0
+
+
+def test_least_recently_used_file_is_evicted_first_and_touching_protects_it(
+    tmp_path: Path,
+) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 300)
+    for name in ("a", "b", "c"):
+        fill(cache, f"s3://bucket/{name}")
+    assert cache.get("s3://bucket/a") is not None
+    fill(cache, "s3://bucket/d")
+    assert cached_urls(cache) == ["s3://bucket/c", "s3://bucket/a", "s3://bucket/d"]
+    assert cache.get("s3://bucket/b") is None
+    assert cache.stats()["evictions"] == 1
+
+
+def test_evicted_file_is_deleted_from_disk(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 200)
+    first = fill(cache, "s3://bucket/a")
+    fill(cache, "s3://bucket/b")
+    fill(cache, "s3://bucket/c")
+    assert not os.path.exists(first)
+    files = [f for _, _, names in os.walk(tmp_path / "c" / "files") for f in names]
+    assert len(files) == 2
+
+
+def test_cap_holds_counting_bytes_reserved_by_downloads_in_flight(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 300)
+    for name in ("a", "b", "c"):
+        fill(cache, f"s3://bucket/{name}")
+    observed = []
+
+    def slow_download(file) -> dict:
+        # While this 200-byte download is in flight, its reservation already displaced two files.
+        observed.append((cache.stats()["cached_bytes"], cached_urls(cache)))
+        file.write(payload("big", 200))
+        return {}
+
+    cache.fetch("s3://bucket/big", slow_download, expected_size=200)
+    assert observed == [(100, ["s3://bucket/c"])]
+    assert cache.stats()["cached_bytes"] == 300
+
+
+def test_second_download_waits_for_room_held_by_a_reservation(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 250)
+    first_written, release_first = threading.Event(), threading.Event()
+    disk_peaks = []
+
+    def disk_bytes() -> int:
+        root = tmp_path / "c"
+        files = [p for d in ("files", "tmp") for p in (root / d).rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files)
+
+    def held_download(file) -> dict:
+        file.write(payload("one", 150))
+        file.flush()
+        first_written.set()
+        assert release_first.wait(60)
+        return {}
+
+    def second_download(file) -> dict:
+        file.write(payload("two", 150))
+        file.flush()
+        disk_peaks.append(disk_bytes())
+        return {}
+
+    def second() -> None:
+        # Needs 150 bytes while 150 are reserved: waits for the first to publish, then evicts it.
+        cache.fetch("s3://bucket/two", second_download, expected_size=150)
+
+    first = threading.Thread(
+        target=lambda: cache.fetch("s3://bucket/one", held_download, expected_size=150)
+    )
+    first.start()
+    assert first_written.wait(60)
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(1.0)
+    assert thread.is_alive() and disk_peaks == []
+    release_first.set()
+    first.join(60)
+    thread.join(60)
+    assert disk_peaks == [150]
+    assert cached_urls(cache) == ["s3://bucket/two"]
+    assert cache.stats()["evictions"] == 1
+
+
+def test_object_larger_than_the_cache_raises_cache_full_without_downloading(
+    cache: ShardCache,
+) -> None:
+    calls = []
+    with pytest.raises(CacheFullError) as raised:
+        cache.fetch("s3://bucket/huge", lambda f: calls.append(f) or {}, expected_size=1001)
+    assert isinstance(raised.value, OSError) and raised.value.errno == 28
+    assert calls == [] and "s3://bucket/huge" in str(raised.value)
+
+
+def test_download_exception_propagates_unchanged_and_leaves_nothing(cache: ShardCache) -> None:
+    class BackendDown(ConnectionError):
+        pass
+
+    def failing(file) -> dict:
+        file.write(b"partial")
+        raise BackendDown("reset")
+
+    with pytest.raises(BackendDown):
+        cache.fetch("s3://bucket/a", failing, expected_size=100)
+    assert cache.get("s3://bucket/a") is None
+    assert os.listdir(Path(cache.directory) / "tmp") == []
+    assert cache.stats()["cached_files"] == 0
+    assert fill(cache, "s3://bucket/a")
+
+
+def test_size_different_from_expected_is_an_integrity_error_and_not_cached(
+    cache: ShardCache,
+) -> None:
+    with pytest.raises(IntegrityError):
+        cache.fetch("s3://bucket/a", writer(b"short"), expected_size=100)
+    assert cache.get("s3://bucket/a") is None
+    assert cache.stats()["integrity_failures"] == 1
+    assert os.listdir(Path(cache.directory) / "tmp") == []
+
+
+def test_stale_temp_file_of_a_dead_download_is_removed(cache: ShardCache) -> None:
+    key = cache_key("s3://bucket/a")
+    tmp = Path(cache.directory) / "tmp"
+    (tmp / f"{key}.999999.deadbeef.100.part").write_bytes(b"partial")
+    other = cache_key("s3://bucket/other")
+    (tmp / f"{other}.999999.deadbeef.900.part").write_bytes(b"partial")
+    # The stale 900-byte reservation of "other" must not keep this 100-byte file out.
+    path = fill(cache, "s3://bucket/a")
+    assert Path(path).read_bytes() == payload("s3://bucket/a", 100)
+    assert os.listdir(tmp) == []
+
+
+@pytest.mark.parametrize("damage", ["missing", "short"])
+def test_entry_whose_file_is_missing_or_short_is_a_miss_and_heals(
+    cache: ShardCache, damage: str
+) -> None:
+    url = "s3://bucket/a"
+    path = Path(fill(cache, url))
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.chmod(0o600)
+        path.write_bytes(b"short")
+    assert cache.get(url) is None
+    assert cache.stats()["cached_files"] == 0
+    assert Path(fill(cache, url)).read_bytes() == payload(url, 100)
+
+
+def test_clear_removes_files_entries_and_counters(cache: ShardCache) -> None:
+    paths = [fill(cache, f"s3://bucket/{n}") for n in "abc"]
+    cache.clear()
+    assert cache.entries() == []
+    assert not any(os.path.exists(p) for p in paths)
+    stats = cache.stats()
+    assert (stats["cached_files"], stats["cached_bytes"], stats["misses"]) == (0, 0, 0)
+
+
+def test_entries_list_urls_sizes_and_times_least_recent_first(cache: ShardCache) -> None:
+    fill(cache, "s3://bucket/a", 10)
+    fill(cache, "gs://bucket/b", 20)
+    entries = cache.entries()
+    assert [(e["url"], e["size"]) for e in entries] == [
+        ("s3://bucket/a", 10),
+        ("gs://bucket/b", 20),
+    ]
+    assert all(e["stored_at"] <= e["accessed_at"] for e in entries)
+
+
+def test_stats_report_every_required_counter(cache: ShardCache) -> None:
+    cache.incr("retries", 3)
+    cache.incr("bytes_downloaded", 1234)
+    stats = cache.stats()
+    for name in ("hits", "misses", "bytes_downloaded", "retries", "integrity_failures"):
+        assert name in stats
+    assert (stats["retries"], stats["bytes_downloaded"]) == (3, 1234)
+    assert stats["evictions"] == 0 and stats["size_limit"] == 1000
+    assert stats["directory"] == cache.directory
+
+
+def test_counters_are_shared_by_two_instances_on_one_directory(tmp_path: Path) -> None:
+    one = ShardCache(str(tmp_path / "c"), 1000)
+    two = ShardCache(str(tmp_path / "c"), 1000)
+    one.incr("retries")
+    two.incr("retries")
+    fill(one, "s3://bucket/a")
+    assert two.get("s3://bucket/a") is not None
+    assert one.stats()["retries"] == 2 and one.stats()["hits"] == 1
+
+
+def test_same_basename_in_two_buckets_or_protocols_does_not_collide(cache: ShardCache) -> None:
+    urls = ["s3://one/train-0000.tar", "s3://two/train-0000.tar", "gs://one/train-0000.tar"]
+    for url in urls:
+        fill(cache, url)
+    for url in urls:
+        assert Path(cache.get(url)).read_bytes() == payload(url, 100)
+
+
+def test_signed_urls_of_one_object_share_a_key_and_no_secret_is_stored(cache: ShardCache) -> None:
+    signed = "https://host/bucket/a.tar?X-Amz-Signature=SECRETSIG&X-Amz-Credential=SECRETCRED"
+    resigned = "https://host/bucket/a.tar?X-Amz-Signature=OTHERSIG&X-Amz-Credential=SECRETCRED"
+    fill(cache, signed)
+    cache.fetch(
+        "https://user:SECRETPW@host/bucket/b.tar",
+        writer(b"b", {"source": signed, "identity": "etag-1"}),
+    )
+    assert cache.get(resigned) is not None
+    names = [n for _, dirs, files in os.walk(cache.directory) for n in dirs + files]
+    recorded = repr(cache.entries()) + repr(cache.metadata("https://host/bucket/b.tar"))
+    database = b"".join(p.read_bytes() for p in Path(cache.directory).rglob("cache.db*"))
+    for secret in ("SECRETSIG", "SECRETCRED", "SECRETPW"):
+        assert not any(secret in n for n in names)
+        assert secret not in recorded
+        assert secret.encode() not in database
+
+
+def test_metadata_returns_download_result_with_times_and_validation(cache: ShardCache) -> None:
+    url = "s3://bucket/a"
+    cache.fetch(url, writer(b"x" * 5, {"identity": "etag-7", "checksum": "md5:00"}))
+    meta = cache.metadata(url)
+    assert meta["identity"] == "etag-7" and meta["checksum"] == "md5:00" and meta["size"] == 5
+    assert meta["validated_at"] == meta["stored_at"]
+    cache.touch_validated(url)
+    assert cache.metadata(url)["validated_at"] > meta["stored_at"]
+    assert cache.metadata("s3://bucket/none") is None
+
+
+def test_discard_drops_entry_and_file(cache: ShardCache) -> None:
+    path = fill(cache, "s3://bucket/a")
+    cache.discard("s3://bucket/a")
+    assert cache.get("s3://bucket/a") is None and not os.path.exists(path)
+
+
+def test_open_file_stays_readable_after_eviction(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 200)
+    url = "s3://bucket/a"
+    fill(cache, url)
+    with cache.open(url) as reader:
+        head = reader.read(10)
+        fill(cache, "s3://bucket/b")
+        fill(cache, "s3://bucket/c")
+        assert cache.get(url) is None
+        assert head + reader.read() == payload(url, 100)
+
+
+def test_open_returns_a_readable_handle_or_none(cache: ShardCache) -> None:
+    assert cache.open("s3://bucket/a") is None
+    fill(cache, "s3://bucket/a")
+    with cache.open("s3://bucket/a") as reader:
+        assert reader.read() == payload("s3://bucket/a", 100)
+
+
+def test_cache_directory_and_files_are_private(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "new" / "cache"), 1000)
+    path = fill(cache, "s3://bucket/a")
+    assert stat.S_IMODE(os.stat(cache.directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
+
+
+def test_cache_pickles_to_the_same_directory(cache: ShardCache) -> None:
+    import pickle
+
+    fill(cache, "s3://bucket/a")
+    clone = pickle.loads(pickle.dumps(cache))
+    assert clone.get("s3://bucket/a") == cache.get("s3://bucket/a")
+
+
+def test_threads_fetching_one_url_download_it_once(cache: ShardCache) -> None:
+    calls = []
+    barrier = threading.Barrier(6)
+
+    def download(file) -> dict:
+        calls.append(1)
+        file.write(payload("shared", 100))
+        return {}
+
+    results = []
+
+    def reader() -> None:
+        barrier.wait(60)
+        results.append(Path(cache.fetch("s3://bucket/shared", download, 100)).read_bytes())
+
+    threads = [threading.Thread(target=reader) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(calls) == 1
+    assert results == [payload("shared", 100)] * 6
