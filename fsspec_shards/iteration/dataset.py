@@ -54,21 +54,29 @@ Entry = tuple[SampleRef, RawSample]
 
 @dataclass(slots=True)
 class _Live:
-    """The position of the iterator currently running, read by ``state_dict()``."""
+    """The position of the iterator currently running, read by ``state_dict()``.
+
+    ``unread`` holds the loaded buffer references until the iterator has read them back.
+    """
 
     state: StreamState
     buffer: ShuffleBuffer[Entry] | None
+    unread: list[SampleRef] | None = None
 
     def snapshot(self) -> StreamState:
         state = self.state
-        buffer_refs = [ref for ref, _ in self.buffer.items] if self.buffer is not None else []
-        rng_counter = self.buffer.rng.counter if self.buffer is not None else 0
+        if self.unread is not None:
+            buffer_refs = list(self.unread)
+        elif self.buffer is not None:
+            buffer_refs = [ref for ref, _ in self.buffer.items]
+        else:
+            buffer_refs = []
         return StreamState(
             fingerprint=dict(state.fingerprint),
             epoch=state.epoch,
             shard=state.shard,
             offset=state.offset,
-            rng_counter=rng_counter,
+            rng_counter=self.buffer.rng.counter if self.buffer is not None else 0,
             buffer=buffer_refs,
             delivered=state.delivered,
             finished=state.finished,
@@ -218,7 +226,7 @@ class ShardDataset(_DatasetBase):
                 state.rng_counter,
             )
             buffer = ShuffleBuffer(self.shuffle_buffer, rng)
-        live = _Live(state, buffer)
+        live = _Live(state, buffer, unread=list(state.buffer) if buffer is not None else None)
         self._live = live
         return self._deliver(urls, live)
 
@@ -232,7 +240,8 @@ class ShardDataset(_DatasetBase):
             if live.buffer is None:
                 entries = source
             else:
-                live.buffer.items = self._reread(urls, state.buffer)
+                live.buffer.items = self._reread(urls, live.unread or [])
+                live.unread = None
                 entries = live.buffer.shuffle(source)
             for _, sample in entries:
                 state.delivered += 1
