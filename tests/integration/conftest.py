@@ -1,0 +1,131 @@
+"""Fixtures for tests against real storage servers and the fault-injecting proxy.
+
+Servers start lazily, once per session, on free loopback ports, when a test first asks for
+them, and stop when the session ends. Each `*_backend` fixture is a `servers.Backend` under a
+fresh prefix, so tests sharing a server never see each other's files.
+
+    def test_something(backend, fault_proxy):           # runs for file, http, s3, gcs, az
+        url = backend.put("shard-0.tar", data)
+    def test_faults(remote_backend, fault_proxy):       # http, s3, gcs, az (they have servers)
+        proxy, proxied = fault_proxy(remote_backend)
+        proxy.add(Cut(after_bytes=100), method="GET", times=1)
+        fsspec.filesystem(proxied.protocol, **proxied.storage_options).cat_file(proxied.url(p))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration import servers
+from tests.integration.fault_proxy import FaultProxy
+
+BACKENDS = ["file", "http", "s3", "gcs", "az"]
+REMOTE_BACKENDS = ["http", "s3", "gcs", "az"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test here `integration`, so `-m "not integration"` leaves them out."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def _serve(starter: Callable, workdir: Path) -> Iterator:
+    try:
+        service = starter(workdir)
+    except servers.Unavailable as reason:
+        pytest.skip(str(reason))
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """moto's S3 server (or FSSPEC_SHARDS_TEST_S3_ENDPOINT) with bucket `test-bucket`."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", os.environ.get("AWS_ACCESS_KEY_ID", "testing"))
+        env.setenv("AWS_SECRET_ACCESS_KEY", os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"))
+        yield from _serve(servers.start_s3, tmp_path_factory.mktemp("s3"))
+
+
+@pytest.fixture(scope="session")
+def gcs_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """gcp-storage-emulator (or FSSPEC_SHARDS_TEST_GCS_ENDPOINT) with bucket `test-bucket`."""
+    yield from _serve(servers.start_gcs, tmp_path_factory.mktemp("gcs"))
+
+
+@pytest.fixture(scope="session")
+def az_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Azurite (or FSSPEC_SHARDS_TEST_AZURE_CONNECTION_STRING) with container `test-container`."""
+    yield from _serve(servers.start_azure, tmp_path_factory.mktemp("azurite"))
+
+
+@pytest.fixture(scope="session")
+def http_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """nginx (or FSSPEC_SHARDS_TEST_HTTP_URL) serving a directory, with Range and autoindex."""
+    yield from _serve(servers.start_http, tmp_path_factory.mktemp("nginx"))
+
+
+@pytest.fixture
+def s3_backend(s3_service) -> servers.S3Backend:
+    return s3_service.backend(servers.unique_prefix())
+
+
+@pytest.fixture
+def gcs_backend(gcs_service) -> servers.GcsBackend:
+    return gcs_service.backend(servers.unique_prefix())
+
+
+@pytest.fixture
+def az_backend(az_service) -> servers.AzureBackend:
+    return az_service.backend(servers.unique_prefix())
+
+
+@pytest.fixture
+def http_backend(http_service) -> servers.HttpBackend:
+    return http_service.backend(servers.unique_prefix())
+
+
+@pytest.fixture
+def file_backend(tmp_path: Path) -> servers.FileBackend:
+    return servers.FileBackend("file", servers.unique_prefix(), "local", root=str(tmp_path))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> servers.Backend:
+    """Each of the five backends in turn; servers start only when a test asks for them."""
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.fixture(params=REMOTE_BACKENDS)
+def remote_backend(request: pytest.FixtureRequest) -> servers.Backend:
+    """Each backend that has a server (and so can sit behind the fault proxy)."""
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[..., tuple[FaultProxy, servers.Backend]]]:
+    """Factory: `fault_proxy(backend, **options)` -> (proxy, backend seen through the proxy).
+
+    Options go to `FaultProxy` (e.g. `bandwidth=`, `latency=`). Proxies close at test end.
+    """
+    proxies: list[FaultProxy] = []
+
+    def make(backend: servers.Backend, **options) -> tuple[FaultProxy, servers.Backend]:
+        address = backend.address()
+        if address is None:
+            raise ValueError(f"the {backend.protocol} backend has no server to put a proxy before")
+        proxy = FaultProxy(address, **options)
+        proxies.append(proxy)
+        return proxy, backend.through(proxy)
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
