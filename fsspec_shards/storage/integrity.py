@@ -133,13 +133,14 @@ def _normalize_name(name: str) -> str:
 def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None) -> Manifest:
     """A manifest from ``{path_or_url: "sha256:<hex>", ...}``.
 
-    ``strip_protocol`` (the backend's ``_strip_protocol``) turns URL keys into backend paths.
+    ``strip_protocol`` (the backend's ``_strip_protocol``) turns URL keys into backend paths;
+    other keys stay as written (a bare name matches by trailing path components).
     """
     entries = {}
     for key, value in mapping.items():
         if not isinstance(key, str):
             raise ValueError(f"invalid checksums key {key!r}: expected a path string")
-        path = strip_protocol(key) if strip_protocol is not None else key
+        path = strip_protocol(key) if strip_protocol is not None and "://" in key else key
         try:
             entries[path] = value if isinstance(value, Checksum) else parse_checksum(value)
         except ValueError as exc:
