@@ -465,3 +465,23 @@ def test_fuzz_byte_flips_yield_members_or_shard_format_error(flips, fix_checksum
 def test_fuzz_garbage_yields_members_or_shard_format_error(garbage, at):
     _consume(FUZZ_BASE[:at] + garbage)
     _consume(garbage)
+
+
+class _ShortReads:
+    """A file-like object with only read(), returning at most 7 bytes per call."""
+
+    def __init__(self, data: bytes) -> None:
+        self._source = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._source.read(min(size, 7) if size >= 0 else size)
+
+    def seekable(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_objects_with_only_short_reads_are_read_completely(compress):
+    raw = make_tar(MIXED_ENTRIES)
+    stream = open_shard_stream(_ShortReads(gzip.compress(raw) if compress else raw), "s.tar.gz")
+    assert as_tuples(list(iter_members(stream, "s.tar.gz"))) == tarfile_members(raw)

@@ -334,9 +334,14 @@ def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
 
 
 def _buffered(fileobj: BinaryIO) -> BinaryIO:
-    if isinstance(fileobj, (io.BufferedReader, io.BufferedRandom, io.BytesIO)):
+    """Wrap in a large read buffer (also over an 8 KiB-buffered file): a syscall per few
+    small members would dominate; members larger than the buffer are read around it."""
+    if isinstance(fileobj, io.BytesIO) or not hasattr(fileobj, "readinto"):
         return fileobj
-    return io.BufferedReader(fileobj, STREAM_BUFFER_SIZE)
+    try:
+        return io.BufferedReader(fileobj, STREAM_BUFFER_SIZE)
+    except (AttributeError, ValueError):
+        return fileobj
 
 
 def is_gzip_shard(shard: str, fileobj: BinaryIO) -> bool:
