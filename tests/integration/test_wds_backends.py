@@ -1,0 +1,100 @@
+"""Reads through ``wds::`` equal the backend's own, on every real backend."""
+
+from __future__ import annotations
+
+import random
+
+import fsspec
+import pytest
+
+from tests.integration import servers
+
+DATA = random.Random(1202).randbytes(700_000)
+
+
+def _wds_options(backend: servers.Backend, tmp_path, **wds) -> dict:
+    return {
+        "wds": {"cache_dir": str(tmp_path / "cache"), "backoff": 0.01, **wds},
+        backend.protocol: backend.storage_options,
+    }
+
+
+def _wds_fs(backend: servers.Backend, tmp_path, **wds):
+    fs, _ = fsspec.core.url_to_fs(
+        f"wds::{backend.url()}", skip_instance_cache=True, **_wds_options(backend, tmp_path, **wds)
+    )
+    return fs
+
+
+def test_reads_through_wds_equal_the_backend_bytes_and_then_come_from_the_cache(
+    backend: servers.Backend, tmp_path
+):
+    url = backend.put("shards/train-0000.tar", DATA)
+    options = _wds_options(backend, tmp_path)
+    with fsspec.open(f"wds::{url}", "rb", **options) as handle:
+        assert handle.read() == DATA
+    with fsspec.open(f"wds::{url}", "rb", **options) as handle:
+        handle.seek(12345)
+        assert handle.read(100) == DATA[12345:12445]
+    fs, path = fsspec.core.url_to_fs(f"wds::{url}", **options)
+    stats = fs.cache_stats()
+    assert (stats["misses"], stats["hits"], stats["bytes_downloaded"]) == (1, 1, len(DATA))
+
+
+def test_uncached_streamed_reads_equal_the_backend_bytes(backend: servers.Backend, tmp_path):
+    url = backend.put("shards/train-0001.tar", DATA)
+    fs = _wds_fs(backend, tmp_path, cache=False, block_size=65536)
+    with fs.open(url) as handle:
+        assert handle.read() == DATA
+        handle.seek(500_000)
+        assert handle.read(10) == DATA[500_000:500_010]
+    assert fs.cat_file(url) == DATA
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 1), (10, 20), (123_456, 234_567), (-7, None)])
+def test_ranged_cat_file_agrees_with_the_backend(backend: servers.Backend, tmp_path, start, end):
+    url = backend.put("ranged.bin", DATA)
+    fs = _wds_fs(backend, tmp_path)
+    assert fs.cat_file(url, start, end) == DATA[start:end]
+    fs.prefetch(url)
+    assert fs.cat_file(url, start, end) == DATA[start:end]
+
+
+def test_listing_calls_agree_with_the_backend(backend: servers.Backend, tmp_path):
+    for name in ("a/train-0000.tar", "a/train-0001.tar", "a/sub/other.txt"):
+        backend.put(name, DATA[:1000])
+    fs = _wds_fs(backend, tmp_path)
+    plain = backend.filesystem()
+    folder = backend.url("a")
+    file_url = backend.url("a/train-0000.tar")
+    assert sorted(fs.ls(folder, detail=False)) == sorted(plain.ls(folder, detail=False))
+    if backend.protocol != "http":  # nginx autoindex has no recursive listing semantics
+        assert fs.find(folder) == plain.find(folder)
+    assert fs.glob(backend.url("a/*.tar")) == plain.glob(backend.url("a/*.tar"))
+    assert fs.info(file_url)["size"] == plain.info(file_url)["size"] == 1000
+    assert fs.exists(file_url) and not fs.exists(backend.url("a/absent.tar"))
+    assert fs.isfile(file_url)
+
+
+def test_missing_object_raises_file_not_found_naming_the_url(backend: servers.Backend, tmp_path):
+    backend.put("present.bin", b"x")
+    fs = _wds_fs(backend, tmp_path)
+    with pytest.raises(FileNotFoundError, match="absent.bin"):
+        fs.cat_file(backend.url("absent.bin"))
+    with pytest.raises(FileNotFoundError, match="absent.bin"):
+        fs.open(backend.url("absent.bin"))
+
+
+def test_writes_through_wds_reach_the_backend_and_drop_the_cached_copy(
+    backend: servers.Backend, tmp_path
+):
+    if backend.protocol == "http":
+        pytest.skip("the HTTP backend is read-only")
+    url = backend.put("w.bin", DATA[:100])
+    fs = _wds_fs(backend, tmp_path)
+    assert fs.cat_file(url) == DATA[:100]
+    fs.pipe_file(url, b"replaced")
+    assert backend.filesystem().cat_file(url) == b"replaced"
+    assert fs.cat_file(url) == b"replaced"
+    fs.rm(url)
+    assert not fs.exists(url)
