@@ -347,3 +347,14 @@ def test_threads_fetching_one_url_download_it_once(cache: ShardCache) -> None:
         thread.join(60)
     assert len(calls) == 1
     assert results == [payload("shared", 100)] * 6
+
+
+def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
+    cache: ShardCache,
+) -> None:
+    key = cache_key("s3://bucket/a")
+    orphan = Path(cache.directory) / "files" / key[:2] / f"{key}.deadbeef"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(payload("s3://bucket/a", 100))
+    path = fill(cache, "s3://bucket/a")
+    assert not orphan.exists() and Path(path).exists()

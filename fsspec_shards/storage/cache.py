@@ -251,12 +251,12 @@ class ShardCache:
             self.incr("hits")
             return path
         with self._key_lock(key):
-            self._remove_temp_files(key)
             path = self._lookup(key)
             if path is not None:
                 self.incr("hits")
                 return path
             self.incr("misses")
+            self._remove_leftovers(key)
             return self._download_and_publish(url, key, download, expected_size)
 
     def discard(self, url: str) -> None:
@@ -450,13 +450,21 @@ class ShardCache:
         except FileNotFoundError:
             return []
 
-    def _remove_temp_files(self, key: str) -> None:
-        """Remove temp files of ``key``: called with its lock held, so their owners are gone."""
-        for name in self._temp_files():
-            if name.startswith(key + "."):
-                logger.log(self._log_level, "removing stale temp file %s", name)
-                with suppress(FileNotFoundError):
-                    os.remove(os.path.join(self.directory, "tmp", name))
+    def _remove_leftovers(self, key: str) -> None:
+        """Remove what killed processes left for ``key``: temp files, and published files that
+        never made it into the index. Called on a miss with the key's lock held, so no one else
+        is writing these files and none of them is referenced."""
+        places = [
+            os.path.join(self.directory, "tmp"),
+            os.path.join(self.directory, "files", key[:2]),
+        ]
+        for place in places:
+            with suppress(FileNotFoundError):
+                for name in os.listdir(place):
+                    if name.startswith(key + "."):
+                        logger.log(self._log_level, "removing leftover file %s", name)
+                        with suppress(FileNotFoundError):
+                            os.remove(os.path.join(place, name))
 
     def _remove_if_stale(self, name: str) -> bool:
         """Remove a temp file whose download is not in progress (its key lock is free)."""

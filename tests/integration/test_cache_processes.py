@@ -1,0 +1,298 @@
+"""ShardCache under real processes: single flight, SIGKILL at planned instants, LRU, full disk."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fsspec_shards.storage.cache import CacheFullError, ShardCache
+
+SPAWN = multiprocessing.get_context("spawn")
+JOIN_TIMEOUT = 120
+
+
+def payload(name: str, size: int) -> bytes:
+    """Deterministic bytes for an object name."""
+    seed = hashlib.sha256(name.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def slow_writer(name: str, size: int, chunks: int, pause: float, counter: str | None = None):
+    """A download callback writing ``payload(name, size)`` in ``chunks`` pieces, ``pause`` apart.
+
+    Each call appends one byte to the file ``counter``: its size is the number of downloads.
+    """
+
+    def download(file) -> dict:
+        if counter is not None:
+            descriptor = os.open(counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(descriptor, b".")
+            os.close(descriptor)
+        data = payload(name, size)
+        step = -(-size // chunks)
+        for start in range(0, size, step):
+            file.write(data[start : start + step])
+            file.flush()
+            time.sleep(pause)
+        return {"checksum": "sha256:" + digest(data)}
+
+    return download
+
+
+def disk_bytes(directory: str) -> int:
+    """Bytes of published and in-flight files; ``files`` is listed before ``tmp`` so a file
+    renamed from one to the other meanwhile is missed rather than counted twice."""
+    total = 0
+    for sub in ("files", "tmp"):
+        for root, _, names in os.walk(os.path.join(directory, sub)):
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+def published_files(directory: str) -> set[str]:
+    return {str(p) for p in Path(directory, "files").rglob("*") if p.is_file()}
+
+
+def join_all(processes: list) -> None:
+    for process in processes:
+        process.join(JOIN_TIMEOUT)
+        assert process.exitcode == 0, f"worker exited with {process.exitcode}"
+
+
+# -- workers (module level, so spawned processes can import them) ---------------------------
+
+
+def fetch_once(directory, limit, url, size, counter, barrier, results) -> None:
+    cache = ShardCache(directory, limit)
+    barrier.wait(JOIN_TIMEOUT)
+    path = cache.fetch(url, slow_writer(url, size, 8, 0.02, counter), expected_size=size)
+    results.put(digest(Path(path).read_bytes()))
+
+
+def fetch_then_linger(directory, limit, url, size, started) -> None:
+    cache = ShardCache(directory, limit)
+    download = slow_writer(url, size, 32, 0.01)
+
+    def announced(file) -> dict:
+        Path(started).touch()
+        return download(file)
+
+    cache.fetch(url, announced, expected_size=size)
+    time.sleep(JOIN_TIMEOUT)
+
+
+def read_randomly(directory, limit, names, size, seed, rounds, results) -> None:
+    cache = ShardCache(directory, limit)
+    chooser = random.Random(seed)
+    worst = 0
+    for _ in range(rounds):
+        name = chooser.choice(names)
+        while True:
+            path = cache.fetch(name, slow_writer(name, size, 2, 0.001), expected_size=size)
+            try:
+                data = Path(path).read_bytes()
+                break
+            except FileNotFoundError:
+                continue
+        assert data == payload(name, size), name
+        worst = max(worst, disk_bytes(directory), cache.stats()["cached_bytes"])
+    results.put(worst)
+
+
+def fetch_each(directory, limit, names, size) -> None:
+    cache = ShardCache(directory, limit)
+    for name in names:
+        cache.fetch(name, slow_writer(name, size, 2, 0.001), expected_size=size)
+
+
+def read_across_eviction(directory, limit, url, half_read, go_on, results) -> None:
+    cache = ShardCache(directory, limit)
+    with cache.open(url) as reader:
+        head = reader.read(1000)
+        half_read.set()
+        assert go_on.wait(JOIN_TIMEOUT)
+        results.put(digest(head + reader.read()))
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_eight_processes_fetching_one_object_download_it_once(tmp_path: Path) -> None:
+    directory, counter = str(tmp_path / "cache"), str(tmp_path / "downloads")
+    url, size = "s3://bucket/shared-0000.tar", 256 * 1024
+    barrier, results = SPAWN.Barrier(8), SPAWN.Queue()
+    processes = [
+        SPAWN.Process(
+            target=fetch_once, args=(directory, 10 * size, url, size, counter, barrier, results)
+        )
+        for _ in range(8)
+    ]
+    for process in processes:
+        process.start()
+    digests = [results.get(timeout=JOIN_TIMEOUT) for _ in processes]
+    join_all(processes)
+    assert os.path.getsize(counter) == 1
+    assert digests == [digest(payload(url, size))] * 8
+    stats = ShardCache(directory, 10 * size).stats()
+    assert (stats["misses"], stats["hits"], stats["cached_files"]) == (1, 7, 1)
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> None:
+    directory = str(tmp_path / "cache")
+    url, size = "s3://bucket/killed.tar", 512 * 1024
+    started = tmp_path / "started"
+    cache = ShardCache(directory, 4 * size)
+    expected = payload(url, size)
+    outcomes = []
+    # The download takes >= 32 * 10 ms; kills at 0..690 ms after it starts cover the download,
+    # the fsync, the rename and the index update, and some instants after publication.
+    for trial in range(24):
+        started.unlink(missing_ok=True)
+        process = SPAWN.Process(
+            target=fetch_then_linger, args=(directory, 4 * size, url, size, str(started))
+        )
+        process.start()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while not started.exists():
+            assert time.monotonic() < deadline and process.is_alive(), "download never started"
+            time.sleep(0.002)
+        kill_at = time.monotonic() + trial * 0.03
+        while time.monotonic() < kill_at:
+            seen = cache.get(url)
+            assert seen is None or Path(seen).read_bytes() == expected
+            time.sleep(0.005)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(JOIN_TIMEOUT)
+        assert process.exitcode == -signal.SIGKILL
+
+        seen = cache.get(url)
+        assert seen is None or Path(seen).read_bytes() == expected
+        outcomes.append("published" if seen else "absent")
+        path = cache.fetch(url, slow_writer(url, size, 1, 0), expected_size=size)
+        assert Path(path).read_bytes() == expected
+        assert os.listdir(os.path.join(directory, "tmp")) == []
+        assert published_files(directory) == {e["path"] for e in cache.entries()}
+        cache.discard(url)
+    assert outcomes[0] == "absent"
+    assert cache.stats()["cached_files"] == 0
+
+
+@pytest.mark.slow
+def test_four_random_readers_keep_the_cap_and_evict_least_recently_used(tmp_path: Path) -> None:
+    directory, size = str(tmp_path / "cache"), 32 * 1024
+    limit = 10 * size
+    names = [f"gs://bucket/part-{i:04d}.tar" for i in range(40)]
+    results = SPAWN.Queue()
+    readers = [
+        SPAWN.Process(target=read_randomly, args=(directory, limit, names, size, seed, 30, results))
+        for seed in range(4)
+    ]
+    for process in readers:
+        process.start()
+    worst = [results.get(timeout=JOIN_TIMEOUT) for _ in readers]
+    join_all(readers)
+    assert max(worst) <= limit
+    cache = ShardCache(directory, limit)
+    stats = cache.stats()
+    assert stats["cached_bytes"] <= limit and stats["evictions"] > 0
+    assert stats["hits"] + stats["misses"] == 4 * 30
+
+    # Deterministic LRU: fill with ten known files, touch three, then four processes add seven
+    # new ones: exactly the seven untouched files must go.
+    known = names[:10]
+    for name in known:
+        cache.fetch(name, slow_writer(name, size, 1, 0), expected_size=size)
+    assert sorted(e["url"] for e in cache.entries()) == sorted(known)
+    touched = [known[2], known[5], known[7]]
+    for name in touched:
+        assert cache.get(name) is not None
+    new = [f"s3://other/new-{i}.tar" for i in range(7)]
+    writers = [
+        SPAWN.Process(target=fetch_each, args=(directory, limit, new[i::4], size)) for i in range(4)
+    ]
+    for process in writers:
+        process.start()
+    join_all(writers)
+    assert sorted(e["url"] for e in cache.entries()) == sorted(touched + new)
+    assert disk_bytes(directory) == limit
+
+
+def test_reader_in_another_process_keeps_reading_while_its_file_is_evicted(
+    tmp_path: Path,
+) -> None:
+    directory, size = str(tmp_path / "cache"), 64 * 1024
+    cache = ShardCache(directory, 2 * size)
+    url = "s3://bucket/open.tar"
+    path = cache.fetch(url, slow_writer(url, size, 1, 0), expected_size=size)
+    half_read, go_on, results = SPAWN.Event(), SPAWN.Event(), SPAWN.Queue()
+    reader = SPAWN.Process(
+        target=read_across_eviction, args=(directory, 2 * size, url, half_read, go_on, results)
+    )
+    reader.start()
+    assert half_read.wait(JOIN_TIMEOUT)
+    for other in ("s3://bucket/x.tar", "s3://bucket/y.tar"):
+        cache.fetch(other, slow_writer(other, size, 1, 0), expected_size=size)
+    assert cache.get(url) is None and not os.path.exists(path)
+    go_on.set()
+    assert results.get(timeout=JOIN_TIMEOUT) == digest(payload(url, size))
+    join_all([reader])
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, or a skip where mounting is not permitted."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_full_disk_evicts_and_retries_then_raises_cache_full_leaving_nothing_broken(
+    tiny_disk: Path,
+) -> None:
+    mib = 1024 * 1024
+    cache = ShardCache(str(tiny_disk / "cache"), 64 * mib)
+    counter = str(tiny_disk.parent / "downloads")
+    for name in ("a", "b", "c"):
+        cache.fetch(f"s3://bucket/{name}", slow_writer(name, mib, 4, 0, counter), mib)
+    # A fourth MiB does not fit on the 4 MiB disk: the oldest file goes and the download reruns.
+    path = cache.fetch("s3://bucket/d", slow_writer("d", mib, 4, 0, counter), mib)
+    assert Path(path).read_bytes() == payload("d", mib)
+    assert os.path.getsize(counter) == 5
+    assert cache.get("s3://bucket/a") is None and cache.stats()["evictions"] >= 1
+
+    with pytest.raises(CacheFullError):
+        cache.fetch("s3://bucket/huge", slow_writer("huge", 6 * mib, 6, 0), 6 * mib)
+    assert os.listdir(os.path.join(cache.directory, "tmp")) == []
+    for entry in cache.entries():
+        assert os.path.getsize(entry["path"]) == entry["size"]
+    assert published_files(cache.directory) == {e["path"] for e in cache.entries()}
+    path = cache.fetch("s3://bucket/e", slow_writer("e", mib, 4, 0), mib)
+    assert Path(path).read_bytes() == payload("e", mib)
