@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
 from fsspec_shards.iteration.order import Consumer, consumer_shards, current_consumer, shard_order
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
 from fsspec_shards.iteration.reader import ShardReader
+from fsspec_shards.iteration.resume import DeliveredCounts, is_tracker_state
 from fsspec_shards.iteration.rng import CounterRNG
 from fsspec_shards.iteration.samples import RawSample, to_dict
 from fsspec_shards.iteration.shuffle import ShuffleBuffer, shuffle_key
@@ -114,6 +115,7 @@ class ShardDataset(_DatasetBase):
         prefetch: int = 2,
         *,
         transforms: Sequence[Callable[[dict], Any]] = (),
+        annotate: bool = False,
     ) -> None:
         if handler not in HANDLERS:
             raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
@@ -131,6 +133,7 @@ class ShardDataset(_DatasetBase):
         self.handler = handler
         self.prefetch = int(prefetch)
         self.transforms = tuple(transforms)
+        self.annotate = bool(annotate)
         if any(isinstance(step, Batched) for step in self.transforms):
             raise ValueError(
                 "batched() spans samples and would lose a partial batch on resume: batch in "
@@ -139,6 +142,7 @@ class ShardDataset(_DatasetBase):
         self.epoch = 0
         self._reader = ShardReader(self.storage_options)
         self._pending: StreamState | None = None
+        self._pending_counts: DeliveredCounts | None = None
         self._live: _Live | None = None
         self._stats = _Stats()
 
@@ -158,6 +162,14 @@ class ShardDataset(_DatasetBase):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next iteration; ValueError if made with other args."""
+        if is_tracker_state(state):
+            counts = DeliveredCounts.from_dict(state)
+            check_fingerprint(counts.fingerprint, self.tracker_fingerprint(len(counts.delivered)))
+            self._pending_counts = counts
+            self._pending = None
+            self._live = None
+            self.epoch = counts.epoch
+            return
         loaded = StreamState.from_dict(state)
         check_fingerprint(loaded.fingerprint, self._fingerprint(self._consumer()))
         if self.shuffle_buffer and len(loaded.buffer) >= self.shuffle_buffer:
@@ -166,6 +178,7 @@ class ShardDataset(_DatasetBase):
                 f"more than a shuffle buffer of {self.shuffle_buffer} keeps between samples"
             )
         self._pending = loaded
+        self._pending_counts = None
         self._live = None
         self.epoch = loaded.epoch
 
@@ -180,6 +193,15 @@ class ShardDataset(_DatasetBase):
 
     def _consumer(self) -> Consumer:
         return current_consumer(self.split_by_node, self.split_by_worker)
+
+    def tracker_fingerprint(self, num_workers: int) -> dict[str, Any]:
+        """The arguments a :class:`~fsspec_shards.iteration.resume.DeliveryTracker` state
+        depends on: those of the dataset state, for all workers of this rank."""
+        consumer = self._consumer()
+        fingerprint = self._fingerprint(Consumer(consumer.rank, consumer.world_size, 0, 1))
+        del fingerprint["worker"]
+        fingerprint["num_workers"] = num_workers
+        return fingerprint
 
     def _fingerprint(self, consumer: Consumer) -> dict[str, Any]:
         return {
@@ -217,20 +239,59 @@ class ShardDataset(_DatasetBase):
 
     def __iter__(self) -> Iterator[dict]:
         consumer = self._consumer()
+        counts = self._take_pending_counts(consumer)
+        if counts is not None:
+            consumer = replace(
+                consumer, worker=(consumer.worker + counts.next_worker) % consumer.num_workers
+            )
         urls = self.consumer_urls(self.epoch, consumer)
         state = self._start_state(self._fingerprint(consumer))
-        buffer = None
-        if self.shuffle_buffer:
-            rng = CounterRNG(
-                shuffle_key(self.seed, state.epoch, consumer.rank, consumer.worker),
-                state.rng_counter,
-            )
-            buffer = ShuffleBuffer(self.shuffle_buffer, rng)
+        buffer = self._new_buffer(state, consumer)
+        if counts is not None:
+            self._fast_forward(urls, state, buffer, counts.delivered[consumer.worker])
         live = _Live(state, buffer, unread=list(state.buffer) if buffer is not None else None)
         self._live = live
-        return self._deliver(urls, live)
+        return self._deliver(urls, live, consumer)
 
-    def _deliver(self, urls: list[str], live: _Live) -> Iterator[dict]:
+    def _new_buffer(self, state: StreamState, consumer: Consumer) -> ShuffleBuffer | None:
+        if not self.shuffle_buffer:
+            return None
+        key = shuffle_key(self.seed, state.epoch, consumer.rank, consumer.worker)
+        return ShuffleBuffer(self.shuffle_buffer, CounterRNG(key, state.rng_counter))
+
+    def _take_pending_counts(self, consumer: Consumer) -> DeliveredCounts | None:
+        """The loaded tracker counts when they are for this epoch; checks the worker count."""
+        counts = self._pending_counts
+        if counts is None or counts.epoch != self.epoch:
+            return None
+        self._pending_counts = None
+        if len(counts.delivered) != consumer.num_workers:
+            raise ValueError(
+                f"the state counts {len(counts.delivered)} DataLoader workers, "
+                f"this DataLoader has {consumer.num_workers}"
+            )
+        return counts
+
+    def _fast_forward(
+        self, urls: list[str], state: StreamState, buffer: ShuffleBuffer | None, count: int
+    ) -> None:
+        """Move ``state`` past the first ``count`` samples, reading tar headers only."""
+        source = self._read(urls, state, ShardPrefetcher(urls, self._reader.locate, 0), True)
+        entries = buffer.shuffle(source) if buffer is not None else source
+        try:
+            for _ in range(count):
+                if next(entries, None) is None:
+                    state.finished = True
+                    break
+                state.delivered += 1
+        finally:
+            source.close()
+        if buffer is not None:
+            state.rng_counter = buffer.rng.counter
+            state.buffer = [ref for ref, _ in buffer.items]
+            buffer.items = []
+
+    def _deliver(self, urls: list[str], live: _Live, consumer: Consumer) -> Iterator[dict]:
         state = live.state
         if state.finished:
             return
@@ -245,7 +306,11 @@ class ShardDataset(_DatasetBase):
                 entries = live.buffer.shuffle(source)
             for _, sample in entries:
                 state.delivered += 1
-                result = self._apply_transforms(to_dict(sample))
+                sample_dict = to_dict(sample)
+                if self.annotate:
+                    sample_dict["__worker__"] = consumer.worker
+                    sample_dict["__index__"] = state.delivered - 1
+                result = self._apply_transforms(sample_dict)
                 if result is not None:
                     self._stats.samples += 1
                     yield result
@@ -254,7 +319,11 @@ class ShardDataset(_DatasetBase):
             prefetcher.close()
 
     def _read(
-        self, urls: list[str], state: StreamState, prefetcher: ShardPrefetcher
+        self,
+        urls: list[str],
+        state: StreamState,
+        prefetcher: ShardPrefetcher,
+        headers_only: bool = False,
     ) -> Iterator[Entry]:
         """Samples of this consumer's shards from the state's position, moving the position."""
         while state.shard < len(urls):
@@ -265,7 +334,7 @@ class ShardDataset(_DatasetBase):
                 prefetcher.advance(index)
                 if prefetch_error is not None:
                     raise prefetch_error
-                for sample in self._reader.samples(url, state.offset):
+                for sample in self._reader.samples(url, state.offset, headers_only):
                     state.offset = sample.end
                     yield SampleRef(index, sample.offset, sample.end), sample
             except SHARD_ERRORS as exc:

@@ -1,0 +1,150 @@
+"""ShardDataset inside torch DataLoaders: the split over workers and ranks, and exact resumption
+through StatefulDataLoader and, with a DeliveryTracker, through the plain DataLoader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsspec_shards import ShardDataset
+from fsspec_shards.iteration.resume import DeliveryTracker
+from tests.shardmaker import keys, write_shards
+
+torch_data = pytest.importorskip("torch.utils.data")
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards"), 8, [3, 5, 2, 4, 6, 1, 3, 4])
+
+
+def collate_keys(batch):
+    return [sample["__key__"] for sample in batch]
+
+
+def stateful_loader(dataset, num_workers, **options):
+    return stateful.StatefulDataLoader(
+        dataset, batch_size=2, num_workers=num_workers, collate_fn=collate_keys, **options
+    )
+
+
+def run_epochs(dataset, loader, first_epoch, seen, stop_after=None, on_batch=None):
+    """Append (epoch, batch) to ``seen``; stop once it holds ``stop_after``; return the epoch."""
+    for epoch in range(first_epoch, EPOCHS):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            if on_batch is not None:
+                on_batch(batch)
+            seen.append((epoch, batch))
+            if len(seen) == stop_after:
+                return epoch
+    return EPOCHS
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 4])
+def test_stateful_dataloader_resumes_exactly(shards, num_workers):
+    args = dict(urls=shards, shuffle_buffer=3, seed=1)
+    dataset = ShardDataset(**args)
+    expected: list = []
+    run_epochs(dataset, stateful_loader(dataset, num_workers), 0, expected)
+    first_epoch_batches = sum(1 for epoch, _ in expected if epoch == 0)
+    for cut in (1, first_epoch_batches, len(expected) - 2):
+        dataset = ShardDataset(**args)
+        loader = stateful_loader(dataset, num_workers)
+        seen: list = []
+        epoch = run_epochs(dataset, loader, 0, seen, stop_after=cut)
+        state = json.loads(json.dumps(loader.state_dict()))
+        resumed_dataset = ShardDataset(**args)
+        resumed_dataset.set_epoch(epoch)
+        resumed = stateful_loader(resumed_dataset, num_workers)
+        resumed.load_state_dict(state)
+        run_epochs(resumed_dataset, resumed, epoch, seen)
+        assert seen == expected, f"cut after {cut} batches"
+
+
+def test_stateful_dataloader_snapshots_every_n_steps_replay_the_rest_exactly(shards):
+    args = dict(urls=shards, shuffle_buffer=3, seed=4)
+    dataset = ShardDataset(**args)
+    expected: list = []
+    run_epochs(dataset, stateful_loader(dataset, 2, snapshot_every_n_steps=4), 0, expected)
+    dataset = ShardDataset(**args)
+    loader = stateful_loader(dataset, 2, snapshot_every_n_steps=4)
+    seen: list = []
+    epoch = run_epochs(dataset, loader, 0, seen, stop_after=7)
+    state = loader.state_dict()
+    assert state["_steps_since_snapshot"] == 3
+    resumed_dataset = ShardDataset(**args)
+    resumed = stateful_loader(resumed_dataset, 2, snapshot_every_n_steps=4)
+    resumed.load_state_dict(state)
+    run_epochs(resumed_dataset, resumed, epoch, seen)
+    assert seen == expected
+
+
+def plain_loader(dataset, num_workers):
+    return torch_data.DataLoader(dataset, batch_size=2, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers, cuts", [(0, (4, 13)), (2, (3, 15, 22))])
+def test_plain_dataloader_resumes_exactly_with_a_delivery_tracker(shards, num_workers, cuts):
+    args = dict(urls=shards, shuffle_buffer=3, seed=1, annotate=True)
+    dataset = ShardDataset(**args)
+    expected: list = []
+    run_epochs(dataset, plain_loader(dataset, num_workers), 0, expected)
+    expected = [(epoch, batch["__key__"]) for epoch, batch in expected]
+    for cut in cuts:
+        dataset = ShardDataset(**args)
+        tracker = DeliveryTracker(dataset, num_workers)
+        seen: list = []
+
+        def track(batch, tracker=tracker, dataset=dataset):
+            if tracker.epoch != dataset.epoch:
+                tracker.set_epoch(dataset.epoch)
+            tracker.update(batch)
+
+        epoch = run_epochs(dataset, plain_loader(dataset, num_workers), 0, seen, cut, track)
+        state = json.loads(json.dumps(tracker.state_dict()))
+        resumed = ShardDataset(**args)
+        resumed.load_state_dict(state)
+        run_epochs(resumed, plain_loader(resumed, num_workers), epoch, seen)
+        assert [(e, batch["__key__"]) for e, batch in seen] == expected, f"cut after {cut}"
+
+
+def test_delivery_tracker_state_for_other_worker_counts_is_refused(shards):
+    dataset = ShardDataset(shards, annotate=True)
+    state = DeliveryTracker(dataset, 2).state_dict()
+    resumed = ShardDataset(shards, annotate=True)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match="counts 2 DataLoader workers"):
+        list(resumed)
+    with pytest.raises(ValueError, match="annotate=True"):
+        DeliveryTracker(ShardDataset(shards), 2)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_ranks_times_workers_yield_every_sample_exactly_once(shards, num_workers, monkeypatch):
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    seen = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = torch_data.DataLoader(
+            ShardDataset(shards, seed=3, shuffle_buffer=2),
+            batch_size=None,
+            num_workers=num_workers,
+        )
+        seen += [sample["__key__"] for sample in loader]
+    assert sorted(seen) == sorted(everything)
+
+
+def test_too_few_shards_for_the_workers_raises_instead_of_hanging(shards, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = torch_data.DataLoader(ShardDataset(shards), batch_size=None, num_workers=3)
+    with pytest.raises(ValueError, match="cannot be split over 9 consumers"):
+        list(loader)
