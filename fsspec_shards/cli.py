@@ -294,30 +294,41 @@ class PassReport:
     """The numbers printed after streaming a dataset once."""
 
     title: str
+    cache_enabled: bool = True
     samples: int = 0
     payload_bytes: int = 0
     seconds: float = 0.0
+    shards: int = 0
     failed_shards: int = 0
     storage: dict[str, int] = field(default_factory=dict)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def shard_hit_rate(self) -> str:
+        """The share of shards read that were in the cache already (not downloaded)."""
+        if not self.cache_enabled:
+            return "cache off"
+        if not self.shards:
+            return "n/a"
+        downloaded = min(self.storage.get("misses", 0), self.shards)
+        return f"{100 * (self.shards - downloaded) / self.shards:.0f}% of shards"
 
     def lines(self) -> list[str]:
         seconds = max(self.seconds, 1e-9)
-        hits = self.storage.get("hits", 0)
-        misses = self.storage.get("misses", 0)
-        lookups = hits + misses
-        hit_rate = f"{100 * hits / lookups:.0f}%" if lookups else "n/a"
         rows = [
             ("samples", f"{self.samples}"),
             ("time", f"{self.seconds:.2f} s"),
             ("samples/s", f"{self.samples / seconds:,.0f}"),
             ("MB/s", f"{self.payload_bytes / seconds / 1e6:,.1f}"),
-            ("cache hits/misses", f"{hits} / {misses} (hit rate {hit_rate})"),
-            ("downloaded", format_bytes(self.storage.get("bytes_downloaded", 0))),
-            ("retries", f"{self.storage.get('retries', 0)}"),
-            ("integrity failures", f"{self.storage.get('integrity_failures', 0)}"),
+            ("cache hit rate", self.shard_hit_rate()),
+            ("cache hits/misses", f"{self.storage['hits']} / {self.storage['misses']}"),
+            ("downloaded", format_bytes(self.storage["bytes_downloaded"])),
+            ("retries", f"{self.storage['retries']}"),
+            ("integrity failures", f"{self.storage['integrity_failures']}"),
             ("failed shards", f"{self.failed_shards}"),
         ]
-        return [self.title] + [f"  {name:<19} {value}" for name, value in rows]
+        lines = [self.title] + [f"  {name:<19} {value}" for name, value in rows]
+        lines += [f"  failed: {redact_url(plain_url(url))}: {why}" for url, why in self.failures]
+        return lines
 
 
 # ---------------------------------------------------------------------------------------
@@ -333,14 +344,15 @@ def stream_pass(
     limit: int | None = None,
 ) -> PassReport:
     """Iterate a ShardDataset over ``urls`` once, with a progress bar, and report on it."""
+    fs, _ = open_filesystem(urls[0], options)
+    keep_torch_out()
     from fsspec_shards.iteration.dataset import ShardDataset
 
-    fs, _ = open_filesystem(urls[0], options)
     before = storage_stats(fs)
     dataset = ShardDataset(urls, storage_options=options, **dataset_kwargs)
     if args.epoch:
         dataset.set_epoch(args.epoch)
-    report = PassReport(title)
+    report = PassReport(title, cache_enabled=options.get("wds", {}).get("cache") is not False)
     started = time.perf_counter()
     with progress(args, desc=title, unit=" samples", total=limit) as bar:
         for sample in dataset:
@@ -354,8 +366,20 @@ def stream_pass(
     report.seconds = time.perf_counter() - started
     after = storage_stats(fs)
     report.storage = {key: after[key] - before[key] for key in STAT_KEYS}
-    report.failed_shards = int(dataset.stats().get("failed_shards", 0))
+    stats = dataset.stats()
+    report.failed_shards = int(stats.get("shards_failed", 0))
+    report.shards = int(stats.get("shards_done", 0)) + report.failed_shards
+    report.failures = [(url, describe_error(error)) for url, error in stats.get("failures", [])]
     return report
+
+
+def keep_torch_out() -> None:
+    """Make ``import torch`` fail in this process unless it already happened.
+
+    The command line iterates in one process, with no DataLoader, so ShardDataset needs no
+    torch base class; importing torch would add seconds to every ``demo`` and ``stream``.
+    """
+    sys.modules.setdefault("torch", None)
 
 
 def dataset_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -430,8 +454,10 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
 
     def fetch(url: str) -> int:
         shard_fs, path = open_filesystem(url, options)
-        shard_fs.prefetch(path)
-        return int(shard_fs.info(path)["size"])
+        local = shard_fs.prefetch(path)
+        if local is None:
+            raise StorageFailure(f"{redact_url(url)} does not fit in the cache")
+        return os.path.getsize(local)
 
     failures: list[Outcome] = []
     done = 0
@@ -665,40 +691,52 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 # cache info | ls | clear
 
 
+def cache_directory(args: argparse.Namespace) -> str:
+    return os.path.abspath(os.path.expanduser(args.cache_dir or default_cache_dir()))
+
+
 def open_cache(args: argparse.Namespace):
+    """The ShardCache of --cache-dir (or the default), or None when there is none yet."""
     from fsspec_shards.storage.cache import ShardCache
 
-    directory = os.path.abspath(os.path.expanduser(args.cache_dir or default_cache_dir()))
+    directory = cache_directory(args)
+    if not os.path.isdir(directory):
+        return None
     size = size_argument(args.cache_size) if args.cache_size else default_cache_size()
-    return ShardCache(directory, size), directory
+    return ShardCache(directory, size)
 
 
 def cmd_cache_info(args: argparse.Namespace) -> int:
-    cache, directory = open_cache(args)
+    cache = open_cache(args)
+    print(f"{'directory':<19} {cache_directory(args)}")
+    if cache is None:
+        print(f"{'cached files':<19} 0 (no cache yet)")
+        return EXIT_OK
     stats = cache.stats()
-    print(f"{'directory':<19} {directory}")
     for key in ("cached_files", "cached_bytes", "size_limit", *STAT_KEYS, "evictions"):
-        if key in stats:
-            value = stats[key]
-            shown = format_bytes(value) if key.endswith(("_bytes", "_limit")) else value
-            print(f"{key.replace('_', ' '):<19} {shown}")
+        value = stats.get(key, 0)
+        shown = format_bytes(value) if key.endswith(("_bytes", "_limit", "_downloaded")) else value
+        print(f"{key.replace('_', ' '):<19} {shown}")
     return EXIT_OK
 
 
 def cmd_cache_ls(args: argparse.Namespace) -> int:
-    cache, _ = open_cache(args)
+    cache = open_cache(args)
+    if cache is None:
+        return EXIT_OK
     for entry in cache.entries():
-        print(f"{format_bytes(entry.size):>10}  {redact_url(entry.url)}")
+        print(f"{format_bytes(entry['size']):>10}  {redact_url(entry['url'])}")
     return EXIT_OK
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
-    cache, directory = open_cache(args)
-    before = cache.stats()
-    cache.clear()
+    cache = open_cache(args)
+    before = cache.stats() if cache is not None else {}
+    if cache is not None:
+        cache.clear()
     print(
         f"removed {before.get('cached_files', 0)} files "
-        f"({format_bytes(before.get('cached_bytes', 0))}) from {directory}"
+        f"({format_bytes(before.get('cached_bytes', 0))}) from {cache_directory(args)}"
     )
     return EXIT_OK
 
