@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.storage.cache import CacheFullError, ShardCache
+from tests.integration import servers
 
 SPAWN = multiprocessing.get_context("spawn")
 JOIN_TIMEOUT = 120
@@ -86,6 +87,14 @@ def fetch_once(directory, limit, url, size, counter, barrier, results) -> None:
     results.put(digest(Path(path).read_bytes()))
 
 
+def read_through_wds(url, options, barrier, results) -> None:
+    import fsspec
+
+    barrier.wait(JOIN_TIMEOUT)
+    with fsspec.open(f"wds::{url}", "rb", **options) as handle:
+        results.put(digest(handle.read()))
+
+
 def fetch_then_linger(directory, limit, url, size, started) -> None:
     cache = ShardCache(directory, limit)
     download = slow_writer(url, size, 32, 0.01)
@@ -155,6 +164,84 @@ def test_eight_processes_fetching_one_object_download_it_once(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_eight_processes_reading_through_wds_make_one_request_to_the_server(
+    s3_backend: servers.S3Backend, fault_proxy, tmp_path: Path
+) -> None:
+    data = payload("through-wds", 700_000)
+    path = "shards/train-0000.tar"
+    s3_backend.put(path, data)
+    proxy, proxied = fault_proxy(s3_backend)
+    options = {
+        "wds": {"cache_dir": str(tmp_path / "cache"), "cache_size": "16MB"},
+        "s3": proxied.storage_options,
+    }
+    barrier, results = SPAWN.Barrier(8), SPAWN.Queue()
+    processes = [
+        SPAWN.Process(target=read_through_wds, args=(proxied.url(path), options, barrier, results))
+        for _ in range(8)
+    ]
+    for process in processes:
+        process.start()
+    digests = [results.get(timeout=JOIN_TIMEOUT) for _ in processes]
+    join_all(processes)
+    assert digests == [digest(data)] * 8
+    gets = proxy.requests("GET", path)
+    assert sum(entry.body_bytes for entry in gets) == len(data)
+    stats = ShardCache(str(tmp_path / "cache"), 16 * 10**6).stats()
+    assert (stats["misses"], stats["hits"], stats["bytes_downloaded"]) == (1, 7, len(data))
+
+
+@pytest.mark.slow
+def test_dask_workers_reading_the_same_parquet_files_download_each_once(
+    s3_backend: servers.S3Backend, fault_proxy, tmp_path: Path
+) -> None:
+    import fsspec
+    import pandas as pd
+    from distributed import Client, LocalCluster
+
+    paths, frames = [], []
+    for part in range(3):
+        frame = pd.DataFrame({"part": [part] * 5000, "value": range(5000)})
+        path = f"table/part-{part}.parquet"
+        s3_backend.put(path, frame.to_parquet(index=False))
+        paths.append(path)
+        frames.append(frame)
+    proxy, proxied = fault_proxy(s3_backend)
+    options = {
+        "wds": {"cache_dir": str(tmp_path / "cache"), "cache_size": "64MB"},
+        "s3": proxied.storage_options,
+    }
+    urls = [f"wds::{proxied.url(path)}" for path in paths]
+
+    def read_all() -> list[int]:
+        import pandas
+
+        return [
+            int(pandas.read_parquet(url, storage_options=options)["value"].sum()) for url in urls
+        ]
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        sums = client.run(read_all)
+    assert len(sums) == 2
+    assert list(sums.values()) == [[int(f["value"].sum()) for f in frames]] * 2
+
+    sizes = {path: s3_backend.filesystem().size(s3_backend.url(path)) for path in paths}
+    for path in paths:
+        sent = sum(entry.body_bytes for entry in proxy.requests("GET", path))
+        assert sent == sizes[path], path
+    fs, _ = fsspec.core.url_to_fs(urls[0], **options)
+    stats = fs.cache_stats()
+    assert stats["misses"] == len(paths) and stats["hits"] >= len(paths)
+    assert stats["bytes_downloaded"] == sum(sizes.values())
+    assert (stats["cached_files"], stats["cached_bytes"]) == (len(paths), sum(sizes.values()))
+
+
 def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> None:
     directory = str(tmp_path / "cache")
     url, size = "s3://bucket/killed.tar", 512 * 1024
