@@ -1,0 +1,144 @@
+"""Prefetching the next shards of a consumer's order, and what its errors and its end do."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import fsspec
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from fsspec_shards import ShardDataset
+from fsspec_shards.iteration.prefetch import ShardPrefetcher
+from tests.shardmaker import write_shards
+
+PROTOCOL = "prefetchrecorder"
+
+
+class RecordingFileSystem(LocalFileSystem):
+    """Local files with a ``prefetch`` that records its calls, can fail, and can be held."""
+
+    protocol = PROTOCOL
+    calls: list[str] = []
+    failing: set[str] = set()
+    gate = threading.Event()
+
+    def prefetch(self, path):
+        self.calls.append(path)
+        if not self.gate.wait(60):
+            raise TimeoutError("test gate never opened")
+        if path in self.failing:
+            raise FileNotFoundError(f"prefetch failed for {path}")
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    fsspec.register_implementation(PROTOCOL, RecordingFileSystem, clobber=True)
+    RecordingFileSystem.calls = []
+    RecordingFileSystem.failing = set()
+    RecordingFileSystem.gate = threading.Event()
+    RecordingFileSystem.gate.set()
+    paths = write_shards(tmp_path, 6, 5)
+    yield paths, [f"{PROTOCOL}://{path}" for path in paths]
+    RecordingFileSystem.gate.set()
+
+
+def wait_for(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("fsspec-shards-prefetch")]
+
+
+def test_the_next_shards_are_prefetched_while_one_is_read(recorded):
+    paths, urls = recorded
+    iterator = iter(ShardDataset(urls, shuffle_shards=False, prefetch=2))
+    next(iterator)
+    wait_for(lambda: len(RecordingFileSystem.calls) == 2)
+    assert sorted(RecordingFileSystem.calls) == paths[1:3]
+    for _ in range(5):
+        next(iterator)  # the first sample of shard 1
+    wait_for(lambda: len(RecordingFileSystem.calls) == 3)
+    assert RecordingFileSystem.calls[2] == paths[3]
+    assert len(list(iterator)) == 24
+    assert sorted(RecordingFileSystem.calls) == paths[1:]
+
+
+def test_prefetch_follows_this_consumers_order(recorded, monkeypatch):
+    paths, urls = recorded
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dataset = ShardDataset(urls, seed=5, prefetch=1)
+    mine = [
+        url.removeprefix(f"{PROTOCOL}://") for url in dataset.consumer_urls(0, dataset._consumer())
+    ]
+    list(dataset)
+    assert RecordingFileSystem.calls == mine[1:]
+
+
+def test_no_prefetch_when_disabled(recorded):
+    _, urls = recorded
+    assert len(list(ShardDataset(urls, prefetch=0))) == 30
+    assert RecordingFileSystem.calls == []
+
+
+def test_a_failed_prefetch_goes_through_the_handler_at_its_shard(recorded):
+    paths, urls = recorded
+    RecordingFileSystem.failing = {paths[2]}
+    dataset = ShardDataset(urls, shuffle_shards=False, handler="skip")
+    result = [sample["__key__"] for sample in dataset]
+    assert len(result) == 25 and not any(key.startswith("s0002_") for key in result)
+    assert isinstance(dataset.stats()["failures"][0][1], FileNotFoundError)
+
+    delivered = []
+    with pytest.raises(FileNotFoundError, match="prefetch failed"):
+        for sample in ShardDataset(urls, shuffle_shards=False, handler="raise"):
+            delivered.append(sample)
+    assert len(delivered) == 10
+
+
+@pytest.mark.parametrize("ending", ["close", "garbage collection"])
+def test_ending_the_iterator_stops_prefetching(recorded, ending):
+    _, urls = recorded
+    RecordingFileSystem.gate.clear()
+    iterator = iter(ShardDataset(urls, shuffle_shards=False, prefetch=2))
+    next(iterator)
+    wait_for(lambda: len(RecordingFileSystem.calls) == 2)
+    if ending == "close":
+        iterator.close()
+    else:
+        del iterator
+        gc.collect()
+    RecordingFileSystem.gate.set()
+    wait_for(lambda: not prefetch_threads())
+    assert len(RecordingFileSystem.calls) == 2
+
+
+def test_queued_prefetches_are_cancelled_on_close(recorded):
+    paths, urls = recorded
+    RecordingFileSystem.gate.clear()
+    prefetcher = ShardPrefetcher(urls, lambda url: fsspec.core.url_to_fs(url), depth=1)
+    prefetcher.advance(0)
+    wait_for(lambda: len(RecordingFileSystem.calls) == 1)
+    prefetcher.depth = 3
+    prefetcher.advance(0)  # shards 2 and 3 queue behind the one held thread
+    prefetcher.close()
+    RecordingFileSystem.gate.set()
+    wait_for(lambda: not prefetch_threads())
+    assert RecordingFileSystem.calls == [paths[1]]
+
+
+def test_an_unreachable_url_is_reported_when_its_shard_is_reached():
+    def locate(url):
+        raise ValueError(f"unknown protocol in {url}")
+
+    prefetcher = ShardPrefetcher(["a", "bogus://b"], locate, depth=1)
+    prefetcher.advance(0)
+    assert isinstance(prefetcher.wait(1), ValueError)
+    assert prefetcher.wait(1) is None
