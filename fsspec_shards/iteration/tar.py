@@ -18,7 +18,7 @@ import logging
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from fsspec_shards.errors import ShardFormatError
 
@@ -28,6 +28,7 @@ BLOCK_SIZE = 512
 MAX_MEMBER_SIZE = 1 << 40
 STREAM_BUFFER_SIZE = 128 << 10
 READ_PIECE_SIZE = 16 << 20
+SMALL_MEMBER_SIZE = 64 << 10
 MAX_EXTENDED_HEADER_SIZE = 8 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_SUFFIXES = (".gz", ".tgz")
@@ -64,33 +65,31 @@ def _number(field: bytes) -> int:
     return int(field.strip() or b"0", 8)
 
 
-def _size_and_checksum(header: bytes) -> tuple[int, int]:
-    """The size and declared checksum fields; the common layouts take a fast path."""
+def _strict_numbers(header: bytes, shard: str, offset: int) -> tuple[int, int]:
+    """The size and checksum fields by tarfile's full rules, or ShardFormatError."""
     try:
-        size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
-        declared = int(header[148:154], 8) if header[154] == 0 else _number(header[148:156])
-        return size, declared
-    except ValueError:
         return _number(header[124:136]), _number(header[148:156])
+    except ValueError as exc:
+        raise ShardFormatError(shard, offset, f"invalid number field: {exc}") from None
 
 
-def _checksum_ok(header: bytes, declared: int) -> bool:
-    """Check the header checksum, unsigned (POSIX) or signed (old Sun/NeXT tars).
+def _signed_checksum_ok(header: bytes, declared: int, unsigned: int) -> bool:
+    """Old Sun/NeXT tars summed the header as signed chars; tarfile accepts that too.
 
-    The unsigned sum skips the checksum field, counted as 8 spaces (256). It is summed with
-    adler32 over pieces of at most 256 bytes: there the low half of adler32 is exactly
-    1 + the byte sum, and C is much faster than ``sum()``.
+    ``unsigned`` is the POSIX sum: every byte but the checksum field, which counts as
+    8 spaces (256). It is computed in the reader with adler32 over pieces of at most
+    256 bytes, where the low half of adler32 is exactly 1 + the byte sum.
     """
-    unsigned = (
-        (zlib.adler32(header[:148]) & 0xFFFF)
-        + (zlib.adler32(header[156:400]) & 0xFFFF)
-        + (zlib.adler32(header[400:]) & 0xFFFF)
-        + 253
-    )
-    if declared == unsigned:
-        return True
     high_bytes = sum(1 for i, byte in enumerate(header) if byte >= 0x80 and not 148 <= i < 156)
     return declared == unsigned - 256 * high_bytes
+
+
+def _raise_truncated(shard: str, offset: int, data_start: int, size: int, got: int) -> NoReturn:
+    if got < size:
+        reason = f"truncated member: {size} data bytes declared at {data_start}, got {got}"
+    else:
+        reason = f"stream ends inside padding after the data at {data_start}"
+    raise ShardFormatError(shard, offset, reason)
 
 
 def _name_field(raw: bytes) -> str:
@@ -147,6 +146,7 @@ def iter_members(
     anything else malformed raises :class:`ShardFormatError`.
     """
     read = stream.read
+    adler32 = zlib.adler32
     position = start
     header_offset = start
     member_offset: int | None = None
@@ -179,12 +179,17 @@ def iter_members(
                 return
             position += BLOCK_SIZE
             try:
-                size, declared = _size_and_checksum(header)
-            except ValueError as exc:
-                raise ShardFormatError(
-                    shard, header_offset, f"invalid number field: {exc}"
-                ) from None
-            if not _checksum_ok(header, declared):
+                size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
+                declared = int(header[148:154], 8) if header[154] == 0 else _number(header[148:156])
+            except ValueError:
+                size, declared = _strict_numbers(header, shard, header_offset)
+            unsigned = (
+                (adler32(header[:148]) & 0xFFFF)
+                + (adler32(header[156:400]) & 0xFFFF)
+                + (adler32(header[400:]) & 0xFFFF)
+                + 253
+            )
+            if declared != unsigned and not _signed_checksum_ok(header, declared, unsigned):
                 raise ShardFormatError(shard, header_offset, "bad header checksum")
             if size < 0:
                 raise ShardFormatError(shard, header_offset, f"negative size {size}")
@@ -201,30 +206,33 @@ def iter_members(
                     raise ShardFormatError(
                         shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
                     )
-                if size <= READ_PIECE_SIZE:
-                    data = read(size)
+                if size <= SMALL_MEMBER_SIZE:
+                    # One read for data and padding: small members dominate the call count.
+                    padded = (size + 511) & -512
+                    data = read(padded)
+                    if len(data) != padded:
+                        data += _read_exactly(read, padded - len(data))
+                        if len(data) != padded:
+                            _raise_truncated(shard, member_offset, position, size, len(data))
+                    if padded != size:
+                        data = data[:size]
+                    position += padded
+                else:
+                    data = read(size) if size <= READ_PIECE_SIZE else b""
                     if len(data) != size:
                         data += _read_exactly(read, size - len(data))
-                else:
-                    data = _read_exactly(read, size)
-                if len(data) != size:
-                    raise ShardFormatError(
-                        shard,
-                        member_offset,
-                        f"truncated member: {size} data bytes declared at {position}, "
-                        f"stream ends after {len(data)}",
-                    )
-                position += size
-                padding = -size % BLOCK_SIZE
-                if padding:
-                    pad = read(padding)
-                    if len(pad) != padding:
-                        pad += _read_exactly(read, padding - len(pad))
+                    if len(data) != size:
+                        _raise_truncated(shard, member_offset, position, size, len(data))
+                    padding = -size % BLOCK_SIZE
+                    if padding:
+                        pad = read(padding)
                         if len(pad) != padding:
-                            raise ShardFormatError(
-                                shard, member_offset, f"stream ends inside padding at {position}"
-                            )
-                    position += padding
+                            pad += _read_exactly(read, padding - len(pad))
+                            if len(pad) != padding:
+                                _raise_truncated(
+                                    shard, member_offset, position, size, size + len(pad)
+                                )
+                    position += size + padding
                 name = long_name or pax_name or global_name
                 if name is None:
                     nul = header.find(0, 0, 100)
