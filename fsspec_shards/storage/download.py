@@ -1,9 +1,9 @@
 """Fetch bytes from a backend: retried ranged reads, resumable whole-object downloads, verify.
 
-A whole-object download reads the object in ranged chunks. When a transfer breaks off it
-continues from the byte it reached, never from 0; the chunk size adapts (doubling on
-success, halving after a failure) so that a connection that is cut periodically wastes
-little. Bytes are hashed as they stream past; at the end size and checksum are checked,
+A whole-object download reads the object in ranged chunks whose bodies are streamed
+(``streams.py``). When a transfer breaks off it continues from the byte it reached, never
+from 0; the chunk size adapts (doubling on success, halving after a failure that delivered
+nothing). Bytes are hashed as they stream past; at the end size and checksum are checked,
 and a mismatch discards what was written and downloads again.
 """
 
@@ -17,14 +17,10 @@ from typing import Any, BinaryIO
 import fsspec
 
 from fsspec_shards.errors import IntegrityError, redact_url
-from fsspec_shards.storage.backends import (
-    backend_checksums,
-    call,
-    object_identity,
-    protocol_of,
-)
+from fsspec_shards.storage.backends import backend_checksums, call, object_identity, protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher, choose_expected
 from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError
+from fsspec_shards.storage.streams import stream_range
 
 logger = logging.getLogger("fsspec_shards.storage.download")
 
@@ -35,8 +31,9 @@ Counter = Callable[[str, int], None]
 @dataclass
 class ChunkSizer:
     """Chunk size for ranged reads: doubles after a success up to a ceiling; after a failure
-    halves and lowers the ceiling to the new size, so a periodically cut connection settles
-    on chunks that mostly complete."""
+    that delivered nothing it halves and lowers the ceiling to the new size, so a link that
+    keeps failing long requests settles on chunks that complete. (A streamed read that is
+    cut keeps what arrived, so such failures do not shrink the chunks.)"""
 
     size: int = 4 * MiB
     minimum: int = 256 * 1024
@@ -53,27 +50,6 @@ class ChunkSizer:
         self.ceiling = self.size
 
 
-def fetch_range(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
-    start: int,
-    end: int,
-    size: int | None,
-    timeout: float | None,
-) -> bytes:
-    """One attempt at bytes ``[start, end)``: may return fewer (a short read, to resume from);
-    a server that ignored the Range and sent the whole body is sliced to the range."""
-    data = call(fs, "cat_file", path, start=start, end=end, timeout=timeout)
-    wanted = end - start
-    if len(data) > wanted:
-        if start + len(data) == end or (size is not None and len(data) != size):
-            raise TransientError(
-                f"asked for {wanted} bytes at offset {start}, the server sent {len(data)}"
-            )
-        return data[start:end]
-    return data
-
-
 def read_range(
     fs: fsspec.AbstractFileSystem,
     path: str,
@@ -85,22 +61,29 @@ def read_range(
 ) -> bytes:
     """Bytes ``[start, end)`` with retries; a read that breaks off continues where it stopped.
 
-    ``end`` must not lie past the object's end when ``size`` is known. With an unknown size an
-    empty answer means the end of the object.
+    ``end`` must not lie past the object's end when ``size`` is known. With an unknown size a
+    body that ends early means the end of the object.
     """
-    parts = []
+    parts: list[bytes] = []
     position = start
+
+    def sink(data: bytes) -> None:
+        nonlocal position
+        parts.append(data)
+        position += len(data)
+        if on_bytes is not None:
+            on_bytes(len(data))
+
     while position < end:
+        before = position
         try:
-            data = fetch_range(fs, path, position, end, size, attempts.policy.timeout)
+            stream_range(fs, path, position, end, sink, attempts.policy.timeout)
         except Exception as exc:
+            if position > before:
+                attempts.progressed()
             attempts.failed(exc)
             continue
-        if on_bytes is not None and data:
-            on_bytes(len(data))
-        if data:
-            parts.append(data)
-            position += len(data)
+        if position > before:
             attempts.progressed()
         if position < end:
             if size is None:
@@ -223,31 +206,38 @@ def _download_once(
     attempts = target.attempts("download")
     position = 0
     requests = 0
+
+    def sink(data: bytes) -> None:
+        nonlocal position
+        out.write(data)
+        if hasher is not None:
+            hasher.update(data)
+        position += len(data)
+        on_bytes(len(data))
+
     while size is None or position < size:
+        before = position
         end = position + chunks.size if size is None else min(size, position + chunks.size)
-        wanted = end - position
         requests += 1
         try:
-            data = fetch_range(target.fs, target.path, position, end, size, target.policy.timeout)
+            stream_range(target.fs, target.path, position, end, sink, target.policy.timeout)
         except Exception as exc:
+            if position > before:
+                attempts.progressed()
+            else:
+                chunks.failed()  # nothing arrived: ask for less next time
             attempts.failed(exc)
-            chunks.failed()
             _check_unchanged(target, identity)
             continue
-        on_bytes(len(data))
-        if data:
-            out.write(data)
-            if hasher is not None:
-                hasher.update(data)
-            position += len(data)
+        if position == end:
             attempts.progressed()
-        if len(data) == wanted:
             chunks.succeeded()
         elif size is None:
             break
         else:
+            if position > before:
+                attempts.progressed()
             attempts.failed(TransientError(f"short read at offset {position} of {size}"))
-            chunks.failed()
             _check_unchanged(target, identity)
     out.flush()
     if requests > 1:

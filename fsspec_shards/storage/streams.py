@@ -1,0 +1,183 @@
+"""Ranged reads that hand bytes over as they arrive, so a cut keeps what was received.
+
+``cat_file`` returns a range all at once or raises, losing every byte of a response that was
+cut mid-body. For the network backends (http, s3, gcs, az) this module streams the response
+body instead, passing each piece to a sink; when the connection breaks, the bytes already
+passed on count, and the caller resumes from there. Each wait for the server (headers, every
+body piece) is bounded by ``timeout``, so a stalled transfer raises ``TimeoutError`` while a
+slow but moving one does not. Other backends fall back to one ``cat_file`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import fsspec
+from fsspec.asyn import sync
+
+from fsspec_shards.storage.backends import (
+    AZURE_PROTOCOLS,
+    GCS_PROTOCOLS,
+    HTTP_PROTOCOLS,
+    S3_PROTOCOLS,
+    call,
+    protocol_of,
+)
+
+PIECE = 256 * 1024
+Sink = Callable[[bytes], None]
+
+
+class _RangeWindow:
+    """Passes on only bytes ``[start, end)`` of what arrives from ``offset`` on: slices the
+    whole body of a server that ignored the Range, and stops at ``end``."""
+
+    def __init__(self, sink: Sink, start: int, end: int, offset: int) -> None:
+        self.sink = sink
+        self.start = start
+        self.end = end
+        self.offset = offset
+
+    @property
+    def done(self) -> bool:
+        return self.offset >= self.end
+
+    def feed(self, data: bytes) -> None:
+        first = max(self.start - self.offset, 0)
+        last = min(self.end - self.offset, len(data))
+        self.offset += len(data)
+        if first < last:
+            self.sink(data[first:last])
+
+
+async def _within(awaitable: Awaitable, timeout: float | None) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(errno.ETIMEDOUT, f"no data from the server for {timeout:g}s") from None
+
+
+def _range_header(start: int, end: int) -> str:
+    return f"bytes={start}-{end - 1}"
+
+
+async def _pump_aiohttp(response: Any, window: _RangeWindow, timeout: float | None) -> None:
+    while not window.done:
+        data = await _within(response.content.read(PIECE), timeout)
+        if not data:
+            return
+        window.feed(data)
+
+
+def _body_offset(status: int, start: int) -> int:
+    """Where the body begins in the object: at ``start`` for 206, at 0 when the server
+    ignored the Range (200)."""
+    return start if status == 206 else 0
+
+
+async def _stream_http(fs, path, start, end, sink, timeout) -> None:
+    session = await fs.set_session()
+    kwargs = dict(fs.kwargs)
+    headers = dict(kwargs.pop("headers", {}) or {})
+    headers["Range"] = _range_header(start, end)
+    response = await _within(session.get(fs.encode_url(path), headers=headers, **kwargs), timeout)
+    async with response:
+        fs._raise_not_found_for_status(response, path)
+        window = _RangeWindow(sink, start, end, _body_offset(response.status, start))
+        await _pump_aiohttp(response, window, timeout)
+
+
+async def _stream_s3(fs, path, start, end, sink, timeout) -> None:
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    response = await _within(
+        fs._call_s3("get_object", Bucket=bucket, Key=key, Range=_range_header(start, end), **extra),
+        timeout,
+    )
+    body = response["Body"]
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
+    window = _RangeWindow(sink, start, end, _body_offset(status, start))
+    try:
+        while not window.done:
+            data = await _within(body.read(PIECE), timeout)
+            if not data:
+                return
+            window.feed(data)
+    finally:
+        body.close()
+
+
+async def _stream_gcs(fs, path, start, end, sink, timeout) -> None:
+    from gcsfs.retry import validate_response
+
+    await fs._set_session()
+    headers = fs._get_headers({"Range": _range_header(start, end)})
+    response = await _within(
+        fs.session.get(fs.url(path), headers=headers, params=fs._get_params({})), timeout
+    )
+    async with response:
+        if response.status >= 400:
+            validate_response(response.status, await response.read(), path)
+        window = _RangeWindow(sink, start, end, _body_offset(response.status, start))
+        await _pump_aiohttp(response, window, timeout)
+
+
+async def _stream_azure(fs, path, start, end, sink, timeout) -> None:
+    from azure.core.exceptions import ResourceNotFoundError
+
+    container, blob, version = fs.split_path(fs._strip_protocol(path))
+    async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
+        try:
+            stream = await _within(
+                client.download_blob(
+                    offset=start, length=end - start, version_id=version, max_concurrency=1
+                ),
+                timeout,
+            )
+        except ResourceNotFoundError as exc:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from exc
+        window = _RangeWindow(sink, start, end, start)
+        pieces = stream.chunks()
+        while not window.done:
+            try:
+                data = await _within(pieces.__anext__(), timeout)
+            except StopAsyncIteration:
+                return
+            window.feed(data)
+
+
+_STREAMERS = {
+    **dict.fromkeys(HTTP_PROTOCOLS, _stream_http),
+    **dict.fromkeys(S3_PROTOCOLS, _stream_s3),
+    **dict.fromkeys(GCS_PROTOCOLS, _stream_gcs),
+    **dict.fromkeys(AZURE_PROTOCOLS, _stream_azure),
+}
+
+
+def stream_range(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    start: int,
+    end: int,
+    sink: Sink,
+    timeout: float | None,
+) -> None:
+    """Pass bytes ``[start, end)`` of ``path`` to ``sink`` in order, as they arrive.
+
+    May pass fewer bytes (the body ended early) or raise after passing some (a cut); either
+    way everything passed is correct data from ``start`` on, to resume after. ``end`` must
+    not lie past the end of the object.
+    """
+    streamer = _STREAMERS.get(protocol_of(fs))
+    if streamer is None or getattr(fs, "asynchronous", False):
+        data = call(fs, "cat_file", path, start=start, end=end, timeout=timeout)
+        window = _RangeWindow(sink, start, end, start)
+        if len(data) > end - start:  # the whole body of a server that ignored the Range
+            window.offset = 0
+        window.feed(data)
+        return
+    sync(fs.loop, streamer, fs, path, start, end, sink, timeout)
