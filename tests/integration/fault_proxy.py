@@ -284,6 +284,10 @@ def _is_chunked(headers: list[tuple[str, str]]) -> bool:
     return "chunked" in _tokens(_header(headers, "transfer-encoding"))
 
 
+def _has_body(request: Request, response: Response) -> bool:
+    return request.method != "HEAD" and response.status not in (204, 304)
+
+
 def _relay_request_body(reader: BinaryIO, headers: list[tuple[str, str]], send) -> None:
     """Copy a request body verbatim from `reader` to `send` (None: read and drop it)."""
     sink = send or (lambda data: None)
@@ -488,13 +492,15 @@ class FaultProxy:
             piece = view[: PIECE if self._throttle is None else min(PIECE, 16 * 1024)]
             if throttled and self._throttle is not None:
                 self._throttle.wait(len(piece))
-                if self._stopped.is_set():
-                    raise ConnectionAbortedError("fault proxy closed")
+            if self._stopped.is_set():
+                raise ConnectionAbortedError("fault proxy closed")
             sock.sendall(piece)
             view = view[len(piece) :]
 
     def _pause(self, seconds: float) -> None:
-        self._stopped.wait(seconds)
+        """Sleep, unless the proxy closes meanwhile: then end the connection at once."""
+        if self._stopped.wait(seconds):
+            raise ConnectionAbortedError("fault proxy closed")
 
     def _accept_loop(self) -> None:
         while not self._stopped.is_set():
@@ -591,13 +597,15 @@ class _Connection:
             log.debug("server closed connection %d without answering", self.number)
             return False
         entry.status = response.status
+        # The log is updated before the bytes go out, so that a client that has read a whole
+        # response always finds it logged as complete.
+        entry.complete = not _has_body(request, response)
         self.client.sendall(response.raw_head)
 
         body = _BodyWriter(self, action, entry)
         if not body.start():
             return False
         completed, reusable = self.relay_response_body(request, response, body)
-        entry.complete = completed
         server_keep_alive = _keep_alive(response.version, response.header("connection"))
         return completed and reusable and server_keep_alive and client_keep_alive
 
@@ -632,7 +640,7 @@ class _Connection:
         Returns (the body reached the client whole, the connection can carry another request).
         """
         reader = self.upstream_reader
-        if request.method == "HEAD" or response.status in (204, 304):
+        if not _has_body(request, response):
             return True, True
         if _is_chunked(response.headers):
             while True:
@@ -640,35 +648,37 @@ class _Connection:
                 if not size_line:
                     raise ProtocolError("server closed inside a chunked response")
                 size = int(size_line.split(b";")[0].strip() or b"0", 16)
-                body.framing(size_line)
                 if size == 0:
                     break
-                if not self.relay_exact(size, body):
+                body.framing(size_line)
+                if not self.relay_exact(size, body, ends_body=False):
                     return False, False
                 body.framing(self.read_exact(2))
-            while True:
+            ending = [size_line]
+            while ending[-1] not in (b"\r\n", b"\n"):  # trailers, up to the blank line
                 line = reader.readline(MAX_HEAD_BYTES)
                 if not line:
                     raise ProtocolError("server closed inside chunked trailers")
-                body.framing(line)
-                if line in (b"\r\n", b"\n"):
-                    return True, True
+                ending.append(line)
+            body.framing(b"".join(ending), ends_body=True)
+            return True, True
         length = _content_length(response.headers)
         if length is None:  # the body runs until the server closes
             while data := reader.read1(PIECE):
                 if not body.payload(data):
                     return False, False
+            body.entry.complete = True
             return True, False
-        completed = self.relay_exact(length, body)
+        completed = self.relay_exact(length, body, ends_body=True)
         return completed, completed
 
-    def relay_exact(self, count: int, body: _BodyWriter) -> bool:
+    def relay_exact(self, count: int, body: _BodyWriter, ends_body: bool) -> bool:
         while count > 0:
             data = self.upstream_reader.read1(min(count, PIECE))
             if not data:
                 raise ProtocolError(f"server closed with {count} body bytes still to come")
             count -= len(data)
-            if not body.payload(data):
+            if not body.payload(data, ends_body=ends_body and count == 0):
                 return False
         return True
 
@@ -740,12 +750,14 @@ class _BodyWriter:
         """Called after the headers went out: faults at body offset 0 happen here."""
         return self._at_boundary()
 
-    def framing(self, raw: bytes) -> None:
+    def framing(self, raw: bytes, ends_body: bool = False) -> None:
         """Chunk sizes and trailers: sent as they are, not counted as body."""
+        if ends_body:
+            self.entry.complete = True
         self.proxy._send(self.connection.client, raw, throttled=True)
 
-    def payload(self, data: bytes) -> bool:
-        """Send body bytes; False when the planned fault ended the connection."""
+    def payload(self, data: bytes, ends_body: bool = False) -> bool:
+        """Send body bytes (the last ones if `ends_body`); False if a fault ended the connection."""
         action = self.action
         if isinstance(action, Flip) and self.sent <= action.offset < self.sent + len(data):
             index = action.offset - self.sent
@@ -754,6 +766,7 @@ class _BodyWriter:
         while data:
             limit = self._next_boundary()
             if limit is None or self.sent + len(data) <= limit:
+                self.entry.complete = ends_body
                 self._deliver(data)
                 return True
             head, data = data[: limit - self.sent], data[limit - self.sent :]
@@ -788,6 +801,6 @@ class _BodyWriter:
         return True
 
     def _deliver(self, data: bytes) -> None:
-        self.proxy._send(self.connection.client, data, throttled=True)
         self.sent += len(data)
         self.entry.body_bytes = self.sent
+        self.proxy._send(self.connection.client, data, throttled=True)
