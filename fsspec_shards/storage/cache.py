@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import BinaryIO
+from urllib.request import pathname2url
 
 import diskcache
 from diskcache.core import DBNAME, MODE_RAW
@@ -342,6 +343,7 @@ class ShardCache:
             with self._space_lock():
                 if self._make_room(url, reserve):
                     return self._new_temp_file(key, reserve)
+            logger.debug("waiting for downloads in flight to make room for %s", redact_url(url))
             time.sleep(_WAIT_FOR_ROOM_SECONDS)
 
     def _write_and_publish(
@@ -377,8 +379,12 @@ class ShardCache:
                 if self._make_room(url, size, excluding=temp):
                     os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
                     os.rename(temp, final)
-                    _fsync_directory(os.path.dirname(final))
-                    self._index.set(key, _Entry(filename, size, record), retry=True)
+                    try:
+                        _fsync_directory(os.path.dirname(final))
+                        self._index.set(key, _Entry(filename, size, record), retry=True)
+                    except BaseException:
+                        os.remove(final)
+                        raise
                     break
             time.sleep(_WAIT_FOR_ROOM_SECONDS)
         logger.log(
@@ -504,7 +510,7 @@ class ShardCache:
 
     def _query(self, statement: str) -> list[tuple]:
         """Read diskcache's ``Cache`` table directly: its public API has no LRU-ordered listing."""
-        path = os.path.join(self.directory, DBNAME)
+        path = pathname2url(os.path.join(self.directory, DBNAME))
         connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
         try:
             return connection.execute(statement).fetchall()
