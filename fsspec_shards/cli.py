@@ -213,10 +213,10 @@ def open_filesystem(url: str, options: dict[str, dict]) -> tuple[Any, str]:
 
 
 def progress(args: argparse.Namespace, **kwargs: Any):
-    """A tqdm progress bar on stderr, hidden with --quiet."""
+    """A tqdm progress bar on stderr, hidden with --quiet and when stderr is no terminal."""
     from tqdm import tqdm
 
-    return tqdm(disable=args.quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+    return tqdm(disable=True if args.quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
 @dataclass
@@ -268,7 +268,12 @@ def describe_error(error: BaseException) -> str:
         kind = "malformed tar"
     else:
         kind = type(error).__name__
-    message = str(error)
+    if isinstance(error, OSError) and error.strerror:
+        message = error.strerror + (f": {error.filename}" if error.filename else "")
+    else:
+        message = str(error)
+    if message.startswith(kind):
+        return message
     return f"{kind}: {message}" if message else kind
 
 
