@@ -486,3 +486,40 @@ def test_objects_with_only_short_reads_are_read_completely(compress):
     name = "s.tar.gz" if compress else "s.tar"
     stream = open_shard_stream(_ShortReads(gzip.compress(raw) if compress else raw), name)
     assert as_tuples(list(iter_members(stream, name))) == tarfile_members(raw)
+
+
+def without_data(members: list[TarMember]) -> list[TarMember]:
+    return [TarMember(member.name, b"", member.offset, member.end) for member in members]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_header_only_scan_gives_the_same_names_and_offsets(compress):
+    raw = make_tar(MIXED_ENTRIES, tarfile.GNU_FORMAT)
+    fileobj = io.BytesIO(gzip.compress(raw) if compress else raw)
+    stream = open_shard_stream(fileobj, "s.tar")
+    scanned = list(iter_members(stream, "s.tar", read_data=False))
+    assert scanned == without_data(read_all(raw))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_header_only_scan_detects_a_truncated_last_member(compress, tmp_path):
+    raw = make_tar([regular("a.txt", b"a"), regular("b.bin", b"b" * 5000)])
+    cut = raw[: 1024 + 512 + 3000]
+    path = tmp_path / "cut.tar"
+    path.write_bytes(gzip.compress(cut) if compress else cut)
+    with open(path, "rb") as fileobj, pytest.raises(ShardFormatError) as caught:
+        list(iter_members(open_shard_stream(fileobj, str(path)), str(path), read_data=False))
+    assert caught.value.offset == 1024
+    assert "truncated member" in caught.value.reason
+
+
+def test_header_only_scan_from_an_offset_on_a_seekable_file(tmp_path):
+    raw = make_tar(MIXED_ENTRIES, tarfile.PAX_FORMAT)
+    members = read_all(raw)
+    path = tmp_path / "s.tar"
+    path.write_bytes(raw)
+    with open(path, "rb") as fileobj:
+        stream = open_shard_stream(fileobj, str(path))
+        stream.seek(members[2].offset)
+        scanned = list(iter_members(stream, "s", members[2].offset, read_data=False))
+    assert scanned == without_data(members[2:])

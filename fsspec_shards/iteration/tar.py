@@ -135,7 +135,11 @@ def _pax_size(records: dict[str, str], shard: str, offset: int) -> int | None:
 
 
 def iter_members(
-    stream: BinaryIO, shard: str, start: int = 0, max_member_size: int = MAX_MEMBER_SIZE
+    stream: BinaryIO,
+    shard: str,
+    start: int = 0,
+    max_member_size: int = MAX_MEMBER_SIZE,
+    read_data: bool = True,
 ) -> Iterator[TarMember]:
     """Yield the regular files of the tar read from ``stream``, in archive order.
 
@@ -144,8 +148,14 @@ def iter_members(
     tar. Directories, links, devices and unknown types are skipped, as tarfile/webdataset
     do. Iteration ends at the first all-zero block or at end of stream on a block boundary;
     anything else malformed raises :class:`ShardFormatError`.
+
+    With ``read_data=False`` members come with empty data and their payloads are sought
+    over (read and dropped when the stream cannot seek): a fast scan of names and offsets.
     """
     read = stream.read
+    seek_over = not read_data and getattr(stream, "seekable", bool)()
+    stream_start = stream.tell() if seek_over else 0
+    last_offset = start
     adler32 = zlib.adler32
     position = start
     header_offset = start
@@ -166,6 +176,8 @@ def iter_members(
                         raise ShardFormatError(
                             shard, member_offset, "archive ends after an extended header"
                         )
+                    if seek_over and stream.seek(0, io.SEEK_END) < stream_start + position - start:
+                        raise ShardFormatError(shard, last_offset, "truncated member")
                     return
                 if len(header) != BLOCK_SIZE:
                     raise ShardFormatError(
@@ -206,7 +218,17 @@ def iter_members(
                     raise ShardFormatError(
                         shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
                     )
-                if size <= SMALL_MEMBER_SIZE:
+                if not read_data:
+                    padded = (size + 511) & -512
+                    if seek_over:
+                        stream.seek(padded, io.SEEK_CUR)
+                    else:
+                        skipped = _skip(read, padded)
+                        if skipped != padded:
+                            _raise_truncated(shard, member_offset, position, size, skipped)
+                    position += padded
+                    data = b""
+                elif size <= SMALL_MEMBER_SIZE:
                     # One read for data and padding: small members dominate the call count.
                     padded = (size + 511) & -512
                     data = read(padded)
@@ -240,6 +262,7 @@ def iter_members(
                     if header[345] != 0:
                         name = _name_field(header[345:500]) + "/" + name
                 yield TarMember(name, data, member_offset, position)
+                last_offset = member_offset
                 member_offset = long_name = pax_name = pax_size = None
                 continue
 
