@@ -104,24 +104,35 @@ def measure(path: str, samples: int, rounds: int) -> dict[str, float]:
     return result
 
 
-def run(rounds: int = 5, directory: str | None = None) -> dict[str, dict[str, float]]:
+def run(
+    rounds: int = 5,
+    directory: str | None = None,
+    small_samples: int = SMALL_SAMPLES,
+    large_samples: int = LARGE_SAMPLES,
+) -> dict[str, dict[str, float]]:
     """Build the shards and measure all readers: ``{"small_1KiB": {...}, "large_1MiB": {...}}``."""
     with tempfile.TemporaryDirectory(dir=directory) as workdir:
         small = os.path.join(workdir, "small.tar")
         large = os.path.join(workdir, "large.tar")
-        write_shard(small, SMALL_SAMPLES, SMALL_SIZE)
-        write_shard(large, LARGE_SAMPLES, LARGE_SIZE)
+        write_shard(small, small_samples, SMALL_SIZE)
+        write_shard(large, large_samples, LARGE_SIZE)
         return {
-            "small_1KiB": measure(small, SMALL_SAMPLES, rounds),
-            "large_1MiB": measure(large, LARGE_SAMPLES, rounds),
+            "small_1KiB": measure(small, small_samples, rounds),
+            "large_1MiB": measure(large, large_samples, rounds),
         }
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats (default 5)")
+    parser.add_argument("--small-samples", type=int, default=SMALL_SAMPLES)
+    parser.add_argument("--large-samples", type=int, default=LARGE_SAMPLES)
     arguments = parser.parse_args(argv)
-    results = run(arguments.rounds)
+    results = run(
+        arguments.rounds,
+        small_samples=arguments.small_samples,
+        large_samples=arguments.large_samples,
+    )
     for case, values in results.items():
         print(case)
         for name, value in values.items():
