@@ -84,6 +84,8 @@ def measure(path: str, samples: int, rounds: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in [*readers, "raw_read"]}
     size = os.path.getsize(path)
     read_raw(path)
+    for reader in readers.values():  # untimed warm-up: imports, page cache, allocator
+        reader(path)
     for _ in range(rounds):
         for name, reader in readers.items():
             elapsed, count = _time(reader, path)
