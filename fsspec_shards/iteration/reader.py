@@ -2,7 +2,8 @@
 
 Shards are reached only through fsspec (``url_to_fs``, ``open``, ``cat_ranges``), never by
 importing the storage layer. A plain tar on a seekable file is opened and sought to the
-offset; a gzip shard cannot seek, so it is decompressed from its start and the bytes before
+offset (gzip is told by a two-byte ranged read first, so that no block is read from the
+start); a gzip shard cannot seek, so it is decompressed from its start and the bytes before
 the offset are dropped. Samples are streamed member by member: a shard is never held whole.
 """
 
@@ -18,8 +19,8 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
     BLOCK_SIZE,
+    GZIP_MAGIC,
     TarMember,
-    is_seekable_shard,
     iter_members,
     open_shard_stream,
     parse_members,
@@ -45,11 +46,11 @@ class ShardReader:
         """
         fs, path = self.locate(url)
         with fs.open(path, "rb") as raw:
-            seekable = is_seekable_shard(url, raw)
+            sought = start > 0 and raw.seekable() and not _is_gzip(fs, path)
+            if sought:
+                raw.seek(start)
             stream = open_shard_stream(raw, url)
-            if start and seekable:
-                stream.seek(start)
-            elif start:
+            if start and not sought:
                 _skip_to(stream, url, start)
             if headers_only:
                 yield from sample_refs(stream, url, start)
@@ -65,9 +66,7 @@ class ShardReader:
         if not ranges:
             return []
         fs, path = self.locate(url)
-        with fs.open(path, "rb") as raw:
-            seekable = is_seekable_shard(url, raw)
-        if seekable:
+        if not _is_gzip(fs, path):
             starts = [offset for offset, _ in ranges]
             ends = [end for _, end in ranges]
             blobs = fs.cat_ranges([path] * len(ranges), starts, ends)
@@ -91,6 +90,11 @@ class ShardReader:
         raise ShardFormatError(
             url, missing[0], "no sample at this saved position; the shard changed since"
         )
+
+
+def _is_gzip(fs, path: str) -> bool:
+    """True for a gzip shard, from its first two bytes (a small ranged read, not a block)."""
+    return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def _single_sample(blob: bytes, url: str, offset: int, end: int) -> RawSample:
