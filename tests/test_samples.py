@@ -7,6 +7,8 @@ import io
 import tarfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import (
@@ -233,4 +235,30 @@ def test_stream_equals_webdataset_dataset_without_shuffling(tricky_shards):
     ]
     ours = our_samples(tricky_shards)
     assert [sample["__key__"] for sample in ours] == [sample["__key__"] for sample in expected]
+    assert ours == expected
+
+
+NAME_CHARACTERS = "ab._/A"
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(
+    names=st.lists(st.text(NAME_CHARACTERS, min_size=1, max_size=8), min_size=0, max_size=12),
+    long_prefix=st.booleans(),
+    tar_format=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+)
+def test_random_layouts_group_exactly_like_webdataset(names, long_prefix, tar_format):
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    prefix = "p" * 101 + "/" if long_prefix else ""
+    entries = [regular(prefix + name, b"%d" % index) for index, name in enumerate(names)]
+    raw = make_tar(entries, tar_format)
+    try:
+        expected = list(group_by_keys(tar_file_expander([{"url": URL, "stream": io.BytesIO(raw)}])))
+    except ValueError:
+        expected = ValueError
+    try:
+        ours = [to_dict(s) for s in group_samples(iter_members(io.BytesIO(raw), URL), URL)]
+    except ShardFormatError:
+        ours = ValueError
     assert ours == expected
