@@ -358,3 +358,17 @@ def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
     orphan.write_bytes(payload("s3://bucket/a", 100))
     path = fill(cache, "s3://bucket/a")
     assert not orphan.exists() and Path(path).exists()
+
+
+def test_verbose_cache_logs_downloads_and_evictions_at_info_without_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("WDS_VERBOSE_CACHE", "1")
+    cache = ShardCache(str(tmp_path / "c"), 100)
+    with caplog.at_level("INFO", logger="fsspec_shards.storage.cache"):
+        fill(cache, "https://host/a.tar?X-Amz-Signature=SECRETSIG")
+        fill(cache, "https://host/b.tar?X-Amz-Signature=SECRETSIG")
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert any(m.startswith("cached https://host/a.tar") for m in infos)
+    assert any(m.startswith("evicted https://host/a.tar") for m in infos)
+    assert not any("SECRETSIG" in m for m in infos)

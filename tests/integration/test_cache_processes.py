@@ -11,11 +11,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from fsspec_shards.storage.cache import CacheFullError, ShardCache
-from tests.integration import servers
+
+if TYPE_CHECKING:  # spawned workers import this module: keep it light
+    from tests.integration import servers
 
 SPAWN = multiprocessing.get_context("spawn")
 JOIN_TIMEOUT = 120
