@@ -523,3 +523,25 @@ def test_header_only_scan_from_an_offset_on_a_seekable_file(tmp_path):
         stream.seek(members[2].offset)
         scanned = list(iter_members(stream, "s", members[2].offset, read_data=False))
     assert scanned == without_data(members[2:])
+
+
+FUZZ_GZIP = gzip.compress(FUZZ_BASE, mtime=0)
+
+
+@FUZZ_SETTINGS
+@given(
+    flips=st.lists(
+        st.tuples(st.integers(0, len(FUZZ_GZIP) - 1), st.integers(1, 255)), min_size=1, max_size=4
+    ),
+    cut=st.integers(0, len(FUZZ_GZIP)),
+)
+def test_fuzz_damaged_gzip_yields_members_or_shard_format_error(flips, cut):
+    raw = bytearray(FUZZ_GZIP[:cut])
+    for position, mask in flips:
+        if position < len(raw):
+            raw[position] ^= mask
+    try:
+        for _ in iter_members(open_shard_stream(io.BytesIO(bytes(raw)), "f.tar.gz"), "f.tar.gz"):
+            pass
+    except ShardFormatError as error:
+        assert error.offset >= 0
