@@ -13,8 +13,10 @@ import random
 import aiohttp
 import pytest
 from azure.core.exceptions import HttpResponseError
+from botocore.exceptions import FlexibleChecksumError
 
 from tests.integration import servers
+from tests.integration.fault_proxy import Cut, Flip, Reset, Status
 
 DATA = random.Random(20261202).randbytes(300_000)
 
@@ -42,10 +44,11 @@ def test_missing_file_raises_file_not_found(backend: servers.Backend):
         backend.filesystem().cat_file(backend.url("absent"))
 
 
-@pytest.mark.parametrize(("start", "end"), INNER_RANGES)
-def test_ranged_cat_file_within_the_file_is_byte_exact(backend: servers.Backend, start, end):
+def test_ranged_cat_file_within_the_file_is_byte_exact(backend: servers.Backend):
     url = backend.put("ranged.bin", DATA)
-    assert backend.filesystem().cat_file(url, start=start, end=end) == DATA[start:end]
+    fs = backend.filesystem()
+    for start, end in INNER_RANGES:
+        assert fs.cat_file(url, start=start, end=end) == DATA[start:end], (start, end)
 
 
 # How each emulated server answers reads that are not a plain range inside the file.
@@ -123,6 +126,68 @@ def test_remote_backend_works_through_a_passing_proxy(remote_backend, fault_prox
     assert all(entry.action == "pass" and not entry.fault_applied for entry in exchanges)
     assert proxy.bytes_sent() >= len(DATA) + 1000 + 50_000
     assert remote_backend.filesystem().cat_file(remote_backend.url("through/data.bin")) == DATA
+
+
+# What each client library does on its own when the proxy breaks a GET of the whole file.
+# "retried": the library retried by itself and returned the right bytes after two GETs;
+# "corrupt": it returned the bytes as received, one of them flipped; else the exception.
+CLIENT_REACTIONS = {
+    "cut": {
+        "http": aiohttp.ClientPayloadError,
+        "s3": "retried",
+        "gcs": "retried",
+        "az": "retried",
+    },
+    "reset mid-body": {
+        "http": aiohttp.ClientPayloadError,
+        "s3": "retried",
+        "gcs": "retried",
+        "az": "retried",
+    },
+    "flip": {
+        "http": "corrupt",
+        "s3": FlexibleChecksumError,  # botocore checks the CRC moto sends with the object
+        "gcs": "corrupt",  # gcsfs does not check the crc32c on download
+        "az": "corrupt",
+    },
+    "503": {
+        "http": aiohttp.ClientResponseError,
+        "s3": "retried",
+        "gcs": "retried",
+        # az: azure-storage-blob also retries, but only after ~18 s (initial_backoff=15 s)
+    },
+}
+FAULTS = {
+    "cut": Cut(after_bytes=1000),
+    "reset mid-body": Reset(after_bytes=1000),
+    "flip": Flip(offset=10),
+    "503": Status(503, retry_after=0),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_client_library_reaction_to_a_fault_is_as_recorded(remote_backend, fault_proxy, fault):
+    if remote_backend.server == "external":
+        pytest.skip("the recorded reactions are those against the bundled emulators")
+    if remote_backend.protocol not in CLIENT_REACTIONS[fault]:
+        pytest.skip("too slow to check here; see the table")
+    remote_backend.put("victim.bin", DATA)
+    proxy, proxied = fault_proxy(remote_backend)
+    proxy.add(FAULTS[fault], method="GET", path="victim.bin")
+    fs = proxied.filesystem()
+    expected = CLIENT_REACTIONS[fault][remote_backend.protocol]
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            fs.cat_file(proxied.url("victim.bin"), start=0, end=len(DATA))
+        return
+    body = fs.cat_file(proxied.url("victim.bin"), start=0, end=len(DATA))
+    gets = proxy.requests(method="GET", path="victim.bin")
+    if expected == "retried":
+        assert body == DATA
+        assert len(gets) == 2 and gets[0].fault_applied
+    else:
+        assert len(body) == len(DATA) and body[10] == DATA[10] ^ 0xFF
+        assert body[:10] + body[11:] == DATA[:10] + DATA[11:]
 
 
 def test_a_file_backend_cannot_be_proxied(file_backend, fault_proxy):
