@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, NoReturn
 
-from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.errors import ShardFormatError, redact_url
 
 logger = logging.getLogger("fsspec_shards.tar")
 
@@ -153,7 +153,7 @@ def iter_members(
     over (read and dropped when the stream cannot seek): a fast scan of names and offsets.
     """
     read = stream.read
-    seek_over = not read_data and getattr(stream, "seekable", bool)()
+    seek_over = not read_data and _seekable(stream)
     stream_start = stream.tell() if seek_over else 0
     last_offset = start
     adler32 = zlib.adler32
@@ -301,7 +301,8 @@ def iter_members(
                         )
                     if "path" in records:
                         global_name = records["path"].rstrip("/") or None
-                    member_offset = None
+                    if long_name is None and pax_name is None and pax_size is None:
+                        member_offset = None  # as tarfile: a global header is no member's part
                 continue
             # An unknown type: tarfile skips its data blocks and webdataset ignores it.
             if pax_size is not None:
@@ -356,12 +357,17 @@ def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
     peek = getattr(fileobj, "peek", None)
     if peek is not None:
         return peek(count)[:count]
-    if fileobj.seekable():
+    if _seekable(fileobj):
         position = fileobj.tell()
         head = fileobj.read(count)
         fileobj.seek(position)
         return head
     return None
+
+
+def _seekable(fileobj: BinaryIO) -> bool:
+    seekable = getattr(fileobj, "seekable", None)
+    return bool(seekable is not None and seekable())
 
 
 def _buffered(fileobj: BinaryIO) -> BinaryIO:
@@ -391,7 +397,7 @@ def open_shard_stream(fileobj: BinaryIO, shard: str) -> BinaryIO:
     """
     buffered = _buffered(fileobj)
     if is_gzip_shard(shard, buffered):
-        logger.debug("reading %s as gzip", shard)
+        logger.debug("reading %s as gzip", redact_url(shard))
         return io.BufferedReader(gzip.GzipFile(fileobj=buffered, mode="rb"), STREAM_BUFFER_SIZE)
     return buffered
 
@@ -401,4 +407,4 @@ def is_seekable_shard(shard: str, fileobj: BinaryIO) -> bool:
 
     False for gzip: resuming a compressed shard must re-read it from the start.
     """
-    return fileobj.seekable() and not is_gzip_shard(shard, fileobj)
+    return _seekable(fileobj) and not is_gzip_shard(shard, fileobj)
