@@ -23,6 +23,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
+from fsspec_shards.iteration.lengths import (
+    EQUALIZE_MODES,
+    epoch_lengths,
+    load_sample_counts,
+    shard_sizes,
+)
 from fsspec_shards.iteration.order import Consumer, consumer_shards, current_consumer, shard_order
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
 from fsspec_shards.iteration.reader import ShardReader
@@ -84,6 +90,21 @@ class _Live:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _EpochPlan:
+    """One consumer's epoch: its shards, the sample count to stop at, how far indices run."""
+
+    urls: list[str]
+    length: int | None
+    shard_limit: int
+
+    def url(self, index: int) -> str:
+        return self.urls[index % len(self.urls)]
+
+    def wants_more(self, state: StreamState) -> bool:
+        return self.length is None or state.delivered < self.length
+
+
 @dataclass(slots=True)
 class _Stats:
     samples: int = 0
@@ -98,8 +119,12 @@ class ShardDataset(_DatasetBase):
     ``urls`` is a brace pattern or a list of URLs (fsspec chains such as ``wds::s3://...``
     included); ``storage_options`` go to ``fsspec.core.url_to_fs``. ``transforms`` are
     per-sample steps (:mod:`~fsspec_shards.iteration.transforms` or any callable) applied in
-    order to each sample dict; a step returning ``None`` drops the sample. See the contract
-    (section 2) and docs/resumption.md.
+    order to each sample dict; a step returning ``None`` drops the sample. ``annotate`` adds
+    ``__worker__`` / ``__index__`` to each sample (for :mod:`~fsspec_shards.iteration.resume`).
+    ``equalize="truncate"|"pad"`` with ``samples_per_shard`` (``{shard name: count}`` or a
+    JSON file of it) gives every consumer the same number of samples per epoch
+    (:mod:`~fsspec_shards.iteration.lengths`). See the contract (section 2) and
+    docs/resumption.md.
     """
 
     def __init__(
@@ -116,6 +141,8 @@ class ShardDataset(_DatasetBase):
         *,
         transforms: Sequence[Callable[[dict], Any]] = (),
         annotate: bool = False,
+        samples_per_shard: Mapping[str, int] | str | None = None,
+        equalize: str | None = None,
     ) -> None:
         if handler not in HANDLERS:
             raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
@@ -134,6 +161,16 @@ class ShardDataset(_DatasetBase):
         self.prefetch = int(prefetch)
         self.transforms = tuple(transforms)
         self.annotate = bool(annotate)
+        self.equalize = equalize
+        self.shard_sizes = (
+            None
+            if samples_per_shard is None
+            else shard_sizes(self.urls, load_sample_counts(samples_per_shard, storage_options))
+        )
+        if equalize is not None and (equalize not in EQUALIZE_MODES or self.shard_sizes is None):
+            raise ValueError(
+                f"equalize must be one of {EQUALIZE_MODES} or None, and needs samples_per_shard"
+            )
         if any(isinstance(step, Batched) for step in self.transforms):
             raise ValueError(
                 "batched() spans samples and would lose a partial batch on resume: batch in "
@@ -214,6 +251,10 @@ class ShardDataset(_DatasetBase):
             "world_size": consumer.world_size,
             "worker": consumer.worker,
             "num_workers": consumer.num_workers,
+            "equalize": self.equalize,
+            "sample_counts": None
+            if self.shard_sizes is None
+            else urls_digest([str(size) for size in self.shard_sizes]),
         }
 
     def _start_state(self, fingerprint: dict[str, Any]) -> StreamState:
@@ -232,8 +273,21 @@ class ShardDataset(_DatasetBase):
 
     def consumer_urls(self, epoch: int, consumer: Consumer) -> list[str]:
         """The shard URLs ``consumer`` reads in ``epoch``, in order."""
+        return self._plan(epoch, consumer).urls
+
+    def _plan(self, epoch: int, consumer: Consumer) -> _EpochPlan:
         order = shard_order(len(self.urls), self.seed, epoch, self.shuffle_shards)
-        return [self.urls[index] for index in consumer_shards(order, consumer)]
+        urls = [self.urls[index] for index in consumer_shards(order, consumer)]
+        if self.equalize is None:
+            return _EpochPlan(urls, None, len(urls))
+        totals, length = epoch_lengths(order, self.shard_sizes, consumer.total, self.equalize)
+        own = totals[consumer.index]
+        if own == 0 and length > 0:
+            raise ValueError(
+                f"consumer {consumer.index} has no samples in epoch {epoch}: cannot pad to {length}"
+            )
+        passes = 1 if self.equalize == "truncate" or own == 0 else -(-length // own)
+        return _EpochPlan(urls, length, len(urls) * passes)
 
     # --- iteration ----------------------------------------------------------------------
 
@@ -244,14 +298,14 @@ class ShardDataset(_DatasetBase):
             consumer = replace(
                 consumer, worker=(consumer.worker + counts.next_worker) % consumer.num_workers
             )
-        urls = self.consumer_urls(self.epoch, consumer)
+        plan = self._plan(self.epoch, consumer)
         state = self._start_state(self._fingerprint(consumer))
         buffer = self._new_buffer(state, consumer)
         if counts is not None:
-            self._fast_forward(urls, state, buffer, counts.delivered[consumer.worker])
+            self._fast_forward(plan, state, buffer, counts.delivered[consumer.worker])
         live = _Live(state, buffer, unread=list(state.buffer) if buffer is not None else None)
         self._live = live
-        return self._deliver(urls, live, consumer)
+        return self._deliver(plan, live, consumer)
 
     def _new_buffer(self, state: StreamState, consumer: Consumer) -> ShuffleBuffer | None:
         if not self.shuffle_buffer:
@@ -273,14 +327,15 @@ class ShardDataset(_DatasetBase):
         return counts
 
     def _fast_forward(
-        self, urls: list[str], state: StreamState, buffer: ShuffleBuffer | None, count: int
+        self, plan: _EpochPlan, state: StreamState, buffer: ShuffleBuffer | None, count: int
     ) -> None:
         """Move ``state`` past the first ``count`` samples, reading tar headers only."""
-        source = self._read(urls, state, ShardPrefetcher(urls, self._reader.locate, 0), True)
+        prefetcher = ShardPrefetcher(plan.urls, self._reader.locate, 0)
+        source = self._read(plan, state, prefetcher, headers_only=True)
         entries = buffer.shuffle(source) if buffer is not None else source
         try:
             for _ in range(count):
-                if next(entries, None) is None:
+                if not plan.wants_more(state) or next(entries, None) is None:
                     state.finished = True
                     break
                 state.delivered += 1
@@ -291,20 +346,24 @@ class ShardDataset(_DatasetBase):
             state.buffer = [ref for ref, _ in buffer.items]
             buffer.items = []
 
-    def _deliver(self, urls: list[str], live: _Live, consumer: Consumer) -> Iterator[dict]:
+    def _deliver(self, plan: _EpochPlan, live: _Live, consumer: Consumer) -> Iterator[dict]:
         state = live.state
         if state.finished:
             return
-        prefetcher = ShardPrefetcher(urls, self._reader.locate, self.prefetch)
+        prefetcher = ShardPrefetcher(plan.urls, self._reader.locate, self.prefetch)
         try:
-            source = self._read(urls, state, prefetcher)
+            source = self._read(plan, state, prefetcher)
             if live.buffer is None:
                 entries = source
             else:
-                live.buffer.items = self._reread(urls, live.unread or [])
+                live.buffer.items = self._reread(plan, live.unread or [])
                 live.unread = None
                 entries = live.buffer.shuffle(source)
-            for _, sample in entries:
+            while plan.wants_more(state):
+                entry = next(entries, None)
+                if entry is None:
+                    break
+                sample = entry[1]
                 state.delivered += 1
                 sample_dict = to_dict(sample)
                 if self.annotate:
@@ -314,21 +373,33 @@ class ShardDataset(_DatasetBase):
                 if result is not None:
                     self._stats.samples += 1
                     yield result
+            if plan.length is not None and state.delivered < plan.length:
+                logger.warning(
+                    "epoch %d ended after %d samples, short of the equal length %d: "
+                    "a shard failed or samples_per_shard overstates it",
+                    state.epoch,
+                    state.delivered,
+                    plan.length,
+                )
             state.finished = True
         finally:
             prefetcher.close()
 
     def _read(
         self,
-        urls: list[str],
+        plan: _EpochPlan,
         state: StreamState,
         prefetcher: ShardPrefetcher,
         headers_only: bool = False,
     ) -> Iterator[Entry]:
-        """Samples of this consumer's shards from the state's position, moving the position."""
-        while state.shard < len(urls):
+        """Samples of this consumer's shards from the state's position, moving the position.
+
+        Shard indices run past the consumer's list when padding: index ``i`` reads shard
+        ``i % len(urls)`` again.
+        """
+        while state.shard < plan.shard_limit:
             index = state.shard
-            url = urls[index]
+            url = plan.url(index)
             try:
                 prefetch_error = prefetcher.wait(index)
                 prefetcher.advance(index)
@@ -344,7 +415,7 @@ class ShardDataset(_DatasetBase):
             state.shard = index + 1
             state.offset = 0
 
-    def _reread(self, urls: list[str], refs: list[SampleRef]) -> list[Entry]:
+    def _reread(self, plan: _EpochPlan, refs: list[SampleRef]) -> list[Entry]:
         """The buffered samples of a saved state, read back by byte range, shard by shard."""
         ranges_by_shard: dict[int, list[tuple[int, int]]] = {}
         for ref in refs:
@@ -352,9 +423,9 @@ class ShardDataset(_DatasetBase):
         found: dict[SampleRef, RawSample] = {}
         for shard, ranges in ranges_by_shard.items():
             try:
-                samples = self._reader.samples_at(urls[shard], ranges)
+                samples = self._reader.samples_at(plan.url(shard), ranges)
             except SHARD_ERRORS as exc:
-                self._shard_failed(urls[shard], exc)
+                self._shard_failed(plan.url(shard), exc)
                 continue
             for (offset, end), sample in zip(ranges, samples, strict=True):
                 found[SampleRef(shard, offset, end)] = sample
