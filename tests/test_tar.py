@@ -545,3 +545,21 @@ def test_fuzz_damaged_gzip_yields_members_or_shard_format_error(flips, cut):
             pass
     except ShardFormatError as error:
         assert error.offset >= 0
+
+
+def test_memory_stays_bounded_by_a_member_not_the_shard(tmp_path):
+    member_size = 100_000
+    path = tmp_path / "many.tar"
+    path.write_bytes(
+        make_tar([regular(f"m{index:04d}.bin", b"m" * member_size) for index in range(150)])
+    )
+    assert path.stat().st_size > 15_000_000
+    tracemalloc.start()
+    try:
+        with open(path, "rb", buffering=0) as fileobj:
+            count = sum(1 for _ in iter_members(open_shard_stream(fileobj, str(path)), str(path)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 150
+    assert peak < tar.STREAM_BUFFER_SIZE + 4 * member_size
