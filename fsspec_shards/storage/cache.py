@@ -7,7 +7,8 @@ Layout of a cache directory (mode 0700)::
     tmp/<key>.<pid>.<t>.<reserved>.part   downloads in flight; the name carries the bytes reserved
     locks/<key>.lock    per-key lock: one download per key across processes
     locks/space.lock    serializes reservations, publication and eviction
-    state/cache.db      persistent counters and validation times
+    state/counters/     diskcache of persistent counters shared by all processes
+    state/validated/    diskcache of the times cached files were last checked against the backend
 
 A download writes into a temp file in ``tmp/``; only after ``download()`` returns (it verifies
 what it wrote) is the file fsynced and renamed into ``files/``, then recorded in the index. A
@@ -44,8 +45,6 @@ COUNTERS = ("hits", "misses", "bytes_downloaded", "retries", "integrity_failures
 """Counters every cache reports, zero until first incremented."""
 
 _WAIT_FOR_ROOM_SECONDS = 0.05
-_VALIDATED_PREFIX = "validated:"
-_COUNTER_PREFIX = "counter:"
 
 
 class CacheFullError(OSError):
@@ -120,8 +119,11 @@ class ShardCache:
             size_limit=self.size_limit,
             cull_limit=0,
         )
-        self._state = diskcache.Cache(
-            os.path.join(self.directory, "state"), eviction_policy="none", cull_limit=0
+        self._counters = diskcache.Cache(
+            os.path.join(self.directory, "state", "counters"), eviction_policy="none"
+        )
+        self._validated = diskcache.Cache(
+            os.path.join(self.directory, "state", "validated"), eviction_policy="none"
         )
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
         if self._log_level == logging.INFO and not logger.handlers:
@@ -171,8 +173,8 @@ class ShardCache:
         metadata = dict(record["metadata"])
         metadata["size"] = record["size"]
         metadata["stored_at"] = record["stored_at"]
-        metadata["validated_at"] = self._state.get(
-            _VALIDATED_PREFIX + record["file"], record["stored_at"], retry=True
+        metadata["validated_at"] = self._validated.get(
+            record["file"], record["stored_at"], retry=True
         )
         return metadata
 
@@ -180,7 +182,7 @@ class ShardCache:
         """Record that the cached copy of ``url`` was just checked against the backend."""
         value = self._index.get(cache_key(url), retry=True)
         if value is not None:
-            self._state.set(_VALIDATED_PREFIX + json.loads(value)["file"], time.time(), retry=True)
+            self._validated.set(json.loads(value)["file"], time.time(), retry=True)
 
     def entries(self) -> list[dict]:
         """Every cached file, least recently used first: url (secret-free), size, times."""
@@ -204,10 +206,9 @@ class ShardCache:
     def stats(self) -> dict:
         """All counters, plus cached_files, cached_bytes, size_limit and directory."""
         result = dict.fromkeys(COUNTERS, 0)
-        for key in self._state.iterkeys():
-            if isinstance(key, str) and key.startswith(_COUNTER_PREFIX):
-                result[key[len(_COUNTER_PREFIX) :]] = self._state.get(key, 0, retry=True)
-        files, cached_bytes = self._query("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM Cache")[0]
+        for counter in self._counters.iterkeys():
+            result[counter] = self._counters.get(counter, 0, retry=True)
+        files, cached_bytes = self._index_totals()
         result.update(
             cached_files=files,
             cached_bytes=cached_bytes,
@@ -221,7 +222,7 @@ class ShardCache:
     def incr(self, counter: str, amount: int = 1) -> None:
         """Add ``amount`` to a persistent counter shared by every process using this directory."""
         try:
-            self._state.incr(_COUNTER_PREFIX + counter, amount, retry=True)
+            self._counters.incr(counter, amount, retry=True)
         except sqlite3.OperationalError as error:
             logger.warning("could not count %s in %s: %s", counter, self.directory, error)
 
@@ -268,7 +269,8 @@ class ShardCache:
         """Remove every cached file, stale temp file and counter."""
         with self._space_lock():
             self._index.clear(retry=True)
-            self._state.clear(retry=True)
+            self._counters.clear(retry=True)
+            self._validated.clear(retry=True)
             for name in self._temp_files():
                 self._remove_if_stale(name)
             for directory, _, names in os.walk(os.path.join(self.directory, "files")):
@@ -310,7 +312,7 @@ class ShardCache:
             if filename is not None and current != filename:
                 return False
             self._index.delete(key, retry=True)
-        self._state.delete(_VALIDATED_PREFIX + current, retry=True)
+        self._validated.delete(current, retry=True)
         return True
 
     def _download_and_publish(
@@ -413,7 +415,7 @@ class ShardCache:
                 if os.path.join(self.directory, "tmp", name) != excluding
                 and not self._remove_if_stale(name)
             )
-            cached = self._query("SELECT COALESCE(SUM(size), 0) FROM Cache")[0][0]
+            cached = self._index_totals()[1]
             if cached + reserved + needed <= self.size_limit:
                 return True
             if not self._evict_least_recently_used():
@@ -507,6 +509,11 @@ class ShardCache:
         lock = FileLock(os.path.join(self.directory, "locks", "space.lock"))
         with lock:
             yield
+
+    def _index_totals(self) -> tuple[int, int]:
+        """Files and bytes in the index, from the totals diskcache's triggers maintain."""
+        totals = dict(self._query("SELECT key, value FROM Settings WHERE key IN ('count', 'size')"))
+        return totals["count"], totals["size"]
 
     def _query(self, statement: str) -> list[tuple]:
         """Read diskcache's ``Cache`` table directly: its public API has no LRU-ordered listing."""
