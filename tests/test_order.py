@@ -99,3 +99,17 @@ def test_counter_rng_draws_stay_in_bounds_and_cover_them():
     assert set(draws) == set(range(6))
     with pytest.raises(ValueError):
         rng.below(0)
+
+
+def test_initialized_torch_distributed_wins_over_the_environment(monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not built in")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert node_split() == (0, 1)
+    finally:
+        dist.destroy_process_group()
+    assert node_split() == (1, 4)
