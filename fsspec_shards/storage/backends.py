@@ -30,6 +30,7 @@ S3_PROTOCOLS = ("s3", "s3a")
 GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss", "adl")
 HTTP_PROTOCOLS = ("http", "https")
+AZURE_PIECE = 1024 * 1024
 _MODIFIED_KEYS = ("mtime", "LastModified", "last_modified", "Last-Modified", "updated", "created")
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 
@@ -82,14 +83,17 @@ def _tame_gcsfs(fs: Any) -> None:
 
 
 def _tame_adlfs(fs: Any) -> None:
-    policy = getattr(
-        getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None
-    )
+    config = getattr(getattr(fs, "service_client", None), "_config", None)
+    policy = getattr(config, "retry_policy", None)
     if policy is None or not hasattr(policy, "total_retries"):
         logger.warning("adlfs changed: cannot turn down the Azure SDK's own retries")
         return
     for attribute in ("total_retries", "connect_retries", "read_retries", "status_retries"):
         setattr(policy, attribute, 0)
+    # The SDK reads a download in pieces, each buffered whole and retried whole on a broken
+    # body; small pieces bound what a cut costs (AZURE_PIECE bytes at most).
+    config.max_single_get_size = AZURE_PIECE
+    config.max_chunk_get_size = AZURE_PIECE
 
 
 def protocol_of(fs: fsspec.AbstractFileSystem) -> str:

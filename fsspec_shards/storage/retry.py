@@ -117,6 +117,13 @@ def _type_names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
+_STATUS_ATTRS = ("status", "status_code")
+
+
+def _is_gcsfs_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "HttpError"
+
+
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status carried by ``exc`` or by an exception it was raised from, if any."""
     for link in _chain(exc):
@@ -125,7 +132,9 @@ def http_status(exc: BaseException) -> int | None:
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if isinstance(status, int):
                 return status
-        for attribute in ("status", "status_code", "code"):
+        # `.code` only on gcsfs's HttpError: aiohttp's payload errors carry a parser code there
+        attributes = ("status", "status_code", "code") if _is_gcsfs_error(link) else _STATUS_ATTRS
+        for attribute in attributes:
             value = getattr(link, attribute, None)
             if isinstance(value, str) and value.isdigit():
                 value = int(value)
@@ -149,20 +158,19 @@ def _error_code(exc: BaseException) -> str | None:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying ``exc`` may succeed: network cuts, time-outs, 408/429/5xx, throttling."""
-    code = _error_code(exc)
-    if code in _THROTTLE_CODES:
-        return True
-    status = http_status(exc)
-    if status is not None:
-        return status in _TRANSIENT_STATUSES
     for link in _chain(exc):
         if isinstance(link, ConnectionError | TimeoutError | EOFError):
             return True
         if _type_names(link) & _TRANSIENT_TYPE_NAMES:
             return True
-        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
-            return True
-    return False
+    if _error_code(exc) in _THROTTLE_CODES:
+        return True
+    status = http_status(exc)
+    if status is not None:
+        return status in _TRANSIENT_STATUSES
+    return any(
+        isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS for link in _chain(exc)
+    )
 
 
 def scrub(text: str) -> str:

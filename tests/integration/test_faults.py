@@ -1,0 +1,201 @@
+"""Faults injected by plan between the wds filesystem and real servers (http, s3, gcs, az).
+
+Each test checks the bytes delivered, the exception type and message, and, from the fault
+proxy's log, that a transfer that broke off was resumed rather than started over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+
+import fsspec
+import pytest
+
+from fsspec_shards.errors import IntegrityError
+from fsspec_shards.storage.backends import AZURE_PIECE, backend_checksums
+from tests.integration import servers
+from tests.integration.fault_proxy import Cut, Flip, Pass, Reset, Stall, Status
+
+MiB = 1024 * 1024
+SIZE = 3_000_000
+DATA = random.Random(31).randbytes(SIZE)
+NAME = "shards/train-0000.tar"
+
+
+def _data_gets(backend: servers.Backend) -> dict:
+    """Proxy rule match for the GETs that carry the object's bytes."""
+    if backend.protocol == "gcs":
+        return {"method": "GET", "path": "alt=media"}
+    return {"method": "GET", "path": NAME}
+
+
+def _resend_allowance(backend: servers.Backend, cuts: int) -> int:
+    """Bytes a resumed download may send twice: where the body is streamed, what sat in the
+    client's socket buffers when the cut came (aiohttp drops it); on Azure the SDK buffers
+    each piece whole and asks for a cut piece again."""
+    return cuts * (AZURE_PIECE if backend.protocol == "az" else 512 * 1024)
+
+
+def _cut_later_piece(proxy, backend: servers.Backend) -> None:
+    """On Azure a cut inside the first piece is retried by the SDK from 0; let it pass, so
+    the planned cut lands in a later piece."""
+    if backend.protocol == "az":
+        proxy.add(Pass(), **_data_gets(backend))
+
+
+def _range_start(exchange) -> int:
+    header = exchange.range or exchange.headers.get("x-ms-range") or "bytes=0-"
+    return int(header.split("=", 1)[1].split("-", 1)[0])
+
+
+def _through_proxy(backend, fault_proxy, tmp_path, data=DATA, **wds):
+    url = backend.put(NAME, data)
+    proxy, proxied = fault_proxy(backend)
+    options = {"cache_dir": str(tmp_path / "cache"), "backoff": 0.01, "max_backoff": 0.05, **wds}
+    fs, path = fsspec.core.url_to_fs(
+        f"wds::{proxied.url(NAME)}",
+        skip_instance_cache=True,
+        wds=options,
+        **{proxied.protocol: proxied.storage_options},
+    )
+    return fs, path, proxy, url
+
+
+def _data_exchanges(proxy, backend):
+    match = _data_gets(backend)
+    return proxy.requests(method=match["method"], path=match["path"])
+
+
+def test_one_cut_mid_body_resumes_from_the_byte_reached(remote_backend, fault_proxy, tmp_path):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+    _cut_later_piece(proxy, remote_backend)
+    proxy.add(Cut(after_bytes=1_000_000), **_data_gets(remote_backend))
+    assert fs.cat_file(path) == DATA
+    exchanges = _data_exchanges(proxy, remote_backend)
+    cut = next(index for index, e in enumerate(exchanges) if e.fault_applied)
+    assert _range_start(exchanges[cut + 1]) > 0  # not started over
+    assert sum(e.body_bytes for e in exchanges) <= SIZE + 1_000_000
+    assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(remote_backend, 1)
+
+
+def test_several_cuts_in_one_object_still_deliver_it_whole(remote_backend, fault_proxy, tmp_path):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+    proxy.add(Cut(after_bytes=400_000), times=4, **_data_gets(remote_backend))
+    with fs.open(path) as handle:
+        assert handle.read() == DATA
+    exchanges = _data_exchanges(proxy, remote_backend)
+    assert sum(e.fault_applied for e in exchanges) == 4
+    assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(remote_backend, 4)
+    starts = [_range_start(e) for e in exchanges]
+    assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("action", [Reset(), Reset(after_bytes=700_000)], ids=str)
+def test_a_connection_reset_is_survived(remote_backend, fault_proxy, tmp_path, action):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+    proxy.add(action, **_data_gets(remote_backend))
+    assert fs.cat_file(path) == DATA
+    assert _data_exchanges(proxy, remote_backend)[0].fault_applied
+
+
+@pytest.mark.parametrize("code", [503, 429])
+def test_a_burst_of_throttling_or_unavailability_is_retried_quickly(
+    remote_backend, fault_proxy, tmp_path, code
+):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+    proxy.add(Status(code), times=3)
+    started = time.monotonic()
+    assert fs.cat_file(path) == DATA
+    assert time.monotonic() - started < 15  # the backends' own retries would take 30-50 s
+    assert fs.cache_stats()["retries"] >= 1
+    assert len(proxy.log) <= 12  # nested retries would multiply the requests (25 for s3)
+
+
+def test_a_stalled_transfer_times_out_and_resumes(remote_backend, fault_proxy, tmp_path):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, timeout=1.0)
+    _cut_later_piece(proxy, remote_backend)
+    proxy.add(Stall(seconds=30, after_bytes=500_000), **_data_gets(remote_backend))
+    started = time.monotonic()
+    assert fs.cat_file(path) == DATA
+    assert time.monotonic() - started < 15
+    exchanges = _data_exchanges(proxy, remote_backend)
+    stalled = next(index for index, e in enumerate(exchanges) if e.fault_applied)
+    assert _range_start(exchanges[stalled + 1]) > 0
+    assert fs.cache_stats()["retries"] >= 1
+
+
+def test_a_flipped_byte_is_caught_by_the_manifest_and_fetched_again(
+    remote_backend, fault_proxy, tmp_path
+):
+    checksums = {NAME: "sha256:" + hashlib.sha256(DATA).hexdigest()}
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, checksums=checksums)
+    proxy.add(Flip(offset=123_457), **_data_gets(remote_backend))
+    assert fs.cat_file(path) == DATA
+    stats = fs.cache_stats()
+    assert stats["integrity_failures"] == 1 and stats["cached_files"] == 1
+
+
+@pytest.mark.parametrize("backend_name", ["s3", "gcs", "az"])
+def test_a_flipped_byte_is_caught_by_the_backend_checksum(
+    request, fault_proxy, tmp_path, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    fs, path, proxy, url = _through_proxy(backend, fault_proxy, tmp_path)
+    assert backend_checksums(backend.protocol, backend.filesystem().info(url)), "no checksum"
+    proxy.add(Flip(offset=123_457), **_data_gets(backend))
+    assert fs.cat_file(path) == DATA
+    assert fs.cache_stats()["integrity_failures"] == 1
+
+
+def test_a_byte_flipped_on_every_attempt_raises_integrity_error(
+    remote_backend, fault_proxy, tmp_path
+):
+    checksums = {NAME: "sha256:" + hashlib.sha256(DATA).hexdigest()}
+    fs, path, proxy, _ = _through_proxy(
+        remote_backend, fault_proxy, tmp_path, checksums=checksums, retries=2
+    )
+    proxy.add(Flip(offset=5), times=None, **_data_gets(remote_backend))
+    with pytest.raises(IntegrityError, match="train-0000.tar") as raised:
+        fs.cat_file(path)
+    assert raised.value.expected == checksums[NAME]
+    stats = fs.cache_stats()
+    assert stats["integrity_failures"] == 2 and stats["cached_files"] == 0
+
+
+@pytest.mark.parametrize(("code", "kind"), [(404, FileNotFoundError), (403, PermissionError)])
+def test_a_permanent_error_surfaces_at_once_with_default_settings(
+    remote_backend, fault_proxy, tmp_path, code, kind
+):
+    remote_backend.put(NAME, DATA)
+    proxy, proxied = fault_proxy(remote_backend)
+    fs, path = fsspec.core.url_to_fs(
+        f"wds::{proxied.url(NAME)}",
+        skip_instance_cache=True,
+        wds={"cache_dir": str(tmp_path / "cache")},
+        **{proxied.protocol: proxied.storage_options},
+    )
+    fs.info(path)  # the client is set up (s3's takes a second), then the server refuses
+    proxy.add(Status(code), times=None)
+    started = time.monotonic()
+    with pytest.raises(kind, match="train-0000.tar"):
+        fs.cat_file(path)
+    assert time.monotonic() - started < 1.0
+    assert fs.cache_stats()["retries"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_64mib_object_cut_every_8mib_arrives_whole_with_little_resent(
+    request, fault_proxy, tmp_path, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    data = random.Random(64).randbytes(64 * MiB)
+    fs, path, proxy, _ = _through_proxy(backend, fault_proxy, tmp_path, data=data)
+    proxy.add(Cut(after_bytes=8 * MiB - 1000), times=None, **_data_gets(backend))
+    with fs.open(path) as handle:
+        assert hashlib.sha256(handle.read()).digest() == hashlib.sha256(data).digest()
+    exchanges = _data_exchanges(proxy, backend)
+    assert sum(e.fault_applied for e in exchanges) >= 4
+    assert proxy.bytes_sent(NAME) < 1.2 * len(data)
