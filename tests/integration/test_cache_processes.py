@@ -100,7 +100,7 @@ def read_through_wds(url, options, barrier, results) -> None:
 
 def fetch_then_linger(directory, limit, url, size, started) -> None:
     cache = ShardCache(directory, limit)
-    download = slow_writer(url, size, 32, 0.01)
+    download = slow_writer(url, size, 16, 0.01)
 
     def announced(file) -> dict:
         Path(started).touch()
@@ -252,7 +252,7 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
     cache = ShardCache(directory, 4 * size)
     expected = payload(url, size)
     outcomes = []
-    # The download takes >= 32 * 10 ms; kills at 0..690 ms after it starts cover the download,
+    # The download takes >= 16 * 10 ms; kills at 0..345 ms after it starts cover the download,
     # the fsync, the rename and the index update, and some instants after publication.
     for trial in range(24):
         started.unlink(missing_ok=True)
@@ -264,7 +264,7 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
         while not started.exists():
             assert time.monotonic() < deadline and process.is_alive(), "download never started"
             time.sleep(0.002)
-        kill_at = time.monotonic() + trial * 0.03
+        kill_at = time.monotonic() + trial * 0.015
         while time.monotonic() < kill_at:
             seen = cache.get(url)
             assert seen is None or Path(seen).read_bytes() == expected
