@@ -1,0 +1,252 @@
+"""Run every benchmark, print medians and ratios, and write docs/benchmarks.md.
+
+Each benchmark builds its own data in a temporary directory and runs the readers it
+compares interleaved, round by round, so that load on a shared machine hits them alike.
+Results are medians and ratios of medians: on a noisy machine the ratios mean more than
+the absolute numbers.
+
+    python benchmarks/run.py            # full sizes, a few minutes or more
+    python benchmarks/run.py --quick    # smaller and fewer rounds, under two minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for entry in (str(ROOT), str(HERE)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+Results = dict[str, dict[str, float]]
+PACKAGES = ("fsspec-shards", "fsspec", "webdataset", "torch", "diskcache", "s3fs")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One comparison: its module, what it shows, and how to run it full or quick."""
+
+    name: str
+    title: str
+    explanation: str
+    full: Callable[[], Results]
+    quick: Callable[[], Results]
+
+
+def tar_suite(rounds: int) -> Results:
+    import bench_tar
+
+    return bench_tar.run(rounds)
+
+
+def cache_suite(rounds: int) -> Results:
+    import bench_cache
+
+    return bench_cache.run(rounds)
+
+
+def prefetch_suite(rounds: int, settings: tuple[int, ...]) -> Results:
+    import bench_prefetch
+
+    return bench_prefetch.run(rounds, settings=settings)
+
+
+def resume_suite(rounds: int, total_mib: int, shard_mib: int) -> Results:
+    import bench_resume
+
+    return {
+        f"resume_at_90pct_of_{total_mib}MiB": bench_resume.run(
+            rounds, total_mib=total_mib, shard_mib=shard_mib
+        )
+    }
+
+
+def integrity_suite(rounds: int) -> Results:
+    import bench_integrity
+
+    return bench_integrity.run(rounds)
+
+
+def memory_suite(sizes: tuple[int, ...]) -> Results:
+    import bench_memory
+
+    return bench_memory.run(sizes)
+
+
+BENCHMARKS = (
+    Benchmark(
+        "tar",
+        "Tar iteration: ours vs webdataset 1.0.2 vs a tarfile loop",
+        "Shards on local disk turned into sample dicts, no decoding: small samples (1 KiB) "
+        "and large ones (1 MiB). `ours_vs_X` is X's median time over ours: above 1, ours is "
+        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling.",
+        lambda: tar_suite(5),
+        lambda: tar_suite(1),
+    ),
+    Benchmark(
+        "cache",
+        "Cache hits: wds:: vs plain local reads vs fsspec simplecache:: / filecache::",
+        "Every cache warmed first. Whole-file reads of 32 MiB files measure throughput; "
+        "opening 64 KiB files to read 4 KiB measures the cost of finding the cached copy. "
+        "`wds_vs_X` is X's median time over ours: above 1, `wds::` is faster.",
+        lambda: cache_suite(5),
+        lambda: cache_suite(2),
+    ),
+    Benchmark(
+        "prefetch",
+        "Cold epoch over a slow link: with and without shard prefetching",
+        "nginx behind the tests' fault proxy limited to 4 MB/s with 50 ms added per request; "
+        "the consumer spends 4 ms per sample. `download_only_s` and `compute_only_s` are the "
+        "two lower bounds; `prefetch_N_speedup` is the epoch time without prefetching over "
+        "the time with N shards prefetched.",
+        lambda: prefetch_suite(3, (0, 1, 2, 4)),
+        lambda: prefetch_suite(1, (0, 2)),
+    ),
+    Benchmark(
+        "resume",
+        "Resuming at 90% of an epoch: seek vs replay",
+        "Time to the first sample of a fresh dataset that loads a `state_dict()` taken at "
+        "90% of the stream (it seeks), against a fresh dataset iterating to the same point "
+        "(what resuming without seeking costs). `replay_vs_resume` is their ratio.",
+        lambda: resume_suite(3, 1024, 64),
+        lambda: resume_suite(1, 128, 16),
+    ),
+    Benchmark(
+        "integrity",
+        "Verification on vs off (cold downloads from local disk)",
+        "Downloads into an empty cache from local disk, the fastest source, so hashing costs "
+        "the most it can. `X_vs_off` is the time with `verify=False` over the time with X: "
+        "below 1 is the cost of checking.",
+        lambda: integrity_suite(5),
+        lambda: integrity_suite(2),
+    ),
+    Benchmark(
+        "memory",
+        "Peak memory against shard size",
+        "One shard of 1 MiB samples iterated in a fresh process. `traced_peak_mb` is the "
+        "peak of Python allocations while iterating (tracemalloc), `rss_growth_mb` the "
+        "peak growth of the resident set size, sampled after every sample. Ours includes "
+        "downloading the shard into the cache.",
+        lambda: memory_suite((16, 64, 256)),
+        lambda: memory_suite((16, 64)),
+    ),
+)
+
+
+def machine() -> dict[str, str]:
+    """What the numbers came from."""
+    versions = []
+    for package in PACKAGES:
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": str(os.cpu_count()),
+        "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "packages": ", ".join(versions),
+        "load average at start": load,
+    }
+
+
+def format_value(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def print_results(benchmark: Benchmark, results: Results, seconds: float) -> None:
+    print(f"\n== {benchmark.title} ({seconds:.0f} s)")
+    for case, values in results.items():
+        print(f"  {case}")
+        for metric, value in values.items():
+            print(f"    {metric:32s} {format_value(value):>12s}")
+
+
+def markdown(info: dict[str, str], quick: bool, outcomes: list[tuple]) -> str:
+    """docs/benchmarks.md: the machine, then one section and table per benchmark."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `python benchmarks/run.py" + (" --quick`" if quick else "`") + ". Each "
+        "benchmark builds its data in a temporary directory and runs the readers it compares "
+        "interleaved, round by round; the numbers are medians over the rounds, and ratios of "
+        "medians. The machine was shared with other work while they ran: read the ratios, "
+        "not the absolute numbers, and rerun on your own hardware:",
+        "",
+        "```bash",
+        "python benchmarks/run.py --quick   # under two minutes",
+        "python benchmarks/run.py           # full sizes and more rounds",
+        "```",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *[f"| {key} | {value} |" for key, value in info.items()],
+        "",
+    ]
+    for benchmark, results, seconds, error in outcomes:
+        lines += [f"## {benchmark.title}", "", benchmark.explanation, ""]
+        if error is not None:
+            lines += [f"Not measured in this run: {error}", ""]
+            continue
+        lines += ["| case | metric | value |", "|---|---|---:|"]
+        for case, values in results.items():
+            for metric, value in values.items():
+                lines.append(f"| {case} | `{metric}` | {format_value(value)} |")
+        lines += ["", f"(`benchmarks/bench_{benchmark.name}.py`, {seconds:.0f} s)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller data, fewer rounds")
+    parser.add_argument(
+        "--only", nargs="+", choices=[b.name for b in BENCHMARKS], help="run only these"
+    )
+    parser.add_argument(
+        "--output",
+        default=str(ROOT / "docs" / "benchmarks.md"),
+        help="the Markdown report to write (default docs/benchmarks.md); '-' for none",
+    )
+    arguments = parser.parse_args(argv)
+    info = machine()
+    print("\n".join(f"{key}: {value}" for key, value in info.items()))
+    outcomes = []
+    for benchmark in BENCHMARKS:
+        if arguments.only and benchmark.name not in arguments.only:
+            continue
+        started = time.perf_counter()
+        try:
+            results = (benchmark.quick if arguments.quick else benchmark.full)()
+            error = None
+        except Exception as exc:
+            traceback.print_exc()
+            results, error = {}, f"{type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - started
+        outcomes.append((benchmark, results, seconds, error))
+        if error is None:
+            print_results(benchmark, results, seconds)
+        else:
+            print(f"\n== {benchmark.title}: failed: {error}")
+    if arguments.output != "-":
+        Path(arguments.output).write_text(markdown(info, arguments.quick, outcomes))
+        print(f"\nwrote {arguments.output}")
+    return 1 if any(error for *_, error in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
