@@ -130,14 +130,18 @@ class Match:
 
     method: str | None = None
     path: str | None = None  # a substring of the request target (path and query)
-    has_range: bool | None = None
+    has_range: bool | None = None  # the request asks for a range (Range or x-ms-range)
+    range: str | None = None  # a substring of that range header, e.g. "bytes=1048576-"
 
     def matches(self, request: Request) -> bool:
         if self.method is not None and request.method != self.method.upper():
             return False
         if self.path is not None and self.path not in request.target:
             return False
-        return self.has_range is None or self.has_range == (request.header("range") is not None)
+        requested = request.range()
+        if self.has_range is not None and self.has_range != (requested is not None):
+            return False
+        return self.range is None or (requested is not None and self.range in requested)
 
 
 @dataclasses.dataclass
@@ -156,7 +160,7 @@ class Exchange:
     connection: int
     method: str
     path: str
-    range: str | None
+    range: str | None  # the Range (or x-ms-range) header of the request
     headers: dict[str, str]
     action: str = "pass"
     status: int | None = None
@@ -177,6 +181,10 @@ class Request:
 
     def header(self, name: str) -> str | None:
         return _header(self.headers, name)
+
+    def range(self) -> str | None:
+        """The byte range asked for: the Range header, or Azure's x-ms-range."""
+        return self.header("range") or self.header("x-ms-range")
 
 
 @dataclasses.dataclass
@@ -395,10 +403,11 @@ class FaultProxy:
         method: str | None = None,
         path: str | None = None,
         has_range: bool | None = None,
+        range: str | None = None,
         times: int | None = 1,
     ) -> Rule:
-        """Append a rule to the plan and return it."""
-        rule = Rule(Match(method, path, has_range), action, times)
+        """Append a rule to the plan and return it (the arguments are those of `Match`)."""
+        rule = Rule(Match(method, path, has_range, range), action, times)
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -562,7 +571,7 @@ class _Connection:
             connection=self.number,
             method=request.method,
             path=request.target,
-            range=request.header("range"),
+            range=request.range(),
             headers={name.lower(): value for name, value in request.headers},
             action=str(action),
         )

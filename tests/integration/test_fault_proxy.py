@@ -237,6 +237,20 @@ def test_rules_match_on_method_path_and_range_and_expire_after_their_times(serve
     assert len(proxy.requests(method="GET", path="other")) == 4
 
 
+def test_rules_match_on_the_range_asked_for_also_in_azure_s_header(served):
+    proxy, blob, _ = served
+    proxy.add(Status(503), range="bytes=100-", times=None)
+    conn = connect(proxy)
+    statuses = [
+        get(conn, blob, {"Range": "bytes=0-99"})[0],
+        get(conn, blob, {"Range": "bytes=100-199"})[0],
+        get(conn, blob, {"x-ms-range": "bytes=100-199"})[0],
+        get(conn, blob, {"x-ms-range": "bytes=200-299"})[0],
+    ]
+    assert statuses == [206, 503, 503, 200]  # nginx itself ignores x-ms-range
+    assert [entry.range for entry in proxy.log][2:] == ["bytes=100-199", "bytes=200-299"]
+
+
 def test_chunked_response_faults_count_payload_bytes(http_backend, fault_proxy):
     for index in range(50):
         http_backend.put(f"listing/file-{index:03d}.bin", b"x")
