@@ -658,6 +658,13 @@ def manifest_name(url: str, manifest_dir: str) -> str:
     return name
 
 
+def count_keys(names: list[str]) -> list[str]:
+    """Keys of the sample-counts sidecar, in shard order: file names when they are unique
+    (ShardDataset's ``samples_per_shard`` finds shards by file name), else manifest names."""
+    basenames = [name.rsplit("/", 1)[-1] for name in names]
+    return basenames if len(set(basenames)) == len(basenames) else names
+
+
 def write_text(location: str, text: str, options: dict[str, dict]) -> None:
     """Write ``text`` to a local path or an fsspec URL (straight to the backend)."""
     import fsspec
@@ -679,14 +686,16 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     if failures:
         print_failures(failures)
         raise StorageFailure(f"{len(failures)} shards could not be read; no manifest written")
-    names = {check.url: manifest_name(check.url, manifest_dir) for check in checks}
-    bad_names = [name for name in names.values() if "\n" in name or "\\" in name]
+    names = [manifest_name(check.url, manifest_dir) for check in checks]
+    bad_names = [name for name in names if "\n" in name or "\\" in name]
     if bad_names:
         raise UsageError(f"shard name {bad_names[0]!r} cannot be written in sha256sum format")
-    write_text(output, "".join(f"{c.sha256}  {names[c.url]}\n" for c in checks), options)
+    lines = [f"{check.sha256}  {name}\n" for check, name in zip(checks, names, strict=True)]
+    write_text(output, "".join(lines), options)
     print(f"wrote {len(checks)} checksums to {redact_url(output)}")
     if args.sample_counts:
-        counts = {names[check.url]: check.samples for check in checks}
+        keys = count_keys(names)
+        counts = {key: check.samples for key, check in zip(keys, checks, strict=True)}
         write_text(args.sample_counts, json.dumps(counts, indent=1) + "\n", options)
         print(f"wrote {sum(counts.values())} samples in counts to {args.sample_counts}")
     return EXIT_OK

@@ -13,6 +13,7 @@ import pytest
 
 from fsspec_shards.cli import UsageError, build_parser, main, parse_option, storage_options_from
 from fsspec_shards.demo import DemoDataset, make_demo_dataset
+from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
 
 TIMEOUT = 180
 
@@ -204,6 +205,8 @@ def test_manifest_matches_sha256sum_and_counts_samples(dataset, tmp_path, cache)
     assert result.returncode == 0, result.stderr
     assert output.read_text() == dataset.manifest.read_text()
     assert json.loads(counts.read_text()) == {path.name: 30 for path in dataset.shards}
+    urls = ["wds::file://" + str(path) for path in dataset.shards]
+    assert shard_sizes(urls, load_sample_counts(str(counts))) == [30] * len(urls)
     if shutil.which("sha256sum"):
         check = subprocess.run(
             ["sha256sum", "-c", output.name], cwd=dataset.directory, capture_output=True
