@@ -372,3 +372,12 @@ def test_verbose_cache_logs_downloads_and_evictions_at_info_without_secrets(
     assert any(m.startswith("cached https://host/a.tar") for m in infos)
     assert any(m.startswith("evicted https://host/a.tar") for m in infos)
     assert not any("SECRETSIG" in m for m in infos)
+
+
+def test_cache_full_error_survives_pickling_between_processes() -> None:
+    import pickle
+
+    error = CacheFullError("https://host/a.tar?sig=SECRET", "too big")
+    clone = pickle.loads(pickle.dumps(error))
+    assert str(clone) == str(error) and clone.errno == error.errno == 28
+    assert "SECRET" not in str(clone)

@@ -51,7 +51,12 @@ class CacheFullError(OSError):
     """There is no room for a file even after evicting everything that may be evicted."""
 
     def __init__(self, url: str, detail: str) -> None:
-        super().__init__(errno.ENOSPC, f"no room in the cache for {redact_url(url)}: {detail}")
+        self.url = redact_url(url)
+        self.detail = detail
+        super().__init__(errno.ENOSPC, f"no room in the cache for {self.url}: {detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.detail))
 
 
 class _Entry:
