@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -366,6 +369,15 @@ def find_nginx() -> str | None:
     return find_executable("NGINX_BIN", "nginx", "/usr/sbin/nginx")
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: have Linux send SIGTERM when the thread that started it dies, so a test
+    run killed outright leaves no server behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class _SubprocessServer(abc.ABC):
     """A server run as a child process on a free port; retried if another process took the port."""
 
@@ -394,6 +406,7 @@ class _SubprocessServer(abc.ABC):
                 stdout=self._output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
             try:
                 wait_for_port(LOOPBACK, port, process=self._process)
