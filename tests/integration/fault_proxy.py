@@ -152,6 +152,12 @@ class Rule:
     action: Action
     times: int | None = 1
 
+    def __post_init__(self) -> None:
+        if self.times is not None and self.times < 1:
+            raise ValueError(
+                f"a rule applies at least once (times >= 1) or always (None), not {self.times}"
+            )
+
 
 @dataclasses.dataclass
 class Exchange:
@@ -585,12 +591,12 @@ class _Connection:
         if "100-continue" in _tokens(request.header("expect")):
             request.headers = [(k, v) for k, v in request.headers if k.lower() != "expect"]
             self.client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.proxy.latency:
+            self.proxy._pause(self.proxy.latency)
         if isinstance(action, Status):
             _relay_request_body(self.client_reader, request.headers, None)
             return self.answer(request, action, entry) and client_keep_alive
 
-        if self.proxy.latency:
-            self.proxy._pause(self.proxy.latency)
         if isinstance(action, Delay):
             entry.fault_applied = True
             self.proxy._pause(action.seconds)

@@ -251,6 +251,11 @@ def test_rules_match_on_the_range_asked_for_also_in_azure_s_header(served):
     assert [entry.range for entry in proxy.log][2:] == ["bytes=100-199", "bytes=200-299"]
 
 
+def test_a_rule_applies_at_least_once_or_always():
+    with pytest.raises(ValueError, match="times"):
+        Rule(Match(), Status(503), times=0)
+
+
 def test_chunked_response_faults_count_payload_bytes(http_backend, fault_proxy):
     for index in range(50):
         http_backend.put(f"listing/file-{index:03d}.bin", b"x")
