@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,23 @@ def disk_bytes(directory: str) -> int:
 
 def published_files(directory: str) -> set[str]:
     return {str(p) for p in Path(directory, "files").rglob("*") if p.is_file()}
+
+
+def fetch_in_a_thread(cache: ShardCache, url: str, size: int) -> tuple[threading.Thread, dict]:
+    """Start a thread fetching ``url``; the dict tells whether it downloaded, and the path."""
+    outcome = {"downloaded": False}
+    download = slow_writer(url, size, 1, 0)
+
+    def take_over(file) -> dict:
+        outcome["downloaded"] = True
+        return download(file)
+
+    def run() -> None:
+        outcome["path"] = cache.fetch(url, take_over, expected_size=size)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
 
 
 def join_all(processes: list) -> None:
@@ -254,7 +272,8 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
     expected = payload(url, size)
     outcomes = []
     # The download takes >= 16 * 10 ms; kills at 0..345 ms after it starts cover the download,
-    # the fsync, the rename and the index update, and some instants after publication.
+    # the fsync, the rename and the index update, and some instants after publication. A
+    # thread of this process waits for the same file meanwhile and must take over after a kill.
     for trial in range(24):
         started.unlink(missing_ok=True)
         process = SPAWN.Process(
@@ -265,6 +284,7 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
         while not started.exists():
             assert time.monotonic() < deadline and process.is_alive(), "download never started"
             time.sleep(0.002)
+        waiter, outcome = fetch_in_a_thread(cache, url, size)
         kill_at = time.monotonic() + trial * 0.015
         while time.monotonic() < kill_at:
             seen = cache.get(url)
@@ -273,16 +293,14 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
         os.kill(process.pid, signal.SIGKILL)
         process.join(JOIN_TIMEOUT)
         assert process.exitcode == -signal.SIGKILL
+        waiter.join(JOIN_TIMEOUT)
 
-        seen = cache.get(url)
-        assert seen is None or Path(seen).read_bytes() == expected
-        outcomes.append("published" if seen else "absent")
-        path = cache.fetch(url, slow_writer(url, size, 1, 0), expected_size=size)
-        assert Path(path).read_bytes() == expected
+        assert Path(outcome["path"]).read_bytes() == expected
+        outcomes.append("taken over" if outcome["downloaded"] else "published")
         assert os.listdir(os.path.join(directory, "tmp")) == []
         assert published_files(directory) == {e["path"] for e in cache.entries()}
         cache.discard(url)
-    assert outcomes[0] == "absent"
+    assert outcomes[0] == "taken over"
     assert cache.stats()["cached_files"] == 0
 
 
