@@ -5,7 +5,8 @@ and its cache) and the iteration module (shard patterns, the tar reader, ``Shard
 
 Exit codes: 0 success; 1 a check failed (``verify`` found a bad shard); 2 usage error (bad
 argument, option or URL pattern); 3 storage or data error (not found, denied, integrity,
-malformed shard); 4 unexpected internal error; 130 interrupted (Ctrl-C).
+malformed shard); 4 unexpected internal error; 130 interrupted (Ctrl-C); 141 the reader of
+standard output went away (``| head``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ EXIT_USAGE = 2
 EXIT_STORAGE = 3
 EXIT_INTERNAL = 4
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
 
 PROGRAM = "fsspec-shards"
 DEFAULT_DEMO_DIR = "fsspec-shards-demo"
@@ -967,6 +969,10 @@ def main(argv: Iterable[str] | None = None) -> int:
         return fail(args, EXIT_STORAGE, describe_error(exc))
     except KeyboardInterrupt:
         return fail(args, EXIT_INTERRUPTED, "interrupted")
+    except BrokenPipeError:
+        # The reader of our output went away (e.g. `| head`): stop quietly, as shells expect.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         hint = "" if args.verbose else " (run with --verbose for the traceback)"
         return fail(args, EXIT_INTERNAL, f"{describe_error(exc)}{hint}")
