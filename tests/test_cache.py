@@ -381,3 +381,21 @@ def test_cache_full_error_survives_pickling_between_processes() -> None:
     clone = pickle.loads(pickle.dumps(error))
     assert str(clone) == str(error) and clone.errno == error.errno == 28
     assert "SECRET" not in str(clone)
+
+
+def test_download_of_unknown_size_larger_than_the_cache_raises_once_and_evicts_nothing(
+    cache: ShardCache,
+) -> None:
+    kept = fill(cache, "s3://bucket/kept")
+    calls = []
+
+    def too_big(file) -> dict:
+        calls.append(1)
+        file.write(b"x" * 1001)
+        return {}
+
+    with pytest.raises(CacheFullError):
+        cache.fetch("s3://bucket/big", too_big)
+    assert calls == [1]
+    assert cache.get("s3://bucket/kept") == kept
+    assert os.listdir(Path(cache.directory) / "tmp") == []

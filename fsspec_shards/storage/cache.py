@@ -336,7 +336,7 @@ class ShardCache:
             except BaseException as error:
                 with suppress(FileNotFoundError):
                     os.remove(temp)
-                if not _is_disk_full(error):
+                if isinstance(error, CacheFullError) or not _is_disk_full(error):
                     raise
                 if not self._free_disk_space(max(reserve, 1)):
                     raise CacheFullError(
