@@ -338,10 +338,16 @@ def _copy_exact(reader: BinaryIO, count: int, sink) -> None:
 
 
 class _Throttle:
-    """A token bucket shared by all connections of one proxy: `rate` bytes per second."""
+    """A token bucket shared by all connections of one proxy: `rate` bytes per second.
+
+    Time lost to oversleeping is made up within `BURST` seconds, so the average rate holds.
+    """
+
+    BURST = 0.05
 
     def __init__(self, rate: float, stopped: threading.Event):
         self.rate = rate
+        self.piece = int(min(PIECE, max(1024, rate / 100)))  # about 10 ms of transfer
         self._stopped = stopped
         self._lock = threading.Lock()
         self._next_free = time.monotonic()
@@ -349,10 +355,11 @@ class _Throttle:
     def wait(self, count: int) -> None:
         with self._lock:
             now = time.monotonic()
-            start = max(self._next_free, now)
+            start = max(self._next_free, now - self.BURST)
             self._next_free = start + count / self.rate
             pause = self._next_free - now
-        self._stopped.wait(pause)
+        if pause > 0:
+            self._stopped.wait(pause)
 
 
 class FaultProxy:
@@ -504,7 +511,7 @@ class FaultProxy:
     def _send(self, sock: socket.socket, data: bytes, throttled: bool = False) -> None:
         view = memoryview(data)
         while view:
-            piece = view[: PIECE if self._throttle is None else min(PIECE, 16 * 1024)]
+            piece = view[: PIECE if self._throttle is None else self._throttle.piece]
             if throttled and self._throttle is not None:
                 self._throttle.wait(len(piece))
             if self._stopped.is_set():
