@@ -405,3 +405,30 @@ def test_full_disk_evicts_and_retries_then_raises_cache_full_leaving_nothing_bro
     assert published_files(cache.directory) == {e["path"] for e in cache.entries()}
     path = cache.fetch("s3://bucket/e", slow_writer("e", mib, 4, 0), mib)
     assert Path(path).read_bytes() == payload("e", mib)
+
+
+def test_wds_reads_stay_correct_when_the_cache_disk_fills_up(
+    s3_backend: servers.S3Backend, tiny_disk: Path
+) -> None:
+    import fsspec
+
+    mib = 1024 * 1024
+    blobs = {f"full/part-{i}.bin": payload(f"part-{i}", mib) for i in range(5)}
+    blobs["full/huge.bin"] = payload("huge", 6 * mib)
+    for path, data in blobs.items():
+        s3_backend.put(path, data)
+    options = {
+        "wds": {"cache_dir": str(tiny_disk / "cache"), "cache_size": 64 * mib},
+        "s3": s3_backend.storage_options,
+    }
+    with pytest.warns(UserWarning, match="not caching"):
+        for path, data in blobs.items():
+            with fsspec.open(f"wds::{s3_backend.url(path)}", "rb", **options) as handle:
+                assert handle.read() == data, path
+    cache = ShardCache(str(tiny_disk / "cache"), 64 * mib)
+    assert cache.stats()["evictions"] >= 2
+    assert os.listdir(os.path.join(cache.directory, "tmp")) == []
+    assert published_files(cache.directory) == {e["path"] for e in cache.entries()}
+    for entry in cache.entries():
+        [data] = [data for path, data in blobs.items() if entry["url"].endswith(path)]
+        assert Path(entry["path"]).read_bytes() == data
