@@ -50,6 +50,10 @@ class UsageError(Exception):
     """The arguments, options or URL pattern given cannot be used (exit code 2)."""
 
 
+class StorageFailure(Exception):
+    """Work on some shards failed for storage reasons (exit code 3)."""
+
+
 class CommandParser(argparse.ArgumentParser):
     """An argparse parser whose errors are one line on stderr, exit code 2."""
 
@@ -196,7 +200,10 @@ def glob_url(url: str, options: dict[str, dict]) -> list[str]:
     target = plain_url(wds_url(url))
     prefix = url[: len(url) - len(plain_url(url))] or "wds::"
     protocol = target.split("://", 1)[0]
-    fs, path = fsspec.core.url_to_fs(target, **options.get(protocol, {}))
+    try:
+        fs, path = fsspec.core.url_to_fs(target, **options.get(protocol, {}))
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"cannot list {redact_url(target)}: {exc}") from None
     return [prefix + fs.unstrip_protocol(match) for match in sorted(fs.glob(path))]
 
 
@@ -268,6 +275,8 @@ def describe_error(error: BaseException) -> str:
         kind = "integrity"
     elif isinstance(error, ShardFormatError):
         kind = "malformed tar"
+    elif isinstance(error, LookupError):
+        kind = "not in the manifest"
     else:
         kind = type(error).__name__
     if isinstance(error, OSError) and error.strerror:
@@ -349,6 +358,7 @@ def stream_pass(
     options: dict[str, dict],
     dataset_kwargs: dict[str, Any],
     limit: int | None = None,
+    epoch: int = 0,
 ) -> PassReport:
     """Iterate a ShardDataset over ``urls`` once, with a progress bar, and report on it."""
     fs, _ = open_filesystem(urls[0], options)
@@ -357,8 +367,7 @@ def stream_pass(
 
     before = storage_stats(fs)
     dataset = ShardDataset(urls, storage_options=options, **dataset_kwargs)
-    if args.epoch:
-        dataset.set_epoch(args.epoch)
+    dataset.set_epoch(epoch)
     report = PassReport(title, cache_enabled=options.get("wds", {}).get("cache") is not False)
     started = time.perf_counter()
     with progress(args, desc=title, unit=" samples", total=limit) as bar:
@@ -419,7 +428,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     options = {"wds": {"cache_dir": str(cache_dir), "checksums": str(demo.manifest)}}
     urls = shard_urls(demo.pattern, {})
     kwargs = {"shuffle_shards": False, "split_by_node": False, "split_by_worker": False}
-    args.epoch = 0
     for title in ("pass 1: cold cache", "pass 2: from cache"):
         report = stream_pass(args, title, urls, options, kwargs)
         print("\n".join(report.lines()))
@@ -439,7 +447,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     report = stream_pass(
-        args, f"{len(urls)} shards", urls, options, dataset_arguments(args), args.limit
+        args, f"{len(urls)} shards", urls, options, dataset_arguments(args), args.limit, args.epoch
     )
     print("\n".join(report.lines()))
     return EXIT_OK
@@ -500,10 +508,6 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
             f"{redact_url(first.item)}: {describe_error(first.error)}"
         )
     return EXIT_OK
-
-
-class StorageFailure(Exception):
-    """Work on some shards failed for storage reasons (exit code 3)."""
 
 
 def print_failures(failures: list[Outcome]) -> None:

@@ -325,3 +325,13 @@ def test_cache_flags_override_option_and_file_values(tmp_path):
         "wds": {"retries": 4, "cache_size": 1024**3, "cache": False},
         "s3": {"anon": True},
     }
+
+
+def test_verify_reports_a_shard_missing_from_the_manifest(dataset, tmp_path, cache):
+    partial = tmp_path / "SHA256SUMS"
+    lines = dataset.manifest.read_text().splitlines(keepends=True)
+    partial.write_text("".join(line.replace("  ", f"  {dataset.directory}/") for line in lines[1:]))
+    result = run_cli("verify", dataset.pattern, "--manifest", str(partial), "-q", cache=cache)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if "demo-000000.tar" in line]
+    assert len(rows) == 1 and "not in the manifest" in rows[0]
