@@ -349,9 +349,9 @@ class WdsFileSystem(ChainedFileSystem):
         return None
 
     def _drop_cached(self, backend_paths: Any) -> None:
+        if not self.cache_enabled or not os.path.isdir(self.cache_dir):
+            return  # no cache directory: nothing was ever cached there
         cache = self.shard_cache
-        if cache is None:
-            return
         for path in backend_paths if isinstance(backend_paths, list) else [backend_paths]:
             cache.discard(self._url(path))
 
