@@ -14,6 +14,7 @@ import pytest
 
 from fsspec_shards.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
+from tests.integration.fault_proxy import Flip
 
 TIMEOUT = 180
 SHARDS = 4
@@ -196,3 +197,26 @@ def test_prefetch_interrupted_exits_130_and_resumes_on_rerun(
     assert rerun.returncode == 0, rerun.stderr
     assert f"{shards - cached_before} downloaded" in rerun.stdout
     assert f"{cached_before} already cached" in rerun.stdout
+
+
+def test_bytes_corrupted_in_transit_fail_verify_and_are_skipped_by_stream(
+    s3_backend, fault_proxy, tmp_path, cache
+):
+    pattern = upload_demo(s3_backend, tmp_path)
+    proxy, flipping = fault_proxy(s3_backend)
+    proxy.add(Flip(100), method="GET", path="demo-000001.tar", times=None)
+    opts = options_file(tmp_path, flipping)
+
+    verified = run_cli("verify", pattern, "--options-file", opts, "--retries", "2", cache=cache)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    rows = [line for line in verified.stdout.splitlines() if "demo-000001.tar" in line]
+    assert len(rows) == 1 and "integrity" in rows[0], verified.stdout
+
+    streamed = run_cli(
+        "stream", pattern, "--options-file", opts, "--retries", "2", "--handler", "skip",
+        cache=cache,
+    )  # fmt: skip
+    assert streamed.returncode == 0, streamed.stderr
+    assert f"samples             {(SHARDS - 1) * SAMPLES}" in streamed.stdout
+    assert "failed shards       1" in streamed.stdout
+    assert "integrity failures  0" not in streamed.stdout
