@@ -142,3 +142,17 @@ def test_an_unreachable_url_is_reported_when_its_shard_is_reached():
     prefetcher.advance(0)
     assert isinstance(prefetcher.wait(1), ValueError)
     assert prefetcher.wait(1) is None
+
+
+def test_with_the_wds_filesystem_prefetched_shards_are_read_from_its_cache(tmp_path):
+    paths = write_shards(tmp_path, 6, 5)
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    urls = [f"wds::file://{path}" for path in paths]
+    iterator = iter(ShardDataset(urls, storage_options=options, shuffle_shards=False))
+    next(iterator)
+    fs, _ = fsspec.core.url_to_fs(urls[0], **options)
+    wait_for(lambda: fs.cache_stats()["cached_files"] == 3)
+    assert len(list(iterator)) == 29
+    stats = fs.cache_stats()
+    assert stats["misses"] == 6 and stats["cached_files"] == 6
+    assert stats["hits"] >= 5
