@@ -622,12 +622,19 @@ class _Connection:
         # The log is updated before the bytes go out, so that a client that has read a whole
         # response always finds it logged as complete.
         entry.complete = not _has_body(request, response)
+        recorded = None
+        if isinstance(action, Stall):
+            recorded = _Recorder()
+            _, reusable = self.relay_response_body(request, response, recorded)
         self.client.sendall(response.raw_head)
 
         body = _BodyWriter(self, action, entry)
         if not body.start():
             return False
-        completed, reusable = self.relay_response_body(request, response, body)
+        if recorded is not None:
+            completed = recorded.replay(body)
+        else:
+            completed, reusable = self.relay_response_body(request, response, body)
         server_keep_alive = _keep_alive(response.version, response.header("connection"))
         return completed and reusable and server_keep_alive and client_keep_alive
 
@@ -655,7 +662,7 @@ class _Connection:
         return True
 
     def relay_response_body(
-        self, request: Request, response: Response, body: _BodyWriter
+        self, request: Request, response: Response, body: _BodyWriter | _Recorder
     ) -> tuple[bool, bool]:
         """Send the response body to the client through `body`.
 
@@ -689,12 +696,12 @@ class _Connection:
             while data := reader.read1(PIECE):
                 if not body.payload(data):
                     return False, False
-            body.entry.complete = True
+            body.framing(b"", ends_body=True)
             return True, False
         completed = self.relay_exact(length, body, ends_body=True)
         return completed, completed
 
-    def relay_exact(self, count: int, body: _BodyWriter, ends_body: bool) -> bool:
+    def relay_exact(self, count: int, body: _BodyWriter | _Recorder, ends_body: bool) -> bool:
         while count > 0:
             data = self.upstream_reader.read1(min(count, PIECE))
             if not data:
@@ -748,6 +755,33 @@ class _Connection:
         self.client_reader = None
         self.client.close()
         self.proxy._untrack(self.client)
+
+
+class _Recorder:
+    """Takes a response body from the server whole, to be replayed to the client later.
+
+    A stalled response is read this way, so that the stall holds up the client only, never
+    the server (gcp-storage-emulator, for one, serves a single request at a time).
+    """
+
+    def __init__(self):
+        self.parts: list[tuple[bool, bytes, bool]] = []  # (is payload, bytes, ends the body)
+
+    def framing(self, raw: bytes, ends_body: bool = False) -> None:
+        self.parts.append((False, raw, ends_body))
+
+    def payload(self, data: bytes, ends_body: bool = False) -> bool:
+        self.parts.append((True, data, ends_body))
+        return True
+
+    def replay(self, body: _BodyWriter) -> bool:
+        """Send what was recorded through `body`; False if its fault ended the connection."""
+        for is_payload, data, ends_body in self.parts:
+            if not is_payload:
+                body.framing(data, ends_body)
+            elif not body.payload(data, ends_body):
+                return False
+        return True
 
 
 class _BodyWriter:

@@ -13,11 +13,12 @@ import random
 import socket
 import threading
 import time
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 import requests
 
+from tests.integration import servers
 from tests.integration.fault_proxy import (
     Cut,
     Delay,
@@ -187,6 +188,23 @@ def test_stall_then_sends_the_rest_to_a_patient_client(served):
     assert get(connect(proxy), blob) == (200, DATA)
     assert time.monotonic() - started >= 0.5
     assert proxy.log[0].fault_applied and proxy.log[0].complete
+
+
+def test_a_stall_holds_up_the_client_only_not_a_single_threaded_server(gcs_backend, fault_proxy):
+    big = random.Random(3).randbytes(8 * 1024 * 1024)  # more than the socket buffers hold
+    gcs_backend.put("big.bin", big)
+    gcs_backend.put("small.bin", b"small")
+    proxy, proxied = fault_proxy(gcs_backend)
+    proxy.add(Stall(seconds=60, after_bytes=1000), path="big.bin")
+    stalled = connect(proxy)
+    object_name = quote(f"{gcs_backend.prefix}/big.bin", safe="")
+    stalled.request("GET", f"/download/storage/v1/b/{servers.BUCKET}/o/{object_name}?alt=media")
+    assert stalled.getresponse().status == 200
+
+    started = time.monotonic()
+    assert proxied.filesystem().cat_file(proxied.url("small.bin")) == b"small"
+    assert time.monotonic() - started < 20  # not the 60 s of the stall
+    assert proxy.requests(path="big.bin")[0].body_bytes == 1000
 
 
 def test_delay_holds_the_request_then_forwards_it(served):
