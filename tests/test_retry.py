@@ -176,6 +176,17 @@ def test_messages_never_show_signatures_or_keys():
     assert converted.__cause__ is None
 
 
+def test_a_backend_message_quoting_a_signed_url_is_not_chained_to_the_raised_error():
+    leaky = _wrapped(
+        FileNotFoundError("https://host/k.tar?X-Amz-Signature=deadbeefsecret"), _StatusError(404)
+    )
+    tracker = Attempts(RetryPolicy(), "https://host/k.tar", "read")
+    with pytest.raises(FileNotFoundError) as raised:
+        tracker.failed(leaky)
+    assert "deadbeefsecret" not in str(raised.value)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
 @pytest.mark.parametrize("failure", [1, 2, 5, 10, 30])
 def test_backoff_is_full_jitter_below_the_exponential_ceiling_and_the_cap(failure):
     policy = RetryPolicy(backoff=0.5, max_backoff=4.0)

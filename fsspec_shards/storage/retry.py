@@ -178,6 +178,12 @@ def scrub(text: str) -> str:
     return _URLISH_RE.sub(lambda match: redact_url(match.group(0)), text)
 
 
+def _shows_secret(exc: BaseException, url: str) -> bool:
+    """Whether ``url`` or the text of ``exc`` (or of its causes) would show a secret, in
+    which case the exception is not chained to what is raised instead."""
+    return redact_url(url) != url or any(scrub(str(link)) != str(link) for link in _chain(exc))
+
+
 def describe(exc: BaseException) -> str:
     """A short, secret-free reason for logs and messages."""
     status = http_status(exc)
@@ -294,7 +300,7 @@ class Attempts:
             converted = permanent_error(exc, self.url)
             if converted is exc:
                 raise exc
-            raise converted from (None if shown != self.url else exc)
+            raise converted from (None if _shows_secret(exc, self.url) else exc)
         now = time.monotonic()
         if self.chain_started is None:
             self.chain_started = now
@@ -310,7 +316,7 @@ class Attempts:
             error = RetriesExhaustedError(
                 errno.EIO, f"{self.action} {shown} failed after {limit}: {describe(exc)}"
             )
-            raise error from (None if shown != self.url else exc)
+            raise error from (None if _shows_secret(exc, self.url) else exc)
         logger.info(
             "retrying %s %s after %s (attempt %d of %d, waiting %.2fs)",
             self.action,

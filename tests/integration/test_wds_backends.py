@@ -98,3 +98,21 @@ def test_writes_through_wds_reach_the_backend_and_drop_the_cached_copy(
     assert fs.cat_file(url) == b"replaced"
     fs.rm(url)
     assert not fs.exists(url)
+
+
+def test_signed_urls_keep_their_secrets_out_of_messages_logs_and_the_cache(
+    http_backend, tmp_path, caplog
+):
+    secret = "X-Amz-Signature=s3cr3tsignature&X-Amz-Credential=AKIAS3CR3T"
+    url = http_backend.put("signed.bin", DATA[:5000])
+    fs = _wds_fs(http_backend, tmp_path)
+    with caplog.at_level("DEBUG", logger="fsspec_shards"):
+        assert fs.cat_file(f"{url}?{secret}") == DATA[:5000]
+        with pytest.raises(FileNotFoundError) as raised:
+            fs.cat_file(f"{http_backend.url('absent.bin')}?{secret}")
+    entries = fs.shard_cache.entries()
+    shown = [str(raised.value), caplog.text, repr(entries)]
+    assert raised.value.__cause__ is None
+    for text in shown:
+        assert "s3cr3t" not in text and "AKIAS3CR3T" not in text
+    assert len(entries) == 1 and "signed.bin" in entries[0]["url"]
