@@ -116,3 +116,31 @@ def test_signed_urls_keep_their_secrets_out_of_messages_logs_and_the_cache(
     for text in shown:
         assert "s3cr3t" not in text and "AKIAS3CR3T" not in text
     assert len(entries) == 1 and "signed.bin" in entries[0]["url"]
+
+
+def _read_in_child(fs, url, queue) -> None:
+    queue.put(fs.cat_file(url, 0, 1000))
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_an_instance_used_before_a_fork_still_reads_in_the_forked_child(
+    request, tmp_path, backend_name
+):
+    """DataLoader workers fork; the parent's event loop does not survive, the backend is
+    rebuilt in the child."""
+    import multiprocessing
+
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    first = backend.put("fork-0.bin", DATA[:2000])
+    second = backend.put("fork-1.bin", DATA[2000:4000])
+    fs = _wds_fs(backend, tmp_path, cache=False)
+    assert fs.cat_file(first) == DATA[:2000]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(fs, second, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == DATA[2000:3000]
+    finally:
+        child.join(timeout=60)
+    assert child.exitcode == 0
