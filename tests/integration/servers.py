@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Protocol
@@ -70,6 +72,21 @@ def wait_for_port(host: str, port: int, timeout: float = START_TIMEOUT, process=
                 raise RuntimeError(f"server process exited with {process.returncode}") from None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
+            time.sleep(0.1)
+
+
+def wait_for_http(url: str, timeout: float = START_TIMEOUT) -> None:
+    """Block until `url` gives any HTTP answer (an error status counts: the server is up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} gave no HTTP answer after {timeout}s") from None
             time.sleep(0.1)
 
 
@@ -410,6 +427,7 @@ class _SubprocessServer(abc.ABC):
             )
             try:
                 wait_for_port(LOOPBACK, port, process=self._process)
+                wait_for_http(f"http://{LOOPBACK}:{port}/")
             except (RuntimeError, TimeoutError) as error:
                 last_error = error
                 self.stop()
