@@ -1,11 +1,11 @@
 """Benchmark a cold epoch with and without shard prefetching, over a slow link.
 
-nginx serves the shards; the tests' fault proxy sits in front of it with a bandwidth limit
-and an added latency per request, so downloads take time as they would from remote
-storage. The consumer spends a fixed time per sample (a stand-in for a training step), so
-without prefetching it waits for each download, and with it the next shards download while
-it works. Each round starts from an empty cache; settings run interleaved, in an order that
-rotates from round to round.
+nginx serves the shards; the tests' fault proxy sits in front of it, in a process of its
+own, with a bandwidth limit and an added latency per request, so downloads take time as
+they would from remote storage. The consumer spends a fixed time per sample (a stand-in
+for a training step), so without prefetching it waits for each download, and with it the
+next shards download while it works. Each round starts from an empty cache; settings run
+interleaved, in an order that rotates from round to round.
 
     python benchmarks/bench_prefetch.py [--rounds 3]
 """
@@ -13,12 +13,18 @@ rotates from round to round.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +42,35 @@ BANDWIDTH = 4_000_000
 LATENCY = 0.05
 STEP_SECONDS = 0.004
 PREFETCH_SETTINGS = (0, 1, 2, 4)
+
+
+@dataclass(frozen=True)
+class ProxyAddress:
+    """Where the proxy listens (what ``Backend.through`` needs)."""
+
+    host: str
+    port: int
+
+
+def serve_proxy(upstream: tuple[str, int], ready: Queue, stop: Event) -> None:
+    """In a child process: run the throttling proxy until ``stop`` is set."""
+    with FaultProxy(upstream, bandwidth=BANDWIDTH, latency=LATENCY) as proxy:
+        ready.put((proxy.host, proxy.port))
+        stop.wait()
+
+
+@contextmanager
+def slow_link(upstream: tuple[str, int]) -> Iterator[ProxyAddress]:
+    """The fault proxy in its own process, so its relaying does not share our interpreter."""
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Queue(), context.Event()
+    process = context.Process(target=serve_proxy, args=(upstream, ready, stop), daemon=True)
+    process.start()
+    try:
+        yield ProxyAddress(*ready.get(timeout=60))
+    finally:
+        stop.set()
+        process.join(timeout=30)
 
 
 def cold_epoch(pattern: str, cache_dir: str, prefetch: int) -> tuple[float, int]:
@@ -78,7 +113,7 @@ def run(
             backend = service.backend("bench")
             for path in demo.shards:
                 backend.put(path.name, path.read_bytes())
-            with FaultProxy(backend.address(), bandwidth=BANDWIDTH, latency=LATENCY) as proxy:
+            with slow_link(backend.address()) as proxy:
                 slow = backend.through(proxy)
                 pattern = "wds::" + slow.url(f"demo-{{000000..{SHARDS - 1:06d}}}.tar")
                 times: dict[int, list[float]] = {n: [] for n in settings}

@@ -177,6 +177,11 @@ def print_results(benchmark: Benchmark, results: Results, seconds: float) -> Non
             print(f"    {metric:32s} {format_value(value):>12s}")
 
 
+def is_ratio(metric: str) -> bool:
+    """Ratios of medians (``ours_vs_webdataset``, ``prefetch_2_speedup``): the headline numbers."""
+    return "_vs_" in metric or metric.endswith("_speedup")
+
+
 def markdown(info: dict[str, str], quick: bool, outcomes: list[tuple]) -> str:
     """docs/benchmarks.md: the machine, then one section and table per benchmark."""
     lines = [
@@ -198,6 +203,20 @@ def markdown(info: dict[str, str], quick: bool, outcomes: list[tuple]) -> str:
         *[f"| {key} | {value} |" for key, value in info.items()],
         "",
     ]
+    lines += [
+        "## Summary: the ratios",
+        "",
+        "| comparison | case | ratio | value |",
+        "|---|---|---|---:|",
+    ]
+    for benchmark, results, _, _ in outcomes:
+        for case, values in results.items():
+            for metric, value in values.items():
+                if is_ratio(metric):
+                    lines.append(
+                        f"| {benchmark.name} | {case} | `{metric}` | {format_value(value)} |"
+                    )
+    lines.append("")
     for benchmark, results, seconds, error in outcomes:
         lines += [f"## {benchmark.title}", "", benchmark.explanation, ""]
         if error is not None:
