@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +33,7 @@ from fsspec_shards.iteration.lengths import (
 from fsspec_shards.iteration.order import Consumer, consumer_shards, current_consumer, shard_order
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
 from fsspec_shards.iteration.reader import ShardReader
+from fsspec_shards.iteration.regroup import base_fingerprint, is_remainder_state
 from fsspec_shards.iteration.resume import DeliveredCounts, is_tracker_state
 from fsspec_shards.iteration.rng import CounterRNG
 from fsspec_shards.iteration.samples import RawSample, to_dict
@@ -87,19 +89,36 @@ class _Live:
             buffer=buffer_refs,
             delivered=state.delivered,
             finished=state.finished,
+            remainder=state.remainder,
         )
 
 
 @dataclass(frozen=True, slots=True)
-class _EpochPlan:
-    """One consumer's epoch: its shards, the sample count to stop at, how far indices run."""
+class Segment:
+    """A byte range of a shard to read: ``[start, end)``, ``end`` None for the whole rest."""
 
-    urls: list[str]
+    url: str
+    start: int = 0
+    end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """One consumer's epoch: what it reads, the sample count to stop at, how far indices run.
+
+    Indices run past the segment list when padding: index ``i`` reads segment ``i % len``.
+    """
+
+    segments: list[Segment]
     length: int | None
     shard_limit: int
 
-    def url(self, index: int) -> str:
-        return self.urls[index % len(self.urls)]
+    @property
+    def urls(self) -> list[str]:
+        return [segment.url for segment in self.segments]
+
+    def segment(self, index: int) -> Segment:
+        return self.segments[index % len(self.segments)]
 
     def wants_more(self, state: StreamState) -> bool:
         return self.length is None or state.delivered < self.length
@@ -180,6 +199,7 @@ class ShardDataset(_DatasetBase):
         self._reader = ShardReader(self.storage_options)
         self._pending: StreamState | None = None
         self._pending_counts: DeliveredCounts | None = None
+        self._pending_remainder: dict[str, Any] | None = None
         self._live: _Live | None = None
         self._stats = _Stats()
 
@@ -195,16 +215,27 @@ class ShardDataset(_DatasetBase):
             return self._pending.to_dict()
         if self._live is not None and self._live.state.epoch == self.epoch:
             return self._live.snapshot().to_dict()
-        return StreamState(self._fingerprint(self._consumer()), epoch=self.epoch).to_dict()
+        start = StreamState(self._fingerprint(self._consumer()), epoch=self.epoch)
+        remainder = self._pending_remainder
+        if remainder is not None and remainder["epoch"] == self.epoch:
+            start.remainder = remainder["segments"]
+        return start.to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next iteration; ValueError if made with other args."""
+        if is_remainder_state(state):
+            check_fingerprint(
+                state["fingerprint"], base_fingerprint(self._fingerprint(self._consumer()))
+            )
+            self._pending_remainder = dict(state)
+            self._pending = self._pending_counts = self._live = None
+            self.epoch = int(state["epoch"])
+            return
         if is_tracker_state(state):
             counts = DeliveredCounts.from_dict(state)
             check_fingerprint(counts.fingerprint, self.tracker_fingerprint(len(counts.delivered)))
             self._pending_counts = counts
-            self._pending = None
-            self._live = None
+            self._pending = self._pending_remainder = self._live = None
             self.epoch = counts.epoch
             return
         loaded = StreamState.from_dict(state)
@@ -215,8 +246,7 @@ class ShardDataset(_DatasetBase):
                 f"more than a shuffle buffer of {self.shuffle_buffer} keeps between samples"
             )
         self._pending = loaded
-        self._pending_counts = None
-        self._live = None
+        self._pending_counts = self._pending_remainder = self._live = None
         self.epoch = loaded.epoch
 
     def stats(self) -> dict[str, Any]:
@@ -273,13 +303,22 @@ class ShardDataset(_DatasetBase):
 
     def consumer_urls(self, epoch: int, consumer: Consumer) -> list[str]:
         """The shard URLs ``consumer`` reads in ``epoch``, in order."""
-        return self._plan(epoch, consumer).urls
+        return self.epoch_plan(epoch, consumer).urls
 
-    def _plan(self, epoch: int, consumer: Consumer) -> _EpochPlan:
+    def epoch_plan(
+        self, epoch: int, consumer: Consumer, remainder: list[list[int]] | None = None
+    ) -> EpochPlan:
+        """What ``consumer`` reads in ``epoch``: its shards, or its part of a ``remainder``."""
+        if remainder is not None:
+            mine = remainder[consumer.index :: consumer.total]
+            segments = [
+                Segment(self.urls[url], start, None if end < 0 else end) for url, start, end in mine
+            ]
+            return EpochPlan(segments, None, len(segments))
         order = shard_order(len(self.urls), self.seed, epoch, self.shuffle_shards)
-        urls = [self.urls[index] for index in consumer_shards(order, consumer)]
+        segments = [Segment(self.urls[index]) for index in consumer_shards(order, consumer)]
         if self.equalize is None:
-            return _EpochPlan(urls, None, len(urls))
+            return EpochPlan(segments, None, len(segments))
         totals, length = epoch_lengths(order, self.shard_sizes, consumer.total, self.equalize)
         own = totals[consumer.index]
         if own == 0 and length > 0:
@@ -287,7 +326,7 @@ class ShardDataset(_DatasetBase):
                 f"consumer {consumer.index} has no samples in epoch {epoch}: cannot pad to {length}"
             )
         passes = 1 if self.equalize == "truncate" or own == 0 else -(-length // own)
-        return _EpochPlan(urls, length, len(urls) * passes)
+        return EpochPlan(segments, length, len(segments) * passes)
 
     # --- iteration ----------------------------------------------------------------------
 
@@ -298,8 +337,11 @@ class ShardDataset(_DatasetBase):
             consumer = replace(
                 consumer, worker=(consumer.worker + counts.next_worker) % consumer.num_workers
             )
-        plan = self._plan(self.epoch, consumer)
         state = self._start_state(self._fingerprint(consumer))
+        remainder, self._pending_remainder = self._pending_remainder, None
+        if remainder is not None and remainder["epoch"] == self.epoch:
+            state.remainder = remainder["segments"]
+        plan = self.epoch_plan(self.epoch, consumer, state.remainder)
         buffer = self._new_buffer(state, consumer)
         if counts is not None:
             self._fast_forward(plan, state, buffer, counts.delivered[consumer.worker])
@@ -327,7 +369,7 @@ class ShardDataset(_DatasetBase):
         return counts
 
     def _fast_forward(
-        self, plan: _EpochPlan, state: StreamState, buffer: ShuffleBuffer | None, count: int
+        self, plan: EpochPlan, state: StreamState, buffer: ShuffleBuffer | None, count: int
     ) -> None:
         """Move ``state`` past the first ``count`` samples, reading tar headers only."""
         prefetcher = ShardPrefetcher(plan.urls, self._reader.locate, 0)
@@ -346,7 +388,7 @@ class ShardDataset(_DatasetBase):
             state.buffer = [ref for ref, _ in buffer.items]
             buffer.items = []
 
-    def _deliver(self, plan: _EpochPlan, live: _Live, consumer: Consumer) -> Iterator[dict]:
+    def _deliver(self, plan: EpochPlan, live: _Live, consumer: Consumer) -> Iterator[dict]:
         state = live.state
         if state.finished:
             return
@@ -387,27 +429,31 @@ class ShardDataset(_DatasetBase):
 
     def _read(
         self,
-        plan: _EpochPlan,
+        plan: EpochPlan,
         state: StreamState,
         prefetcher: ShardPrefetcher,
         headers_only: bool = False,
     ) -> Iterator[Entry]:
         """Samples of this consumer's shards from the state's position, moving the position.
 
-        Shard indices run past the consumer's list when padding: index ``i`` reads shard
-        ``i % len(urls)`` again.
+        ``state.shard`` indexes the plan's segments (see :class:`EpochPlan`).
         """
         while state.shard < plan.shard_limit:
             index = state.shard
-            url = plan.url(index)
+            segment = plan.segment(index)
+            url = segment.url
             try:
                 prefetch_error = prefetcher.wait(index)
                 prefetcher.advance(index)
                 if prefetch_error is not None:
                     raise prefetch_error
-                for sample in self._reader.samples(url, state.offset, headers_only):
-                    state.offset = sample.end
-                    yield SampleRef(index, sample.offset, sample.end), sample
+                start = state.offset or segment.start
+                with closing(self._reader.samples(url, start, headers_only)) as samples:
+                    for sample in samples:
+                        if segment.end is not None and sample.offset >= segment.end:
+                            break
+                        state.offset = sample.end
+                        yield SampleRef(index, sample.offset, sample.end), sample
             except SHARD_ERRORS as exc:
                 self._shard_failed(url, exc)
             else:
@@ -415,7 +461,7 @@ class ShardDataset(_DatasetBase):
             state.shard = index + 1
             state.offset = 0
 
-    def _reread(self, plan: _EpochPlan, refs: list[SampleRef]) -> list[Entry]:
+    def _reread(self, plan: EpochPlan, refs: list[SampleRef]) -> list[Entry]:
         """The buffered samples of a saved state, read back by byte range, shard by shard."""
         ranges_by_shard: dict[int, list[tuple[int, int]]] = {}
         for ref in refs:
@@ -423,9 +469,9 @@ class ShardDataset(_DatasetBase):
         found: dict[SampleRef, RawSample] = {}
         for shard, ranges in ranges_by_shard.items():
             try:
-                samples = self._reader.samples_at(plan.url(shard), ranges)
+                samples = self._reader.samples_at(plan.segment(shard).url, ranges)
             except SHARD_ERRORS as exc:
-                self._shard_failed(plan.url(shard), exc)
+                self._shard_failed(plan.segment(shard).url, exc)
                 continue
             for (offset, end), sample in zip(ranges, samples, strict=True):
                 found[SampleRef(shard, offset, end)] = sample

@@ -31,7 +31,9 @@ class StreamState:
     """Position of one consumer's stream; ``finished`` marks a fully delivered epoch.
 
     ``delivered`` counts the samples taken from the stream this epoch (including any that a
-    transform dropped).
+    transform dropped). ``remainder`` is set when the epoch is the rest of an epoch regrouped
+    over other consumers: all its segments ``[url index, start, end or -1]``
+    (:mod:`~fsspec_shards.iteration.regroup`).
     """
 
     fingerprint: dict[str, Any]
@@ -42,6 +44,7 @@ class StreamState:
     buffer: list[SampleRef] = field(default_factory=list)
     delivered: int = 0
     finished: bool = False
+    remainder: list[list[int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (ints, bools, strings and lists only)."""
@@ -55,6 +58,7 @@ class StreamState:
             "buffer": [[ref.shard, ref.offset, ref.end] for ref in self.buffer],
             "delivered": self.delivered,
             "finished": self.finished,
+            "remainder": None if self.remainder is None else [list(s) for s in self.remainder],
         }
 
     @classmethod
@@ -75,9 +79,16 @@ class StreamState:
                 buffer=[SampleRef(int(s), int(o), int(e)) for s, o, e in data["buffer"]],
                 delivered=int(data["delivered"]),
                 finished=bool(data["finished"]),
+                remainder=_segments(data.get("remainder")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed ShardDataset state: {exc!r}") from None
+
+
+def _segments(data: Any) -> list[list[int]] | None:
+    if data is None:
+        return None
+    return [[int(url), int(start), int(end)] for url, start, end in data]
 
 
 def urls_digest(urls: Sequence[str]) -> str:

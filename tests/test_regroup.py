@@ -1,0 +1,137 @@
+"""Continuing an interrupted epoch with another number of consumers: every remaining sample
+exactly once, and the regrouped epoch resumes exactly in turn."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from fsspec_shards import ShardDataset
+from fsspec_shards.iteration.regroup import loader_dataset_states, remainder_state
+from tests.shardmaker import keys, write_shards
+
+ARGS = dict(shuffle_buffer=3, seed=5)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return write_shards(tmp_path, 7, [4, 6, 3, 5, 2, 6, 4])
+
+
+def as_rank(monkeypatch, rank, world_size):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+
+
+def interrupted_run(shards, monkeypatch, world_size, cuts, load=None):
+    """Each rank reads ``cuts[rank]`` samples; returns (samples read, states)."""
+    read, states = [], []
+    for rank in range(world_size):
+        as_rank(monkeypatch, rank, world_size)
+        dataset = ShardDataset(shards, **ARGS)
+        if load is not None:
+            dataset.load_state_dict(json.loads(json.dumps(load)))
+        iterator = iter(dataset)
+        for _ in range(cuts[rank]):
+            sample = next(iterator, None)
+            if sample is None:
+                break
+            read.append(sample["__key__"])
+        states.append(dataset.state_dict())
+    return read, states
+
+
+def test_two_ranks_continue_as_three_with_every_sample_exactly_once(shards, monkeypatch):
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = interrupted_run(shards, monkeypatch, 2, [5, 9])
+    remainder = remainder_state(ShardDataset(shards, **ARGS), states)
+    tail, _ = interrupted_run(shards, monkeypatch, 3, [100, 100, 100], load=remainder)
+    assert Counter(head + tail) == Counter(everything)
+
+
+def test_regrouping_twice_still_covers_everything_once(shards, monkeypatch):
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = interrupted_run(shards, monkeypatch, 2, [3, 7])
+    middle, states = interrupted_run(
+        shards,
+        monkeypatch,
+        3,
+        [2, 4, 1],
+        load=remainder_state(ShardDataset(shards, **ARGS), states),
+    )
+    tail, _ = interrupted_run(
+        shards, monkeypatch, 1, [100], load=remainder_state(ShardDataset(shards, **ARGS), states)
+    )
+    assert Counter(head + middle + tail) == Counter(everything)
+
+
+def test_a_regrouped_epoch_resumes_exactly(shards, monkeypatch):
+    _, states = interrupted_run(shards, monkeypatch, 2, [4, 6])
+    remainder = remainder_state(ShardDataset(shards, **ARGS), states)
+    as_rank(monkeypatch, 1, 3)
+    fresh = ShardDataset(shards, **ARGS)
+    fresh.load_state_dict(remainder)
+    expected = keys(fresh)
+    assert expected
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(shards, **ARGS)
+        dataset.load_state_dict(remainder)
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(cut)]
+        resumed = ShardDataset(shards, **ARGS)
+        resumed.load_state_dict(json.loads(json.dumps(dataset.state_dict())))
+        assert head + keys(resumed) == expected, f"cut after {cut}"
+
+
+def test_dataloader_workers_share_the_remainder(shards, monkeypatch):
+    torch_data = pytest.importorskip("torch.utils.data")
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = interrupted_run(shards, monkeypatch, 2, [6, 2])
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    dataset = ShardDataset(shards, **ARGS)
+    dataset.load_state_dict(remainder_state(ShardDataset(shards, **ARGS), states))
+    loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=2)
+    tail = [sample["__key__"] for sample in loader]
+    assert Counter(head + tail) == Counter(everything)
+
+
+def test_states_must_cover_every_consumer_of_one_run(shards, monkeypatch):
+    _, states = interrupted_run(shards, monkeypatch, 2, [1, 1])
+    with pytest.raises(ValueError, match="each of the 2 consumers"):
+        remainder_state(ShardDataset(shards, **ARGS), states[:1])
+    with pytest.raises(ValueError, match="each of the 2 consumers"):
+        remainder_state(ShardDataset(shards, **ARGS), [states[0], states[0]])
+    other = dict(states[1], epoch=3)
+    with pytest.raises(ValueError, match="different epochs"):
+        remainder_state(ShardDataset(shards, **ARGS), [states[0], other])
+
+
+def test_a_remainder_from_other_arguments_is_refused(shards, monkeypatch):
+    _, states = interrupted_run(shards, monkeypatch, 2, [1, 1])
+    remainder = remainder_state(ShardDataset(shards, **ARGS), states)
+    with pytest.raises(ValueError, match="seed"):
+        ShardDataset(shards, shuffle_buffer=3, seed=6).load_state_dict(remainder)
+
+
+def test_a_stateful_dataloader_run_continues_with_more_workers(shards):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    torch_data = pytest.importorskip("torch.utils.data")
+    everything = keys(ShardDataset(shards, split_by_node=False))
+
+    def collate(batch):
+        return [sample["__key__"] for sample in batch]
+
+    loader = stateful.StatefulDataLoader(
+        ShardDataset(shards, **ARGS), batch_size=2, num_workers=2, collate_fn=collate
+    )
+    iterator = iter(loader)
+    head = [key for _ in range(5) for key in next(iterator)]
+    states = loader_dataset_states(loader.state_dict())
+    del iterator
+    dataset = ShardDataset(shards, **ARGS)
+    dataset.load_state_dict(remainder_state(ShardDataset(shards, **ARGS), states))
+    tail = [s["__key__"] for s in torch_data.DataLoader(dataset, batch_size=None, num_workers=3)]
+    assert Counter(head + tail) == Counter(everything)
