@@ -485,7 +485,8 @@ class ShardDataset(_DatasetBase):
                 error.add_note(f"while reading shard {shown}")
             raise error
         self._stats.shards_failed += 1
-        self._stats.failures.append((shown, error))
+        # Without its traceback, a kept error does not keep the reader's frames alive.
+        self._stats.failures.append((shown, error.with_traceback(None)))
         level = logging.WARNING if self.handler == "warn" else logging.DEBUG
         logger.log(level, "leaving out shard %s: %s: %s", shown, type(error).__name__, error)
 
