@@ -323,3 +323,22 @@ def test_resume_at_ninety_percent_reads_a_small_part_of_the_data(tmp_path, shuff
     assert CountingFileSystem.counter["cat_ranges"] == (1 if shuffle_buffer else 0)
     assert len(list(resumed)) == 19
     assert CountingFileSystem.counter["bytes"] < 0.25 * size
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("shuffle_buffer", [0, 3])
+def test_delivered_counts_fast_forward_from_headers_to_the_exact_position(
+    tmp_path, gz, shuffle_buffer
+):
+    from fsspec_shards.iteration.resume import DeliveryTracker
+
+    urls = write_shards(tmp_path, 4, [5, 0, 7, 4], gz=gz)
+    args = dict(urls=urls, shuffle_buffer=shuffle_buffer, seed=8, annotate=True)
+    expected = keys(ShardDataset(**args))
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(**args)
+        tracker = DeliveryTracker(dataset, num_workers=0)
+        iterator = iter(dataset)
+        head = [tracker.update([next(iterator)])[0]["__key__"] for _ in range(cut)]
+        resumed = resume(args, tracker.state_dict())
+        assert head + keys(resumed) == expected, f"cut after {cut}"
