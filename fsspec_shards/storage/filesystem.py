@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile
-from fsspec.utils import stringify_path
+from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
 from fsspec_shards.errors import IntegrityError, redact_url, strip_secrets
@@ -54,6 +54,20 @@ _BASE_OPTIONS = frozenset(
     }
 )
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
+_SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
+_SHARED_BACKENDS_LOCK = threading.Lock()
+
+
+def _forget_shared_backends() -> None:
+    """In a forked child: the parent's backends are bound to its event loop, and the lock
+    may have been held by a thread that does not exist here."""
+    global _SHARED_BACKENDS_LOCK
+    _SHARED_BACKENDS.clear()
+    _SHARED_BACKENDS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_shared_backends)
 
 
 class WdsFileSystem(ChainedFileSystem):
@@ -154,7 +168,7 @@ class WdsFileSystem(ChainedFileSystem):
         self._target_protocol = target_protocol
         self._target_options = dict(target_options or {})
         self._given_fs = fs
-        self._lock = threading.RLock()
+        self._locks: tuple[int, threading.RLock] = (os.getpid(), threading.RLock())
         self._pid = -1
         self._backend: fsspec.AbstractFileSystem | None = None
         self._cache = None
@@ -167,6 +181,16 @@ class WdsFileSystem(ChainedFileSystem):
     # -- the backend, the cache and the manifest (per process) ----------------------------
 
     @property
+    def _lock(self) -> threading.RLock:
+        """This process's lock: one held by a thread at a fork would never be released in
+        the child."""
+        pid, lock = self._locks
+        if pid != os.getpid():
+            lock = threading.RLock()
+            self._locks = (os.getpid(), lock)
+        return lock
+
+    @property
     def fs(self) -> fsspec.AbstractFileSystem:
         """The backend; rebuilt in a forked child, where the parent's event loop is gone."""
         if self._given_fs is not None:
@@ -176,15 +200,22 @@ class WdsFileSystem(ChainedFileSystem):
         return self._backend
 
     def _build_backend(self) -> None:
+        """Build (or reuse) the tamed backend. fsspec caches a sync filesystem per thread,
+        so each thread gets its own wds instance; they share one backend per process, so
+        that threads do not each pay for a client (an S3 client takes about a second)."""
+        protocol = self._target_protocol
+        options = backends.tamed_target_options(protocol, self._target_options, self.policy.timeout)
+        pid = os.getpid()
+        key = tokenize(pid, protocol, options)
+        with _SHARED_BACKENDS_LOCK:
+            backend = _SHARED_BACKENDS.get(key)
+            if backend is None:
+                backend = fsspec.filesystem(protocol, **options)
+                backends.tame_instance(backend, protocol)
+                _SHARED_BACKENDS[key] = backend
         with self._lock:
-            protocol = self._target_protocol
-            options = backends.tamed_target_options(
-                protocol, self._target_options, self.policy.timeout
-            )
-            backend = fsspec.filesystem(protocol, **options)
-            backends.tame_instance(backend, protocol)
             self._backend = backend
-            self._pid = os.getpid()
+            self._pid = pid
 
     @property
     def shard_cache(self):
