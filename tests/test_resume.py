@@ -342,3 +342,20 @@ def test_delivered_counts_fast_forward_from_headers_to_the_exact_position(
         head = [tracker.update([next(iterator)])[0]["__key__"] for _ in range(cut)]
         resumed = resume(args, tracker.state_dict())
         assert head + keys(resumed) == expected, f"cut after {cut}"
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupt", "missing"])
+@pytest.mark.parametrize("shuffle_buffer", [0, 3])
+def test_resume_is_exact_around_a_skipped_broken_shard(tmp_path, how, shuffle_buffer):
+    from tests.test_dataset import break_shard
+
+    urls = write_shards(tmp_path, 4, 6)
+    break_shard(urls[1], how)
+    args = dict(urls=urls, shuffle_buffer=shuffle_buffer, seed=1, handler="skip")
+    expected = keys(ShardDataset(**args))
+    assert 18 <= len(expected) < 24
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(**args)
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(cut)]
+        assert head + keys(resume(args, dataset.state_dict())) == expected, f"cut after {cut}"
