@@ -359,3 +359,21 @@ def test_resume_is_exact_around_a_skipped_broken_shard(tmp_path, how, shuffle_bu
         iterator = iter(dataset)
         head = [next(iterator)["__key__"] for _ in range(cut)]
         assert head + keys(resume(args, dataset.state_dict())) == expected, f"cut after {cut}"
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_resume_through_the_wds_filesystem(tmp_path, cache):
+    paths = write_shards(tmp_path, 3, 6)
+    options = {"wds": {"cache_dir": str(tmp_path / "cache"), "cache": cache}}
+    args = dict(
+        urls=[f"wds::file://{path}" for path in paths],
+        storage_options=options,
+        shuffle_buffer=4,
+        seed=2,
+    )
+    expected = keys(ShardDataset(**args))
+    for cut in (1, 8, 17):
+        dataset = ShardDataset(**args)
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(cut)]
+        assert head + keys(resume(args, dataset.state_dict())) == expected
