@@ -74,3 +74,25 @@ class PlannedFaultFileSystem(MemoryFileSystem):
             data = data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1 :]
         self.reads.append((first, last, len(data)))
         return data
+
+
+class RangeNotSatisfiable(OSError):
+    """What an HTTP client raises for 416 (carries ``.status`` like aiohttp's errors)."""
+
+    status = 416
+
+
+class UnknownSizeFileSystem(PlannedFaultFileSystem):
+    """Like an HTTP server that sends no Content-Length: no size in ``info()``, and 416 for
+    a range that starts at or past the end."""
+
+    protocol = "unknownsize"
+
+    def info(self, path, **kwargs):
+        return {**super().info(path, **kwargs), "size": None}
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        path = self._strip_protocol(path)
+        if start is not None and start >= len(MemoryFileSystem.cat_file(self, path)):
+            raise RangeNotSatisfiable(22, "range not satisfiable")
+        return super().cat_file(path, start, end, **kwargs)

@@ -15,7 +15,14 @@ from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.download import ChunkSizer, Target, download, read_range
 from fsspec_shards.storage.integrity import Checksum
 from fsspec_shards.storage.retry import RetriesExhaustedError, RetryPolicy
-from tests.planned_faults import Flip, PlannedFaultFileSystem, Replace, Short, WholeBody
+from tests.planned_faults import (
+    Flip,
+    PlannedFaultFileSystem,
+    Replace,
+    Short,
+    UnknownSizeFileSystem,
+    WholeBody,
+)
 
 KiB = 1024
 FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.002, timeout=30.0)
@@ -161,3 +168,15 @@ def test_ranged_read_continues_after_a_short_read():
     got = read_range(fs, path, 100, 5000, len(data), FAST.attempts_for("u", "read"))
     assert got == data[100:5000]
     assert [start for start, _, _ in fs.reads] == [100, 110, 110]
+
+
+@pytest.mark.parametrize("size", [64 * KiB * 3, 64 * KiB * 3 + 5])
+def test_unknown_size_downloads_until_the_body_ends_also_exactly_at_a_chunk_boundary(size):
+    fs = UnknownSizeFileSystem()
+    path = f"/dl-{uuid.uuid4().hex}/shard.tar"
+    data = _object(size)
+    fs.pipe_file(path, data)
+    out = io.BytesIO()
+    chunks = ChunkSizer(64 * KiB, maximum=64 * KiB)
+    result = download(_target(fs, path, None), out, chunks=chunks)
+    assert out.getvalue() == data and result["size"] == size

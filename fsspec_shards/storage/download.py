@@ -19,7 +19,7 @@ import fsspec
 from fsspec_shards.errors import IntegrityError, redact_url
 from fsspec_shards.storage.backends import backend_checksums, call, object_identity, protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher, choose_expected
-from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError
+from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
 from fsspec_shards.storage.streams import stream_range
 
 logger = logging.getLogger("fsspec_shards.storage.download")
@@ -222,6 +222,8 @@ def _download_once(
         try:
             stream_range(target.fs, target.path, position, end, sink, target.policy.timeout)
         except Exception as exc:
+            if size is None and position > 0 and http_status(exc) == 416:
+                break  # size unknown and the last chunk ended exactly at the end
             if position > before:
                 attempts.progressed()
             else:
