@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -184,3 +187,22 @@ def test_handler_warn_and_skip_leave_the_shard_out_and_count_it(
     assert url == shards[2] and isinstance(error, EXPECTED_ERROR[how])
     records = [r for r in caplog.records if "leaving out shard" in r.getMessage()]
     assert len(records) == 1 and records[0].levelno == level
+
+
+def test_without_torch_the_dataset_is_a_plain_iterable(shards):
+    program = (
+        "import sys, json; sys.modules['torch'] = None\n"
+        "from fsspec_shards import ShardDataset\n"
+        "ds = ShardDataset(json.loads(sys.argv[1]), shuffle_buffer=2)\n"
+        "assert ShardDataset.__mro__[1] is object\n"
+        "print(len(list(ds)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program, json.dumps(shards)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "30"
