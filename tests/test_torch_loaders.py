@@ -155,3 +155,20 @@ def test_too_few_shards_for_the_consumers_raises_from_the_worker_instead_of_hang
     # torch joins an errored worker with a time-out: let that happen here, not in a later test.
     del iterator
     gc.collect()
+
+
+def test_stateful_dataloader_state_after_a_finished_epoch_starts_the_next_one(shards):
+    args = dict(urls=shards, shuffle_buffer=3, seed=1)
+    dataset = ShardDataset(**args)
+    expected: list = []
+    run_epochs(dataset, stateful_loader(dataset, 2), 0, expected)
+    dataset = ShardDataset(**args)
+    loader = stateful_loader(dataset, 2)
+    seen = [(0, batch) for batch in loader]
+    state = loader.state_dict()
+    assert state["_iterator_finished"]
+    resumed_dataset = ShardDataset(**args)
+    resumed = stateful_loader(resumed_dataset, 2)
+    resumed.load_state_dict(state)
+    run_epochs(resumed_dataset, resumed, 1, seen)
+    assert seen == expected
