@@ -15,7 +15,7 @@ import pytest
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.filesystem import RetryingFile, WdsFileSystem
-from tests.planned_faults import Flip, PlannedFaultFileSystem
+from tests.planned_faults import Flip, PlannedFaultFileSystem, UnknownSizeFileSystem
 
 DATA = os.urandom(0) or bytes(range(256)) * 4000  # 1 MB, deterministic
 
@@ -270,3 +270,15 @@ def test_clear_cache_empties_it(shard):
     fs.clear_cache()
     stats = fs.cache_stats()
     assert stats["cached_files"] == 0 and stats["cached_bytes"] == 0
+
+
+def test_an_uncached_object_of_unknown_size_is_read_whole_and_seekable(tmp_path):
+    backend = UnknownSizeFileSystem()
+    path = f"/fs-{uuid.uuid4().hex}/no-length.bin"
+    backend.pipe_file(path, DATA)
+    fs = _wds(fs=backend, cache=False, cache_dir=str(tmp_path / "cache"))
+    with fs.open(path) as handle:
+        handle.seek(1000)
+        assert handle.read(10) == DATA[1000:1010]
+        handle.seek(0)
+        assert handle.read() == DATA

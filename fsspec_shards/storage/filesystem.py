@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import tempfile
 import threading
 import time
 import warnings
@@ -409,7 +410,17 @@ class WdsFileSystem(ChainedFileSystem):
             if handle is not None:
                 return handle
         target = self._target(backend_path)
-        return RetryingFile(self, target, target.stat(), block_size or self.block_size)
+        info = target.stat()
+        if info.get("size") is None:  # no ranged reads without a size: spool it whole
+            spool = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the caller open
+            try:
+                download(target, spool, info)
+            except BaseException:
+                spool.close()
+                raise
+            spool.seek(0)
+            return spool
+        return RetryingFile(self, target, info, block_size or self.block_size)
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
@@ -655,6 +666,8 @@ class _DropCachedOnClose(io.RawIOBase):
         self._drop = drop
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_handle":  # not yet set: the constructor failed
+            raise AttributeError(name)
         return getattr(self._handle, name)
 
     def writable(self) -> bool:
