@@ -377,3 +377,14 @@ def test_resume_through_the_wds_filesystem(tmp_path, cache):
         iterator = iter(dataset)
         head = [next(iterator)["__key__"] for _ in range(cut)]
         assert head + keys(resume(args, dataset.state_dict())) == expected
+
+
+def test_state_from_another_worker_count_is_refused(shards, monkeypatch):
+    from fsspec_shards.iteration import order
+
+    monkeypatch.setattr(order, "worker_split", lambda: (1, 2))
+    state = ShardDataset(shards).state_dict()
+    monkeypatch.setattr(order, "worker_split", lambda: (0, 1))
+    with pytest.raises(ValueError, match=r"num_workers \(state: 2, dataset: 1\)") as raised:
+        ShardDataset(shards).load_state_dict(state)
+    assert "worker (state: 1, dataset: 0)" in str(raised.value)
