@@ -28,7 +28,7 @@ from fsspec_shards.storage.backends import (
     protocol_of,
 )
 
-PIECE = 256 * 1024
+PIECE = 1024 * 1024
 Sink = Callable[[bytes], None]
 
 
