@@ -149,6 +149,15 @@ def test_object_replaced_without_any_failure_is_noticed_at_the_end():
     assert out.getvalue() == new
 
 
+def test_an_object_that_keeps_changing_is_given_up_on():
+    # each pass reads three chunks (64 + 128 + 108 KiB); the second sees a new version
+    replacements = [Replace(_object(300 * KiB, seed=10 + i)) for i in range(FAST.attempts)]
+    plan = [item for replacement in replacements for item in (None, replacement, None)]
+    fs, path, _, _, count = _setup(plan=plan)
+    with pytest.raises(OSError, match="changed 4 times"):
+        download(_target(fs, path, count), io.BytesIO(), chunks=_small_chunks())
+
+
 def test_persistent_transient_failure_gives_up_after_the_attempts():
     fs, path, _, counters, count = _setup(plan=[ConnectionResetError("cut")] * 10)
     with pytest.raises(RetriesExhaustedError, match="after 4 attempts"):

@@ -9,6 +9,7 @@ and a mismatch discards what was written and downloads again.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,10 +163,17 @@ def download(
 
     try:
         failed_passes = 0
+        changes = 0
         while True:
             try:
                 result = _download_once(target, out, info, chunks, count_bytes)
             except _ObjectChanged:
+                changes += 1
+                if changes >= target.policy.attempts:
+                    raise OSError(
+                        errno.EAGAIN,
+                        f"{redact_url(target.url)} changed {changes} times while it was read",
+                    ) from None
                 info = target.stat()
                 continue
             if isinstance(result, dict):
