@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -108,6 +109,20 @@ def _proxy_url(proxy: Proxy) -> str:
 # --------------------------------------------------------------------------- backends
 
 
+_writers: dict[tuple, fsspec.AbstractFileSystem] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer(protocol: str, storage_options: dict) -> fsspec.AbstractFileSystem:
+    """One filesystem per server and process for uploads: a fresh s3fs or gcsfs instance
+    takes most of a second to set up, which test fixtures would otherwise pay per file."""
+    key = (os.getpid(), protocol, repr(sorted(storage_options.items())))
+    with _writers_lock:
+        if key not in _writers:
+            _writers[key] = fsspec.filesystem(protocol, **storage_options)
+        return _writers[key]
+
+
 @dataclasses.dataclass(frozen=True)
 class Backend(abc.ABC):
     """One protocol's storage under a per-test prefix, seen through fsspec.
@@ -119,6 +134,7 @@ class Backend(abc.ABC):
     protocol: str
     prefix: str
     server: str = ""  # what serves it: local, nginx, moto, gcp-storage-emulator, azurite, external
+    proxied: bool = False  # seen through a proxy (`through`); uploads then use a fresh client
 
     @property
     @abc.abstractmethod
@@ -130,9 +146,10 @@ class Backend(abc.ABC):
         """The URL of `path` under this backend's prefix ("" names the prefix itself)."""
 
     def put(self, path: str, data: bytes) -> str:
-        """Store `data` at `path` and return its URL."""
+        """Store `data` at `path` and return its URL (through a writer shared per server)."""
         url = self.url(path)
-        self.filesystem().pipe_file(url, data)
+        fs = self.filesystem() if self.proxied else _writer(self.protocol, self.storage_options)
+        fs.pipe_file(url, data)
         return url
 
     def filesystem(self) -> fsspec.AbstractFileSystem:
@@ -200,7 +217,7 @@ class HttpBackend(Backend):
         return _address_of(self.base_url)
 
     def through(self, proxy: Proxy) -> Backend:
-        return dataclasses.replace(self, base_url=_proxy_url(proxy))
+        return dataclasses.replace(self, base_url=_proxy_url(proxy), proxied=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +245,7 @@ class S3Backend(Backend):
         return _address_of(self.endpoint_url)
 
     def through(self, proxy: Proxy) -> Backend:
-        return dataclasses.replace(self, endpoint_url=_proxy_url(proxy))
+        return dataclasses.replace(self, endpoint_url=_proxy_url(proxy), proxied=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +266,7 @@ class GcsBackend(Backend):
         return _address_of(self.endpoint_url)
 
     def through(self, proxy: Proxy) -> Backend:
-        return dataclasses.replace(self, endpoint_url=_proxy_url(proxy))
+        return dataclasses.replace(self, endpoint_url=_proxy_url(proxy), proxied=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +297,9 @@ class AzureBackend(Backend):
         endpoint = urlsplit(self.blob_endpoint())
         proxied = f"{_proxy_url(proxy)}{endpoint.path}"
         return dataclasses.replace(
-            self, connection_string=self.connection_string.replace(self.blob_endpoint(), proxied)
+            self,
+            connection_string=self.connection_string.replace(self.blob_endpoint(), proxied),
+            proxied=True,
         )
 
 
