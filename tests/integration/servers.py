@@ -288,6 +288,8 @@ class AzureBackend(Backend):
         fields = dict(
             item.split("=", 1) for item in self.connection_string.split(";") if "=" in item
         )
+        if "BlobEndpoint" not in fields:
+            raise ValueError("the Azure connection string names no BlobEndpoint to test against")
         return fields["BlobEndpoint"]
 
     def address(self) -> tuple[str, int]:

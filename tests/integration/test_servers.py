@@ -109,6 +109,7 @@ def test_each_test_gets_its_own_prefix(s3_service):
 
 def test_remote_backend_works_through_a_passing_proxy(remote_backend, fault_proxy):
     proxy, proxied = fault_proxy(remote_backend)
+    proxied.put("through/large.bin", DATA * 4)  # s3fs sends large bodies after 100-continue
     url = proxied.put("through/data.bin", DATA)  # http: written to nginx's directory directly
     fs = proxied.filesystem()
 
@@ -127,7 +128,11 @@ def test_remote_backend_works_through_a_passing_proxy(remote_backend, fault_prox
     # Every request passed untouched (gcsfs may abandon a redundant lookup mid-answer).
     assert all(entry.action == "pass" and not entry.fault_applied for entry in exchanges)
     assert proxy.bytes_sent() >= len(DATA) + 1000 + 50_000
-    assert remote_backend.filesystem().cat_file(remote_backend.url("through/data.bin")) == DATA
+    plain = remote_backend.filesystem()
+    assert plain.cat_file(remote_backend.url("through/data.bin")) == DATA
+    assert plain.cat_file(remote_backend.url("through/large.bin")) == DATA * 4
+    if remote_backend.protocol == "s3":
+        assert any(entry.headers.get("expect") == "100-continue" for entry in exchanges)
 
 
 # What each client library does on its own when the proxy breaks a GET of the whole file.
