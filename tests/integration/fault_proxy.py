@@ -256,6 +256,7 @@ def _parse_headers(lines: list[bytes]) -> list[tuple[str, str]]:
 
 
 def read_request(reader: BinaryIO) -> Request | None:
+    """The next request's line and headers (not its body); None when the client hung up."""
     lines = _read_head(reader)
     if lines is None:
         return None
@@ -267,6 +268,7 @@ def read_request(reader: BinaryIO) -> Request | None:
 
 
 def read_response(reader: BinaryIO) -> Response | None:
+    """The next response's status line and headers (not its body); None if the server hung up."""
     lines = _read_head(reader)
     if lines is None:
         return None
