@@ -346,6 +346,19 @@ class MotoS3Server:
             self._server = None
 
 
+def _quiet_about_vanished_clients(handle_error):
+    """A socketserver error handler that logs a client hanging up (which fault tests make
+    clients do) at debug level instead of printing a traceback; other errors still print."""
+
+    def handle(request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("client %s went away mid-answer", client_address)
+            return
+        handle_error(request, client_address)
+
+    return handle
+
+
 class GcsEmulatorServer:
     """gcp-storage-emulator in this process, in memory, with one bucket."""
 
@@ -359,7 +372,9 @@ class GcsEmulatorServer:
 
         self._server = create_server(LOOPBACK, 0, in_memory=True, default_bucket=self.bucket)
         self._server.start()
-        host, port = self._server._api._httpd.server_address[:2]
+        httpd = self._server._api._httpd
+        httpd.handle_error = _quiet_about_vanished_clients(httpd.handle_error)
+        host, port = httpd.server_address[:2]
         self.endpoint_url = f"http://{host}:{port}"
         log.info("gcp-storage-emulator at %s", self.endpoint_url)
         return self
