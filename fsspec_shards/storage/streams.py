@@ -2,8 +2,9 @@
 
 ``cat_file`` returns a range all at once or raises, losing every byte of a response that was
 cut mid-body. For the network backends (http, s3, gcs, az) this module streams the response
-body instead, passing each piece to a sink; when the connection breaks, the bytes already
-passed on count, and the caller resumes from there. Each wait for the server (headers, every
+body instead, passing each piece to a sink (in the caller's thread, while the next piece
+is being received); when the connection breaks, the bytes already passed on count, and the
+caller resumes from there. Each wait for the server (headers, every
 body piece) is bounded by ``timeout``, so a stalled transfer raises ``TimeoutError`` while a
 slow but moving one does not. Other backends fall back to one ``cat_file`` call.
 """
@@ -17,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import fsspec
-from fsspec.asyn import sync
 
 from fsspec_shards.storage.backends import (
     AZURE_PROTOCOLS,
@@ -29,15 +29,17 @@ from fsspec_shards.storage.backends import (
 )
 
 PIECE = 1024 * 1024
+_PIECES_IN_FLIGHT = 8
+_DONE = object()
 Sink = Callable[[bytes], None]
+Emit = Callable[[bytes], Awaitable[None]]
 
 
 class _RangeWindow:
-    """Passes on only bytes ``[start, end)`` of what arrives from ``offset`` on: slices the
-    whole body of a server that ignored the Range, and stops at ``end``."""
+    """Keeps only bytes ``[start, end)`` of what arrives from ``offset`` on: slices the whole
+    body of a server that ignored the Range, and stops at ``end``."""
 
-    def __init__(self, sink: Sink, start: int, end: int, offset: int) -> None:
-        self.sink = sink
+    def __init__(self, start: int, end: int, offset: int) -> None:
         self.start = start
         self.end = end
         self.offset = offset
@@ -46,12 +48,11 @@ class _RangeWindow:
     def done(self) -> bool:
         return self.offset >= self.end
 
-    def feed(self, data: bytes) -> None:
+    def take(self, data: bytes) -> bytes:
         first = max(self.start - self.offset, 0)
         last = min(self.end - self.offset, len(data))
         self.offset += len(data)
-        if first < last:
-            self.sink(data[first:last])
+        return data[first:last] if first < last else b""
 
 
 async def _within(awaitable: Awaitable, timeout: float | None) -> Any:
@@ -65,12 +66,12 @@ def _range_header(start: int, end: int) -> str:
     return f"bytes={start}-{end - 1}"
 
 
-async def _pump_aiohttp(response: Any, window: _RangeWindow, timeout: float | None) -> None:
+async def _pump_aiohttp(response: Any, window: _RangeWindow, emit: Emit, timeout) -> None:
     while not window.done:
         data = await _within(response.content.read(PIECE), timeout)
         if not data:
             return
-        window.feed(data)
+        await emit(window.take(data))
 
 
 def _body_offset(status: int, start: int) -> int:
@@ -79,7 +80,7 @@ def _body_offset(status: int, start: int) -> int:
     return start if status == 206 else 0
 
 
-async def _stream_http(fs, path, start, end, sink, timeout) -> None:
+async def _stream_http(fs, path, start, end, emit, timeout) -> None:
     session = await fs.set_session()
     kwargs = dict(fs.kwargs)
     headers = dict(kwargs.pop("headers", {}) or {})
@@ -87,11 +88,11 @@ async def _stream_http(fs, path, start, end, sink, timeout) -> None:
     response = await _within(session.get(fs.encode_url(path), headers=headers, **kwargs), timeout)
     async with response:
         fs._raise_not_found_for_status(response, path)
-        window = _RangeWindow(sink, start, end, _body_offset(response.status, start))
-        await _pump_aiohttp(response, window, timeout)
+        window = _RangeWindow(start, end, _body_offset(response.status, start))
+        await _pump_aiohttp(response, window, emit, timeout)
 
 
-async def _stream_s3(fs, path, start, end, sink, timeout) -> None:
+async def _stream_s3(fs, path, start, end, emit, timeout) -> None:
     bucket, key, version = fs.split_path(path)
     extra = {"VersionId": version} if version else {}
     response = await _within(
@@ -100,18 +101,18 @@ async def _stream_s3(fs, path, start, end, sink, timeout) -> None:
     )
     body = response["Body"]
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
-    window = _RangeWindow(sink, start, end, _body_offset(status, start))
+    window = _RangeWindow(start, end, _body_offset(status, start))
     try:
         while not window.done:
             data = await _within(body.read(PIECE), timeout)
             if not data:
                 return
-            window.feed(data)
+            await emit(window.take(data))
     finally:
         body.close()
 
 
-async def _stream_gcs(fs, path, start, end, sink, timeout) -> None:
+async def _stream_gcs(fs, path, start, end, emit, timeout) -> None:
     from gcsfs.retry import validate_response
 
     await fs._set_session()
@@ -122,11 +123,11 @@ async def _stream_gcs(fs, path, start, end, sink, timeout) -> None:
     async with response:
         if response.status >= 400:
             validate_response(response.status, await response.read(), path)
-        window = _RangeWindow(sink, start, end, _body_offset(response.status, start))
-        await _pump_aiohttp(response, window, timeout)
+        window = _RangeWindow(start, end, _body_offset(response.status, start))
+        await _pump_aiohttp(response, window, emit, timeout)
 
 
-async def _stream_azure(fs, path, start, end, sink, timeout) -> None:
+async def _stream_azure(fs, path, start, end, emit, timeout) -> None:
     from azure.core.exceptions import ResourceNotFoundError
 
     container, blob, version = fs.split_path(fs._strip_protocol(path))
@@ -140,14 +141,14 @@ async def _stream_azure(fs, path, start, end, sink, timeout) -> None:
             )
         except ResourceNotFoundError as exc:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from exc
-        window = _RangeWindow(sink, start, end, start)
+        window = _RangeWindow(start, end, start)
         pieces = stream.chunks()
         while not window.done:
             try:
                 data = await _within(pieces.__anext__(), timeout)
             except StopAsyncIteration:
                 return
-            window.feed(data)
+            await emit(window.take(data))
 
 
 _STREAMERS = {
@@ -175,9 +176,44 @@ def stream_range(
     streamer = _STREAMERS.get(protocol_of(fs))
     if streamer is None or getattr(fs, "asynchronous", False):
         data = call(fs, "cat_file", path, start=start, end=end, timeout=timeout)
-        window = _RangeWindow(sink, start, end, start)
+        window = _RangeWindow(start, end, start)
         if len(data) > end - start:  # the whole body of a server that ignored the Range
             window.offset = 0
-        window.feed(data)
+        sink(window.take(data))
         return
-    sync(fs.loop, streamer, fs, path, start, end, sink, timeout)
+    _pipelined(fs.loop, lambda emit: streamer(fs, path, start, end, emit, timeout), sink)
+
+
+def _pipelined(loop: asyncio.AbstractEventLoop, produce: Callable, sink: Sink) -> None:
+    """Run ``produce(emit)`` on the backend's event loop while this thread hands what it
+    emits to ``sink``: the network read overlaps with hashing and writing, and those stay
+    off the loop thread, which every download of the process shares."""
+    pieces: asyncio.Queue = asyncio.Queue()
+    room = asyncio.Semaphore(_PIECES_IN_FLIGHT)
+
+    async def emit(data: bytes) -> None:
+        if data:
+            await room.acquire()
+            pieces.put_nowait(data)
+
+    async def run() -> None:
+        outcome: object = _DONE
+        try:
+            await produce(emit)
+        except BaseException as exc:  # handed to the consuming thread, raised there
+            outcome = exc
+        finally:
+            pieces.put_nowait(outcome)
+
+    producer = asyncio.run_coroutine_threadsafe(run(), loop)
+    try:
+        while True:
+            piece = asyncio.run_coroutine_threadsafe(pieces.get(), loop).result()
+            if piece is _DONE:
+                return
+            if isinstance(piece, BaseException):
+                raise piece
+            loop.call_soon_threadsafe(room.release)
+            sink(piece)
+    finally:
+        producer.cancel()
