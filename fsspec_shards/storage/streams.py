@@ -4,9 +4,9 @@
 cut mid-body. For the network backends (http, s3, gcs, az) this module streams the response
 body instead, passing each piece to a sink (in the caller's thread, while the next piece
 is being received); when the connection breaks, the bytes already passed on count, and the
-caller resumes from there. Each wait for the server (headers, every
-body piece) is bounded by ``timeout``, so a stalled transfer raises ``TimeoutError`` while a
-slow but moving one does not. Other backends fall back to one ``cat_file`` call.
+caller resumes from there. Each wait for the server (headers, every body piece) is bounded
+by ``timeout``, so a stalled transfer raises ``TimeoutError`` while a slow but moving one
+does not. Other backends fall back to one ``cat_file`` call.
 """
 
 from __future__ import annotations
