@@ -9,7 +9,6 @@ the offset are dropped. Samples are streamed member by member: a shard is never 
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -18,9 +17,7 @@ import fsspec
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
-    BLOCK_SIZE,
     GZIP_MAGIC,
-    TarMember,
     iter_members,
     open_shard_stream,
     parse_members,
@@ -120,22 +117,7 @@ def _skip_to(stream, url: str, start: int) -> None:
 def sample_refs(stream, url: str, start: int = 0) -> Iterator[RawSample]:
     """Samples of a tar stream with empty fields, from headers only: payloads are sought over.
 
-    Used to fast-forward to a sample count without reading sample bytes. Offsets and keys
-    equal those of :func:`group_samples` over :func:`iter_members`; :mod:`tarfile` names
-    members by the same rules.
+    Used to fast-forward to a sample count without reading sample bytes. It parses with the
+    same reader as the normal path, so offsets, keys and errors agree with it exactly.
     """
-    return group_samples(_header_members(stream, url, start), url)
-
-
-def _header_members(stream, url: str, start: int) -> Iterator[TarMember]:
-    position = start
-    try:
-        with tarfile.open(fileobj=stream, mode="r:") as archive:
-            while (info := archive.next()) is not None:
-                archive.members.clear()
-                position = info.offset
-                if info.isreg():
-                    end = info.offset_data + info.size + (-info.size % BLOCK_SIZE)
-                    yield TarMember(info.name, b"", info.offset, end)
-    except tarfile.TarError as exc:
-        raise ShardFormatError(url, position, f"unreadable tar: {exc}") from None
+    return group_samples(iter_members(stream, url, start, read_data=False), url)
