@@ -124,10 +124,11 @@ BENCHMARKS = (
     ),
     Benchmark(
         "integrity",
-        "Verification on vs off (cold downloads from local disk)",
-        "Downloads into an empty cache from local disk, the fastest source, so hashing costs "
-        "the most it can. `X_vs_off` is the time with `verify=False` over the time with X: "
-        "below 1 is the cost of checking.",
+        "Verification on vs off (reads from local disk)",
+        "From local disk, the fastest source, so hashing costs the most it can: cold "
+        "downloads into an empty cache (which also writes and syncs the cached copy), and "
+        "streamed reads with `cache=False` (no disk writes). `X_vs_off` is the time with "
+        "`verify=False` over the time with X: below 1 is the cost of checking.",
         lambda: integrity_suite(5),
         lambda: integrity_suite(2),
     ),
