@@ -343,7 +343,7 @@ class PassReport:
             ("failed shards", f"{self.failed_shards}"),
         ]
         lines = [self.title] + [f"  {name:<19} {value}" for name, value in rows]
-        lines += [f"  failed: {redact_url(plain_url(url))}: {why}" for url, why in self.failures]
+        lines += [f"  failed: {redact_url(comparable(url))}: {why}" for url, why in self.failures]
         return lines
 
 
@@ -511,7 +511,7 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
 
 def print_failures(failures: list[Outcome]) -> None:
     """A table of failed shards on stdout: shard, then why."""
-    rows = [(redact_url(plain_url(o.item)), describe_error(o.error)) for o in failures]
+    rows = [(redact_url(comparable(o.item)), describe_error(o.error)) for o in failures]
     width = max(len("shard"), *(len(shard) for shard, _ in rows))
     print(f"{'shard':<{width}}  problem")
     for shard, problem in sorted(rows):
