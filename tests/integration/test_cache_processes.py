@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from filelock import FileLock
 
 from fsspec_shards.storage.cache import CacheFullError, ShardCache
 
@@ -58,16 +59,17 @@ def slow_writer(name: str, size: int, chunks: int, pause: float, counter: str | 
 
 
 def disk_bytes(directory: str) -> int:
-    """Bytes of published and in-flight files; ``files`` is listed before ``tmp`` so a file
-    renamed from one to the other meanwhile is missed rather than counted twice."""
+    """Bytes of published and in-flight files, as one snapshot: the cache's space lock
+    (held while it reserves, publishes and evicts) keeps files from moving while we count."""
     total = 0
-    for sub in ("files", "tmp"):
-        for root, _, names in os.walk(os.path.join(directory, sub)):
-            for name in names:
-                try:
-                    total += os.stat(os.path.join(root, name)).st_size
-                except FileNotFoundError:
-                    pass
+    with FileLock(os.path.join(directory, "locks", "space.lock")):
+        for sub in ("files", "tmp"):
+            for root, _, names in os.walk(os.path.join(directory, sub)):
+                for name in names:
+                    try:
+                        total += os.stat(os.path.join(root, name)).st_size
+                    except FileNotFoundError:
+                        pass
     return total
 
 
