@@ -88,6 +88,8 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return url.split("?", 1)[0] + ("?" + REDACTED if "?" in url else "")
+    if "@" not in parts.netloc and not parts.query:
+        return url
     netloc = parts.netloc
     if "@" in netloc:
         netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
@@ -111,6 +113,8 @@ def strip_secrets(url: str) -> str:
     if "://" not in url and "?" not in url:
         return url
     parts = urlsplit(url)
+    if "@" not in parts.netloc and not parts.query:
+        return url
     netloc = parts.netloc.rsplit("@", 1)[-1]
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     query = urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_QUERY_KEYS])

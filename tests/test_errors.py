@@ -24,6 +24,8 @@ def test_redaction_keeps_harmless_query_parameters_and_plain_paths():
     assert "versionId=7" in redact_url(SIGNED)
     assert redact_url("/data/shard-0001.tar") == "/data/shard-0001.tar"
     assert redact_url("s3://bucket/key.tar") == "s3://bucket/key.tar"
+    assert redact_url("memory:///data/key.tar") == "memory:///data/key.tar"
+    assert strip_secrets("memory:///data/key.tar") == "memory:///data/key.tar"
 
 
 def test_two_signatures_of_one_object_strip_to_the_same_url():
