@@ -282,3 +282,15 @@ def test_an_uncached_object_of_unknown_size_is_read_whole_and_seekable(tmp_path)
         assert handle.read(10) == DATA[1000:1010]
         handle.seek(0)
         assert handle.read() == DATA
+
+
+def test_prefetch_counts_a_miss_when_it_downloads_and_nothing_when_already_cached(shard):
+    path, options = shard
+    fs = _wds(target_protocol="file", **options)
+    local = fs.prefetch(path)
+    assert fs.prefetch(path) == local
+    stats = fs.cache_stats()
+    assert (stats["misses"], stats["hits"]) == (1, 0)
+    with fs.open(path) as handle:
+        assert handle.read() == DATA
+    assert fs.cache_stats()["hits"] == 1

@@ -143,13 +143,14 @@ class ShardCache:
 
     # -- reading -------------------------------------------------------------------------
 
-    def get(self, url: str) -> str | None:
+    def get(self, url: str, *, count: bool = True) -> str | None:
         """Local path of the whole, verified file for ``url``, or None on a miss.
 
-        A hit refreshes the file's least-recently-used position and counts in ``hits``.
+        A hit refreshes the file's least-recently-used position and, with ``count``, counts
+        in ``hits`` (a prefetch that finds the file already there is no read of it).
         """
         path = self._lookup(cache_key(url))
-        if path is not None:
+        if path is not None and count:
             self.incr("hits")
         return path
 

@@ -322,6 +322,10 @@ class WdsFileSystem(ChainedFileSystem):
         if not self.cache_enabled:
             return None
         backend_path = self._backend_path(path)
+        if not self.check_stale:
+            local = self.shard_cache.get(self._url(backend_path), count=False)
+            if local is not None:
+                return local
         handle = self._open_cached(backend_path)
         if handle is None:
             return None
