@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import fsspec
+from report import print_results
 
 LARGE_FILES = 4
 LARGE_SIZE = 32 << 20
@@ -132,10 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats (default 5)")
     results = run(parser.parse_args(argv).rounds)
-    for case, values in results.items():
-        print(case)
-        for name, value in values.items():
-            print(f"  {name:28s} {value:12.2f}")
+    print_results(results)
     return results
 
 

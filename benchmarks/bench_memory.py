@@ -22,6 +22,8 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
+from report import print_results
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_BYTES = 1 << 20
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -121,10 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         print(json.dumps(iterate(*arguments.child)))
         return {}
     results = run(tuple(int(size) for size in arguments.sizes.split(",")))
-    for case, values in results.items():
-        print(case)
-        for name, value in values.items():
-            print(f"  {name:28s} {value:12.2f}")
+    print_results(results)
     return results
 
 

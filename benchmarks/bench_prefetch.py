@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from report import print_results  # noqa: E402
+
 from fsspec_shards.demo import make_demo_dataset  # noqa: E402
 from tests.integration import servers  # noqa: E402
 from tests.integration.fault_proxy import FaultProxy  # noqa: E402
@@ -141,10 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats (default 3)")
     results = run(parser.parse_args(argv).rounds)
-    for case, values in results.items():
-        print(case)
-        for name, value in values.items():
-            print(f"  {name:28s} {value:12.2f}")
+    print_results(results)
     return results
 
 

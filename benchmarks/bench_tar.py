@@ -19,6 +19,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from report import print_results
+
 from fsspec_shards.iteration.samples import group_samples, to_dict
 from fsspec_shards.iteration.tar import iter_members, open_shard_stream
 
@@ -135,10 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         small_samples=arguments.small_samples,
         large_samples=arguments.large_samples,
     )
-    for case, values in results.items():
-        print(case)
-        for name, value in values.items():
-            print(f"  {name:28s} {value:12.1f}" if value >= 100 else f"  {name:28s} {value:12.2f}")
+    print_results(results)
     return results
 
 
