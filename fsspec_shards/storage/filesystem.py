@@ -444,13 +444,18 @@ class WdsFileSystem(ChainedFileSystem):
             buffer = io.BytesIO()
             download(target, buffer, info)
             return buffer.getvalue()
-        size = info.get("size")
+        return self._read_backend_range(target, start, end, info.get("size"))
+
+    def _read_backend_range(
+        self, target: Target, start: int | None, end: int | None, size: int | None
+    ) -> bytes:
+        """``[start, end)`` straight from the backend, retried and resumed, size-checked."""
         first, last = _resolve_range(start, end, size)
         if first >= last:
             return b""
         return read_range(
             self.fs,
-            backend_path,
+            target.path,
             first,
             last,
             size,
@@ -504,20 +509,7 @@ class WdsFileSystem(ChainedFileSystem):
         target = self._target(backend_path)
         size = target.stat().get("size")
         for index in indices:
-            first, last = _resolve_range(starts[index], ends[index], size)
-            results[index] = (
-                read_range(
-                    self.fs,
-                    backend_path,
-                    first,
-                    last,
-                    size,
-                    target.attempts("read"),
-                    lambda n: self._count("bytes_downloaded", n),
-                )
-                if first < last
-                else b""
-            )
+            results[index] = self._read_backend_range(target, starts[index], ends[index], size)
 
     # -- metadata, delegated with retries ----------------------------------------------
 
