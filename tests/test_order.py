@@ -86,6 +86,15 @@ def test_rank_outside_the_world_is_an_error(monkeypatch):
         node_split()
 
 
+def test_world_size_without_rank_is_an_error_not_every_process_reading_rank_0(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 is set but RANK is not"):
+        node_split()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert node_split() == (0, 1)
+
+
 def test_counter_rng_resumes_from_its_counter():
     rng = CounterRNG(derive_key("test", 1))
     [rng.below(10) for _ in range(5)]

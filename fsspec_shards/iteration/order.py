@@ -63,6 +63,12 @@ def node_split() -> tuple[int, int]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     world_size = parse_int(os.environ.get("WORLD_SIZE", "1"), "WORLD_SIZE", minimum=1)
+    if world_size > 1 and "RANK" not in os.environ:
+        # Defaulting to rank 0 would make every process read the same part and miss the rest.
+        raise ValueError(
+            f"WORLD_SIZE={world_size} is set but RANK is not: set RANK for each process, "
+            "initialize torch.distributed, or pass split_by_node=False"
+        )
     rank = parse_int(os.environ.get("RANK", "0"), "RANK")
     if rank >= world_size:
         raise ValueError(f"RANK={rank} must be smaller than WORLD_SIZE={world_size}")
