@@ -294,3 +294,16 @@ def test_prefetch_counts_a_miss_when_it_downloads_and_nothing_when_already_cache
     with fs.open(path) as handle:
         assert handle.read() == DATA
     assert fs.cache_stats()["hits"] == 1
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_reading_a_directory_raises_is_a_directory_error_naming_the_url(tmp_path, cache):
+    """Object stores list prefixes as size-0 directories: reading one is no empty file."""
+    backend = fsspec.filesystem("memory", skip_instance_cache=True)
+    folder = f"/fs-{uuid.uuid4().hex}/shards"
+    backend.pipe_file(f"{folder}/train-0000.tar", DATA)
+    fs = _wds(fs=backend, cache_dir=str(tmp_path / "cache"), cache=cache)
+    for read in (lambda: fs.open(folder).read(), lambda: fs.cat_file(folder)):
+        with pytest.raises(IsADirectoryError, match=f"memory://{folder}"):
+            read()
+    assert fs.cache_stats()["cached_files"] == 0

@@ -115,13 +115,17 @@ class Target:
         return self.policy.attempts_for(self.url, action, lambda: self.incr("retries"))
 
     def stat(self) -> dict[str, Any]:
-        """The backend's ``info()`` of the object, retried."""
-        return self.policy.call(
+        """The backend's ``info()`` of the object, retried. A directory (object stores show a
+        prefix as one of size 0) raises ``IsADirectoryError``: its bytes are no file's."""
+        info = self.policy.call(
             lambda: call(self.fs, "info", self.path, timeout=self.policy.timeout),
             self.url,
             "info",
             lambda: self.incr("retries"),
         )
+        if info.get("type") == "directory":
+            raise IsADirectoryError(errno.EISDIR, f"is a directory: {redact_url(self.url)}")
+        return info
 
     def expected_checksum(self, info: dict[str, Any]) -> Checksum | None:
         found = backend_checksums(protocol_of(self.fs), info)

@@ -85,6 +85,20 @@ def test_missing_object_raises_file_not_found_naming_the_url(backend: servers.Ba
         fs.open(backend.url("absent.bin"))
 
 
+def test_reading_a_directory_raises_is_a_directory_error_naming_the_url(
+    backend: servers.Backend, tmp_path
+):
+    if backend.protocol == "http":
+        pytest.skip("over HTTP a directory URL is a page like any other")
+    backend.put("folder/inside.bin", b"x")
+    fs = _wds_fs(backend, tmp_path)
+    with pytest.raises(IsADirectoryError, match="folder"):
+        fs.cat_file(backend.url("folder"))
+    with pytest.raises(IsADirectoryError, match="folder"):
+        fs.open(backend.url("folder"))
+    assert fs.cache_stats()["cached_files"] == 0
+
+
 def test_writes_through_wds_reach_the_backend_and_drop_the_cached_copy(
     backend: servers.Backend, tmp_path
 ):
