@@ -85,6 +85,18 @@ def test_mapping_manifest_matches_urls_exact_paths_and_trailing_components():
     assert manifest.lookup("bucket/y/ab.tar") is None
 
 
+def test_signed_http_urls_find_their_manifest_checksum_whatever_the_query_string():
+    """A signed URL's query changes per request; the manifest names the object without it."""
+    signed = "https://host/data/a.tar?X-Amz-Signature=abc&X-Amz-Expires=60"
+    expected = Checksum("sha256", SHA256)
+    by_directory = Manifest({"a.tar": expected}, base="https://host/data")
+    by_name = manifest_from_mapping({"a.tar": f"sha256:{SHA256}"})
+    by_url = manifest_from_mapping({"https://host/data/a.tar": f"sha256:{SHA256}"})
+    for manifest in (by_directory, by_name, by_url):
+        assert manifest.lookup(signed) == expected
+    assert by_directory.lookup("https://host/data/b.tar?X-Amz-Signature=abc") is None
+
+
 def test_manifest_file_is_loaded_through_the_backend(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "SHA256SUMS").write_text(

@@ -111,7 +111,16 @@ class Manifest:
         return len(self.entries)
 
     def lookup(self, path: str) -> Checksum | None:
-        """The expected checksum of ``path`` (backend path form), or None if not listed."""
+        """The expected checksum of ``path`` (backend path form), or None if not listed.
+
+        A URL's query string (a signed URL's signature, expiry...) is ignored when the path
+        with it is not listed."""
+        found = self._lookup(path)
+        if found is None and _without_query(path) != path:
+            found = self._lookup(_without_query(path))
+        return found
+
+    def _lookup(self, path: str) -> Checksum | None:
         if self.base is not None:
             prefix = self.base + "/" if self.base else ""
             if not path.startswith(prefix):
@@ -123,6 +132,11 @@ class Manifest:
         if not matches:
             return None
         return self.entries[max(matches, key=len)]
+
+
+def _without_query(path: str) -> str:
+    """``path`` without its query string when it is a URL (object keys may contain "?")."""
+    return path.split("?", 1)[0] if "://" in path else path
 
 
 def _normalize_name(name: str) -> str:
@@ -191,7 +205,7 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     if protocol is None or protocol in own:
         path = backend._strip_protocol(source)
         text = backend.cat_file(path).decode("utf-8")
-        base = posixpath.dirname(path)
+        base = posixpath.dirname(_without_query(path))
     else:
         import fsspec
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import fsspec
 import pytest
 
+from fsspec_shards.errors import IntegrityError
 from tests.integration import servers
 
 DATA = random.Random(1202).randbytes(700_000)
@@ -130,6 +132,16 @@ def test_signed_urls_keep_their_secrets_out_of_messages_logs_and_the_cache(
     for text in shown:
         assert "s3cr3t" not in text and "AKIAS3CR3T" not in text
     assert len(entries) == 1 and "signed.bin" in entries[0]["url"]
+
+
+def test_a_manifest_verifies_signed_http_urls_whatever_their_query(http_backend, tmp_path):
+    url = http_backend.put("signed/a.tar", DATA[:5000])
+    wrong = hashlib.sha256(b"other bytes").hexdigest()
+    sums = http_backend.put("signed/SHA256SUMS", f"{wrong}  a.tar\n".encode())
+    fs = _wds_fs(http_backend, tmp_path, checksums=f"{sums}?sig=s3cr3t", retries=1)
+    with pytest.raises(IntegrityError, match="a.tar"):
+        fs.cat_file(f"{url}?sig=s3cr3t&se=2030-01-01")
+    assert fs.cache_stats()["cached_files"] == 0
 
 
 def _read_in_child(fs, url, queue) -> None:
