@@ -344,6 +344,33 @@ def test_delivered_counts_fast_forward_from_headers_to_the_exact_position(
         assert head + keys(resumed) == expected, f"cut after {cut}"
 
 
+@pytest.mark.parametrize("shuffle_buffer", [0, 3])
+def test_delivered_counts_resume_exactly_past_a_shard_cut_inside_a_samples_first_member(
+    tmp_path, shuffle_buffer
+):
+    from fsspec_shards.iteration.resume import DeliveryTracker
+
+    urls = write_shards(tmp_path, 3, 6, payload_size=2000)
+    sample_size = 512 + 2048 + 512 + 512  # a .txt member of 2000 bytes, then a .cls member
+    shard = Path(urls[1])
+    shard.write_bytes(shard.read_bytes()[: 3 * sample_size + 700])
+    args = dict(
+        urls=urls,
+        shuffle_shards=False,
+        shuffle_buffer=shuffle_buffer,
+        annotate=True,
+        handler="skip",
+    )
+    expected = keys(ShardDataset(**args))
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(**args)
+        tracker = DeliveryTracker(dataset, num_workers=0)
+        iterator = iter(dataset)
+        head = [tracker.update([next(iterator)])[0]["__key__"] for _ in range(cut)]
+        resumed = resume(args, tracker.state_dict())
+        assert head + keys(resumed) == expected, f"cut after {cut}"
+
+
 @pytest.mark.parametrize("how", ["truncated", "corrupt", "missing"])
 @pytest.mark.parametrize("shuffle_buffer", [0, 3])
 def test_resume_is_exact_around_a_skipped_broken_shard(tmp_path, how, shuffle_buffer):

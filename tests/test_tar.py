@@ -513,6 +513,23 @@ def test_header_only_scan_detects_a_truncated_last_member(compress, tmp_path):
     assert "truncated member" in caught.value.reason
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_header_only_scan_stops_before_a_truncated_member_as_the_full_read_does(compress, tmp_path):
+    raw = make_tar([regular("a.txt", b"a"), regular("b.bin", b"b" * 5000), regular("c.txt", b"c")])
+    cut = raw[: 1024 + 512 + 3000]
+    path = tmp_path / "cut.tar"
+    path.write_bytes(gzip.compress(cut) if compress else cut)
+    yielded = {}
+    for read_data in (True, False):
+        yielded[read_data] = []
+        with open(path, "rb") as fileobj, pytest.raises(ShardFormatError) as caught:
+            stream = open_shard_stream(fileobj, str(path))
+            for member in iter_members(stream, str(path), read_data=read_data):
+                yielded[read_data].append((member.name, member.offset))
+        assert caught.value.offset == 1024
+    assert yielded[False] == yielded[True] == [("a.txt", 0)]
+
+
 def test_header_only_scan_from_an_offset_on_a_seekable_file(tmp_path):
     raw = make_tar(MIXED_ENTRIES, tarfile.PAX_FORMAT)
     members = read_all(raw)

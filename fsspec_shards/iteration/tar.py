@@ -155,7 +155,6 @@ def iter_members(
     read = stream.read
     seek_over = not read_data and _seekable(stream)
     stream_start = stream.tell() if seek_over else 0
-    last_offset = start
     adler32 = zlib.adler32
     position = start
     header_offset = start
@@ -176,8 +175,6 @@ def iter_members(
                         raise ShardFormatError(
                             shard, member_offset, "archive ends after an extended header"
                         )
-                    if seek_over and stream.seek(0, io.SEEK_END) < stream_start + position - start:
-                        raise ShardFormatError(shard, last_offset, "truncated member")
                     return
                 if len(header) != BLOCK_SIZE:
                     raise ShardFormatError(
@@ -221,7 +218,14 @@ def iter_members(
                 if not read_data:
                     padded = (size + 511) & -512
                     if seek_over:
-                        stream.seek(padded, io.SEEK_CUR)
+                        # Read the payload's last byte: a member cut short must fail here,
+                        # before it is yielded, as it does when its data is read.
+                        if padded:
+                            stream.seek(padded - 1, io.SEEK_CUR)
+                            if not read(1):
+                                end = stream.seek(0, io.SEEK_END) - stream_start + start
+                                got = max(end - position, 0)
+                                _raise_truncated(shard, member_offset, position, size, got)
                     else:
                         skipped = _skip(read, padded)
                         if skipped != padded:
@@ -262,7 +266,6 @@ def iter_members(
                     if header[345] != 0:
                         name = _name_field(header[345:500]) + "/" + name
                 yield TarMember(name, data, member_offset, position)
-                last_offset = member_offset
                 member_offset = long_name = pax_name = pax_size = None
                 continue
 
