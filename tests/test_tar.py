@@ -20,6 +20,7 @@ from fsspec_shards.iteration.tar import (
     open_shard_stream,
     parse_members,
 )
+from tests.shardmaker import shard_tar
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 SHARD = "memory://bucket/shard-0001.tar"
@@ -528,6 +529,31 @@ def test_header_only_scan_stops_before_a_truncated_member_as_the_full_read_does(
                 yielded[read_data].append((member.name, member.offset))
         assert caught.value.offset == 1024
     assert yielded[False] == yielded[True] == [("a.txt", 0)]
+
+
+def scan_until_error(path, read_data: bool) -> tuple[list[tuple[str, int]], int | None]:
+    """The members read from the shard at ``path`` until it fails, and the failure's offset."""
+    members = []
+    with open(path, "rb") as fileobj:
+        try:
+            for member in iter_members(
+                open_shard_stream(fileobj, str(path)), str(path), 0, read_data=read_data
+            ):
+                members.append((member.name, member.offset))
+        except ShardFormatError as error:
+            return members, error.offset
+    return members, None
+
+
+def test_header_only_scan_of_a_damaged_gzip_shard_fails_where_the_full_read_does(tmp_path):
+    compressed = gzip.compress(shard_tar(0, 60, payload_size=9000), mtime=0)
+    path = tmp_path / "damaged.tar.gz"
+    for position in range(200, len(compressed) - 8, 97):
+        damaged = bytearray(compressed)
+        damaged[position] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        full = scan_until_error(path, read_data=True)
+        assert scan_until_error(path, read_data=False) == full, f"damage at {position}"
 
 
 def test_header_only_scan_from_an_offset_on_a_seekable_file(tmp_path):

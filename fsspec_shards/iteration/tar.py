@@ -150,10 +150,11 @@ def iter_members(
     anything else malformed raises :class:`ShardFormatError`.
 
     With ``read_data=False`` members come with empty data and their payloads are sought
-    over (read and dropped when the stream cannot seek): a fast scan of names and offsets.
+    over: a fast scan of names and offsets. A stream that cannot seek, or decompresses, is
+    read exactly as with data, so that a damaged shard fails at the same member either way.
     """
     read = stream.read
-    seek_over = not read_data and _seekable(stream)
+    seek_over = not read_data and _seekable(stream) and not _decompressing(stream)
     stream_start = stream.tell() if seek_over else 0
     adler32 = zlib.adler32
     position = start
@@ -215,21 +216,16 @@ def iter_members(
                     raise ShardFormatError(
                         shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
                     )
-                if not read_data:
+                if seek_over:
+                    # Read the payload's last byte: a member cut short must fail here,
+                    # before it is yielded, as it does when its data is read.
                     padded = (size + 511) & -512
-                    if seek_over:
-                        # Read the payload's last byte: a member cut short must fail here,
-                        # before it is yielded, as it does when its data is read.
-                        if padded:
-                            stream.seek(padded - 1, io.SEEK_CUR)
-                            if not read(1):
-                                end = stream.seek(0, io.SEEK_END) - stream_start + start
-                                got = max(end - position, 0)
-                                _raise_truncated(shard, member_offset, position, size, got)
-                    else:
-                        skipped = _skip(read, padded)
-                        if skipped != padded:
-                            _raise_truncated(shard, member_offset, position, size, skipped)
+                    if padded:
+                        stream.seek(padded - 1, io.SEEK_CUR)
+                        if not read(1):
+                            end = stream.seek(0, io.SEEK_END) - stream_start + start
+                            got = max(end - position, 0)
+                            _raise_truncated(shard, member_offset, position, size, got)
                     position += padded
                     data = b""
                 elif size <= SMALL_MEMBER_SIZE:
@@ -259,6 +255,8 @@ def iter_members(
                                     shard, member_offset, position, size, size + len(pad)
                                 )
                     position += size + padding
+                if not read_data:
+                    data = b""
                 name = long_name or pax_name or global_name
                 if name is None:
                     nul = header.find(0, 0, 100)
@@ -366,6 +364,12 @@ def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
         fileobj.seek(position)
         return head
     return None
+
+
+def _decompressing(stream: BinaryIO) -> bool:
+    """True for a gzip stream (as :func:`open_shard_stream` makes): seeking decompresses."""
+    raw = getattr(stream, "raw", stream)
+    return isinstance(raw, gzip.GzipFile)
 
 
 def _seekable(fileobj: BinaryIO) -> bool:
