@@ -42,6 +42,24 @@ _SECRET_QUERY_KEYS = frozenset(
     }
 )
 
+# Query parameters that are no secret but change each time a URL is signed (date, expiry,
+# signing algorithm...): dropped from cache keys, so that a URL signed again is the same object.
+_SIGNING_QUERY_KEYS = frozenset(
+    {
+        "x-amz-algorithm",
+        "x-amz-date",
+        "x-amz-expires",
+        "x-amz-signedheaders",
+        "x-goog-algorithm",
+        "x-goog-date",
+        "x-goog-expires",
+        "x-goog-signedheaders",
+        "expires",
+        "policy",
+        "key-pair-id",
+    }
+)
+
 
 class IntegrityError(OSError):
     """Bytes from storage did not match the expected size or checksum."""
@@ -104,7 +122,8 @@ def redact_url(url: str) -> str:
 
 
 def strip_secrets(url: str) -> str:
-    """Return ``url`` without user info and without credential-bearing query parameters.
+    """Return ``url`` without user info, credential-bearing query parameters and those that
+    change each time a URL is signed (date, expiry).
 
     Used to derive cache keys: two signed URLs of the same object map to one key.
     """
@@ -117,5 +136,6 @@ def strip_secrets(url: str) -> str:
         return url
     netloc = parts.netloc.rsplit("@", 1)[-1]
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_QUERY_KEYS])
+    dropped = _SECRET_QUERY_KEYS | _SIGNING_QUERY_KEYS
+    query = urlencode([(k, v) for k, v in pairs if k.lower() not in dropped])
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

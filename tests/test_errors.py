@@ -49,3 +49,29 @@ def test_shard_format_error_is_a_value_error_naming_shard_and_offset():
     assert isinstance(err, ValueError)
     assert "s3://b/0001.tar" in str(err) and "1536" in str(err)
     assert pickle.loads(pickle.dumps(err)).offset == 1536
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "https://b.s3.amazonaws.com/0001.tar?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+        "&X-Amz-Credential=AKIAEXAMPLE%2F{day}%2Fus-east-1%2Fs3%2Faws4_request"
+        "&X-Amz-Date={day}T{time}Z&X-Amz-Expires={ttl}&X-Amz-SignedHeaders=host"
+        "&X-Amz-Signature={sig}&versionId=7",
+        "https://storage.googleapis.com/b/0001.tar?X-Goog-Algorithm=GOOG4-RSA-SHA256"
+        "&X-Goog-Credential=sa%2F{day}%2Fauto%2Fstorage%2Fgoog4_request"
+        "&X-Goog-Date={day}T{time}Z&X-Goog-Expires={ttl}&X-Goog-SignedHeaders=host"
+        "&X-Goog-Signature={sig}&versionId=7",
+        "https://d111.cloudfront.net/0001.tar?Expires={ttl}&Policy=eyJ{time}"
+        "&Signature={sig}&Key-Pair-Id=K2{day}&versionId=7",
+        "https://b.s3.amazonaws.com/0001.tar?AWSAccessKeyId=AKIAEXAMPLE&Expires={ttl}"
+        "&Signature={sig}&versionId=7",
+    ],
+    ids=["s3-v4", "gcs-v4", "cloudfront", "s3-v2"],
+)
+def test_one_object_signed_at_two_times_strips_to_the_same_url(template):
+    """The cache key: a URL signed again (new date, expiry, signature) is the same object."""
+    first = template.format(day="20260101", time="000000", ttl=3600, sig="deadbeef")
+    second = template.format(day="20260102", time="120000", ttl=900, sig="cafef00d")
+    assert strip_secrets(first) == strip_secrets(second)
+    assert "0001.tar" in strip_secrets(first) and "versionId=7" in strip_secrets(first)
