@@ -139,6 +139,19 @@ def test_state_dict_before_iterating_is_the_start_of_the_epoch(shards):
     assert keys(resumed) == keys(dataset)
 
 
+def test_state_dict_right_after_loading_delivered_counts_resumes_from_those_counts(shards):
+    from fsspec_shards.iteration.resume import DeliveryTracker
+
+    args = dict(urls=shards, shuffle_buffer=3, seed=2, annotate=True)
+    expected = keys(ShardDataset(**args))
+    dataset = ShardDataset(**args)
+    tracker = DeliveryTracker(dataset, num_workers=0)
+    iterator = iter(dataset)
+    head = [tracker.update([next(iterator)])[0]["__key__"] for _ in range(7)]
+    loaded = resume(args, tracker.state_dict())
+    assert head + keys(resume(args, loaded.state_dict())) == expected
+
+
 def test_state_is_small_and_holds_references_not_sample_bytes(tmp_path):
     urls = write_shards(tmp_path, 3, 50, payload_size=4096)
     dataset = ShardDataset(urls, shuffle_buffer=40)

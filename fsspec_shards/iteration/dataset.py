@@ -213,6 +213,8 @@ class ShardDataset(_DatasetBase):
         """The position after the last delivered sample, as a small JSON-serialisable dict."""
         if self._pending is not None and self._pending.epoch == self.epoch:
             return self._pending.to_dict()
+        if self._pending_counts is not None and self._pending_counts.epoch == self.epoch:
+            return self._pending_counts.to_dict()
         if self._live is not None and self._live.state.epoch == self.epoch:
             return self._live.snapshot().to_dict()
         start = StreamState(self._fingerprint(self._consumer()), epoch=self.epoch)
