@@ -160,6 +160,16 @@ def test_permanent_errors_become_the_matching_oserror_naming_the_url(exc, kind):
     assert "s3://bucket/key.tar" in str(converted)
 
 
+def test_missing_credentials_are_a_permission_error_naming_the_url_raised_at_once():
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+    for error in (NoCredentialsError(), PartialCredentialsError(provider="env", cred_var="x")):
+        assert not is_transient(error)
+        converted = permanent_error(error, "s3://bucket/key.tar")
+        assert type(converted) is PermissionError
+        assert "s3://bucket/key.tar" in str(converted)
+
+
 def test_programming_errors_are_not_turned_into_storage_errors():
     error = TypeError("bad argument")
     assert permanent_error(error, "s3://b/k") is error

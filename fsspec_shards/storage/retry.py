@@ -90,7 +90,13 @@ _TRANSIENT_TYPE_NAMES = frozenset(
     }
 )
 _NOT_FOUND_TYPE_NAMES = frozenset({"ResourceNotFoundError", "NoSuchKey"})
-_DENIED_TYPE_NAMES = frozenset({"ClientAuthenticationError"})
+_DENIED_TYPE_NAMES = frozenset(
+    {
+        "ClientAuthenticationError",  # azure-core
+        "NoCredentialsError",  # botocore: no credentials found for a signed request
+        "PartialCredentialsError",
+    }
+)
 _URLISH_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
