@@ -155,7 +155,12 @@ def iter_members(
     """
     read = stream.read
     seek_over = not read_data and _seekable(stream) and not _decompressing(stream)
-    stream_start = stream.tell() if seek_over else 0
+    if seek_over:
+        # Where the tar ends, in tar offsets: a member past it is cut short and must fail
+        # before it is yielded, as it does when its data is read.
+        stream_start = stream.tell()
+        tar_end = start + stream.seek(0, io.SEEK_END) - stream_start
+        stream.seek(stream_start)
     adler32 = zlib.adler32
     position = start
     header_offset = start
@@ -217,15 +222,11 @@ def iter_members(
                         shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
                     )
                 if seek_over:
-                    # Read the payload's last byte: a member cut short must fail here,
-                    # before it is yielded, as it does when its data is read.
                     padded = (size + 511) & -512
-                    if padded:
-                        stream.seek(padded - 1, io.SEEK_CUR)
-                        if not read(1):
-                            end = stream.seek(0, io.SEEK_END) - stream_start + start
-                            got = max(end - position, 0)
-                            _raise_truncated(shard, member_offset, position, size, got)
+                    if position + padded > tar_end:
+                        got = max(tar_end - position, 0)
+                        _raise_truncated(shard, member_offset, position, size, got)
+                    stream.seek(padded, io.SEEK_CUR)
                     position += padded
                     data = b""
                 elif size <= SMALL_MEMBER_SIZE:
