@@ -7,6 +7,7 @@ import logging
 import pickle
 import subprocess
 import sys
+import traceback
 import tracemalloc
 from pathlib import Path
 
@@ -187,6 +188,28 @@ def test_handler_warn_and_skip_leave_the_shard_out_and_count_it(
     assert url == shards[2] and isinstance(error, EXPECTED_ERROR[how])
     records = [r for r in caplog.records if "leaving out shard" in r.getMessage()]
     assert len(records) == 1 and records[0].levelno == level
+
+
+SIGNED = "memory://bucket/gone.tar?X-Amz-Credential=AKIDSECRET&X-Amz-Signature=SIGSECRET"
+
+
+def test_a_failing_signed_url_never_shows_its_signature_in_errors(shards):
+    with pytest.raises(FileNotFoundError) as raised:
+        list(ShardDataset([shards[0], SIGNED], shuffle_shards=False))
+    shown = "".join(traceback.format_exception(raised.value))
+    assert "gone.tar" in shown
+    assert "SIGSECRET" not in shown and "AKIDSECRET" not in shown
+
+
+def test_a_skipped_signed_url_never_shows_its_signature_in_logs_or_stats(shards, caplog):
+    dataset = ShardDataset([shards[0], SIGNED], shuffle_shards=False, handler="warn")
+    with caplog.at_level(logging.DEBUG, logger="fsspec_shards"):
+        assert len(keys(dataset)) == 5
+    ((url, error),) = dataset.stats()["failures"]
+    assert isinstance(error, FileNotFoundError)
+    shown = caplog.text + url + "".join(traceback.format_exception(error))
+    assert "gone.tar" in shown
+    assert "SIGSECRET" not in shown and "AKIDSECRET" not in shown
 
 
 def test_without_torch_the_dataset_is_a_plain_iterable(shards):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
 from fsspec_shards.iteration.lengths import (
@@ -482,6 +483,7 @@ class ShardDataset(_DatasetBase):
     def _shard_failed(self, url: str, error: BaseException) -> None:
         """Apply the error policy to a broken shard: raise, or log and count it."""
         shown = redact_url(url)
+        error = _without_secrets(error, url)
         if self.handler == "raise":
             if shown not in str(error) and hasattr(error, "add_note"):
                 error.add_note(f"while reading shard {shown}")
@@ -503,3 +505,31 @@ class ShardDataset(_DatasetBase):
         state = self.__dict__.copy()
         state["_live"] = None
         return state
+
+
+def _without_secrets(error: BaseException, url: str) -> BaseException:
+    """``error``, or a copy of its type whose text hides the credentials of ``url``.
+
+    fsspec errors quote the path with its query string, so a signed URL's signature would
+    otherwise reach logs, stats and tracebacks (the original is not chained for that reason).
+    """
+    text = shown = str(error)
+    for part in url.split("::"):
+        try:
+            original, redacted = urlsplit(part), urlsplit(redact_url(part))
+        except ValueError:
+            continue
+        for secret, hidden in (
+            (original.query, redacted.query),
+            (original.netloc, redacted.netloc),
+        ):
+            if secret and secret != hidden:
+                shown = shown.replace(secret, hidden)
+    if shown == text:
+        return error
+    try:
+        clean = type(error)(shown)
+    except TypeError:
+        clean = OSError(shown)
+    clean.__suppress_context__ = True
+    return clean
