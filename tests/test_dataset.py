@@ -229,3 +229,25 @@ def test_without_torch_the_dataset_is_a_plain_iterable(shards):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "30"
+
+
+def test_package_import_loads_no_torch_and_iteration_never_imports_storage(shards):
+    program = (
+        "import sys, json, pkgutil, importlib\n"
+        "import fsspec_shards\n"
+        "assert 'torch' not in sys.modules, 'import fsspec_shards loaded torch'\n"
+        "import fsspec_shards.iteration as iteration\n"
+        "for module in pkgutil.iter_modules(iteration.__path__):\n"
+        "    importlib.import_module('fsspec_shards.iteration.' + module.name)\n"
+        "print(sum(1 for _ in fsspec_shards.ShardDataset(json.loads(sys.argv[1]))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fsspec_shards.storage')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program, json.dumps(shards)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["30", "[]"]
