@@ -372,6 +372,23 @@ def test_huge_declared_size_on_a_short_stream_fails_without_allocating_it(tmp_pa
     assert peak < 4 * tar.READ_PIECE_SIZE
 
 
+def test_a_size_beyond_the_end_of_a_long_shard_fails_without_reading_the_rest(tmp_path):
+    header = bytearray(make_tar([regular("a.bin", b"")])[:512])
+    header[124:136] = b"\x80" + (1 << 39).to_bytes(11, "big")
+    path = tmp_path / "long.tar"
+    path.write_bytes(rechecksum(header) + b"x" * (5 * tar.READ_PIECE_SIZE))
+    tracemalloc.start()
+    try:
+        with open(path, "rb") as fileobj, pytest.raises(ShardFormatError) as caught:
+            list(iter_members(open_shard_stream(fileobj, str(path)), str(path)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert caught.value.offset == 0
+    assert f"got {5 * tar.READ_PIECE_SIZE}" in caught.value.reason
+    assert peak < tar.READ_PIECE_SIZE
+
+
 def test_extended_header_at_the_end_raises():
     long_name = make_tar([regular("n" * 200 + ".txt", b"x")], tarfile.GNU_FORMAT)
     error = failure(long_name[:1024])

@@ -241,6 +241,8 @@ def iter_members(
                         data = data[:size]
                     position += padded
                 else:
+                    if size > READ_PIECE_SIZE:
+                        _check_member_fits(stream, shard, member_offset, position, size)
                     data = read(size) if size <= READ_PIECE_SIZE else b""
                     if len(data) != size:
                         data += _read_exactly(read, size - len(data))
@@ -320,6 +322,22 @@ def iter_members(
             member_offset = long_name = pax_name = pax_size = None
     except _COMPRESSED_STREAM_ERRORS as exc:
         raise ShardFormatError(shard, header_offset, f"corrupt compressed stream: {exc}") from None
+
+
+def _check_member_fits(
+    stream: BinaryIO, shard: str, offset: int, data_start: int, size: int
+) -> None:
+    """Raise when a large member claims more bytes than a seekable plain stream holds.
+
+    Checked before its pieces are read: a bogus size would read the rest of the shard.
+    """
+    if not _seekable(stream) or _decompressing(stream):
+        return
+    here = stream.tell()
+    available = stream.seek(0, io.SEEK_END) - here
+    stream.seek(here)
+    if available < size:
+        _raise_truncated(shard, offset, data_start, size, available)
 
 
 def _read_exactly(read, count: int) -> bytes:
