@@ -120,3 +120,10 @@ def test_padding_a_consumer_without_samples_is_an_error(tmp_path, monkeypatch):
     )
     with pytest.raises(ValueError, match="has no samples"):
         list(dataset)
+
+
+def test_an_unreadable_signed_counts_url_never_shows_its_signature():
+    source = "memory://bucket/counts.json?X-Amz-Signature=SIGSECRET"
+    with pytest.raises(ValueError, match="cannot read sample counts") as raised:
+        load_sample_counts(source)
+    assert "counts.json" in str(raised.value) and "SIGSECRET" not in str(raised.value)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
 from fsspec_shards.iteration.lengths import (
@@ -46,7 +45,7 @@ from fsspec_shards.iteration.state import (
     urls_digest,
 )
 from fsspec_shards.iteration.transforms import Batched
-from fsspec_shards.iteration.urls import expand_urls
+from fsspec_shards.iteration.urls import expand_urls, redact_in_text
 
 try:
     from torch.utils.data import IterableDataset as _DatasetBase
@@ -508,23 +507,10 @@ class ShardDataset(_DatasetBase):
 
 
 def _without_secrets(error: BaseException, url: str) -> BaseException:
-    """``error``, or a copy of its type whose text hides the credentials of ``url``.
-
-    fsspec errors quote the path with its query string, so a signed URL's signature would
-    otherwise reach logs, stats and tracebacks (the original is not chained for that reason).
-    """
-    text = shown = str(error)
-    for part in url.split("::"):
-        try:
-            original, redacted = urlsplit(part), urlsplit(redact_url(part))
-        except ValueError:
-            continue
-        for secret, hidden in (
-            (original.query, redacted.query),
-            (original.netloc, redacted.netloc),
-        ):
-            if secret and secret != hidden:
-                shown = shown.replace(secret, hidden)
+    """``error``, or a copy of its type whose text hides the credentials of ``url``, for logs,
+    stats and tracebacks (the original is not chained, as it would show them)."""
+    text = str(error)
+    shown = redact_in_text(text, url)
     if shown == text:
         return error
     try:
