@@ -494,10 +494,11 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     stats = {key: value - before[key] for key, value in storage_stats(fs).items()}
+    fetched = len(urls) - len(failures)
     print(
-        f"prefetched {len(urls) - len(failures)} of {len(urls)} shards: "
+        f"prefetched {fetched} of {len(urls)} shards: "
         f"{stats['misses']} downloaded ({format_bytes(stats['bytes_downloaded'])}), "
-        f"{stats['hits']} already cached, {stats['retries']} retries"
+        f"{max(fetched - stats['misses'], 0)} already cached, {stats['retries']} retries"
     )
     if failures:
         print_failures(failures)
