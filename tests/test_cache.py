@@ -349,6 +349,43 @@ def test_threads_fetching_one_url_download_it_once(cache: ShardCache) -> None:
     assert results == [payload("shared", 100)] * 6
 
 
+def _fetch_in_forked_child(directory: str, results) -> None:
+    try:
+        fill(ShardCache(directory, 1000), "s3://bucket/child")
+        results.put("ok")
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        results.put(repr(error))
+
+
+def test_a_child_forked_while_a_thread_writes_the_index_can_use_the_cache(
+    cache: ShardCache,
+) -> None:
+    """DataLoader workers fork while a prefetch thread updates the cache: sqlite's lock state
+    of a write in flight must not be inherited (the child saw "database is locked" forever)."""
+    import multiprocessing
+
+    inside = threading.Event()
+
+    def write_slowly() -> None:
+        with cache._index.transact(retry=True):
+            inside.set()
+            threading.Event().wait(2.0)
+
+    writer_thread = threading.Thread(target=write_slowly)
+    writer_thread.start()
+    assert inside.wait(60)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_fetch_in_forked_child, args=(cache.directory, results))
+    child.start()
+    try:
+        assert results.get(timeout=120) == "ok"
+    finally:
+        child.join(60)
+        writer_thread.join(60)
+    assert cache.get("s3://bucket/child") is not None
+
+
 def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
     cache: ShardCache,
 ) -> None:

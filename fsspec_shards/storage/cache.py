@@ -26,6 +26,7 @@ import os
 import secrets
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -57,6 +58,45 @@ class CacheFullError(OSError):
 
     def __reduce__(self):
         return (type(self), (self.url, self.detail))
+
+
+# SQLite keeps each process's lock state in memory, and a forked child inherits it: a child
+# forked while another thread is inside a write transaction believes that lock held by itself
+# and gets "database is locked" for good (DataLoader workers fork while prefetch threads
+# write). No fork happens while a thread of this process is inside the index.
+_FORK_GUARD = threading.RLock()
+
+
+def _hold_forks() -> None:
+    _FORK_GUARD.acquire()
+
+
+def _allow_forks() -> None:
+    _FORK_GUARD.release()
+
+
+def _fresh_fork_guard() -> None:
+    global _FORK_GUARD
+    _FORK_GUARD = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_hold_forks, after_in_parent=_allow_forks, after_in_child=_fresh_fork_guard
+    )
+
+
+class _ForkSafeCache(diskcache.Cache):
+    """diskcache ``Cache`` whose set-up and write transactions never straddle a fork."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        with _FORK_GUARD:
+            super().__init__(*args, **kwargs)
+
+    @contextmanager
+    def _transact(self, retry: bool = False, filename: str | None = None):
+        with _FORK_GUARD, super()._transact(retry, filename) as transaction:
+            yield transaction
 
 
 class _Entry:
@@ -117,17 +157,17 @@ class ShardCache:
         self.size_limit = int(size_limit)
         for sub in ("", "files", "tmp", "locks"):
             os.makedirs(os.path.join(self.directory, sub), mode=0o700, exist_ok=True)
-        self._index = diskcache.Cache(
+        self._index = _ForkSafeCache(
             self.directory,
             disk=_PublishedFileDisk,
             eviction_policy="least-recently-used",
             size_limit=self.size_limit,
             cull_limit=0,
         )
-        self._counters = diskcache.Cache(
+        self._counters = _ForkSafeCache(
             os.path.join(self.directory, "state", "counters"), eviction_policy="none"
         )
-        self._validated = diskcache.Cache(
+        self._validated = _ForkSafeCache(
             os.path.join(self.directory, "state", "validated"), eviction_policy="none"
         )
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
@@ -524,11 +564,12 @@ class ShardCache:
     def _query(self, statement: str) -> list[tuple]:
         """Read diskcache's ``Cache`` table directly: its public API has no LRU-ordered listing."""
         path = pathname2url(os.path.join(self.directory, DBNAME))
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
-        try:
-            return connection.execute(statement).fetchall()
-        finally:
-            connection.close()
+        with _FORK_GUARD:
+            connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+            try:
+                return connection.execute(statement).fetchall()
+            finally:
+                connection.close()
 
 
 def _try_acquire(lock: FileLock) -> bool:
