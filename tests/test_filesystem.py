@@ -101,6 +101,7 @@ def test_cache_location_and_size_default_from_the_environment(monkeypatch, tmp_p
         ({"timeout": -1}, "timeout"),
         ({"cache": "maybe"}, "cache"),
         ({"checksums": 5}, "checksums"),
+        ({"checksums": {"train-0000.tar": "sha1:00"}}, "checksums entry for train-0000.tar"),
         ({"anon": True}, "unknown option.*anon"),
         ({"target_protocol": None}, "needs a backend"),
     ],

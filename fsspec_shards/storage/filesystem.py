@@ -178,6 +178,8 @@ class WdsFileSystem(ChainedFileSystem):
         self._memory_counters = dict.fromkeys(COUNTERS, 0)
         if fs is None:
             self._build_backend()
+        if isinstance(checksums, dict):  # checked now: a bad entry is a bad option
+            self._manifest = load_manifest(checksums, self.fs)
 
     # -- the backend, the cache and the manifest (per process) ----------------------------
 
