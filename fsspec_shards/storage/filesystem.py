@@ -169,6 +169,7 @@ class WdsFileSystem(ChainedFileSystem):
         self._target_protocol = target_protocol
         self._target_options = dict(target_options or {})
         self._given_fs = fs
+        self._given_pid = os.getpid()
         self._locks: tuple[int, threading.RLock] = (os.getpid(), threading.RLock())
         self._pid = -1
         self._backend: fsspec.AbstractFileSystem | None = None
@@ -197,6 +198,11 @@ class WdsFileSystem(ChainedFileSystem):
     def fs(self) -> fsspec.AbstractFileSystem:
         """The backend; rebuilt in a forked child, where the parent's event loop is gone."""
         if self._given_fs is not None:
+            if self._given_pid != os.getpid():
+                with self._lock:
+                    if self._given_pid != os.getpid():
+                        self._given_fs = _rebuilt_after_fork(self._given_fs)
+                        self._given_pid = os.getpid()
             return self._given_fs
         if self._pid != os.getpid():
             self._build_backend()
@@ -628,6 +634,14 @@ class WdsFileSystem(ChainedFileSystem):
         backend_path = self._backend_path(path)
         self.fs.touch(backend_path, truncate=truncate, **kwargs)
         self._drop_cached(backend_path)
+
+
+def _rebuilt_after_fork(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """A backend given by the user, for a forked child: an async one is bound to the parent's
+    event loop (fsspec refuses it after a fork), so an equal one is built from its arguments."""
+    if not getattr(fs, "async_impl", False):
+        return fs
+    return type(fs)(*fs.storage_args, **fs.storage_options)
 
 
 def _parse_size(value: Any, name: str = "cache_size") -> int:

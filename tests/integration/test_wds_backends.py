@@ -170,3 +170,31 @@ def test_an_instance_used_before_a_fork_still_reads_in_the_forked_child(
     finally:
         child.join(timeout=60)
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_given_backend_instance_used_before_a_fork_still_reads_in_the_forked_child(
+    request, tmp_path, backend_name
+):
+    """``fs=`` an async backend: fsspec refuses to use it after a fork (its event loop stayed
+    in the parent), so the child reads through an equal one."""
+    import multiprocessing
+
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    first = backend.put("given-0.bin", DATA[:2000])
+    second = backend.put("given-1.bin", DATA[2000:4000])
+    given = fsspec.filesystem(backend.protocol, **backend.storage_options)
+    fs = fsspec.filesystem(
+        "wds", fs=given, skip_instance_cache=True, cache_dir=str(tmp_path / "cache")
+    )
+    assert fs.cat_file(first) == DATA[:2000]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(fs, second, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == DATA[2000:3000]
+    finally:
+        child.join(timeout=60)
+    assert child.exitcode == 0
+    assert fs.fs is given
