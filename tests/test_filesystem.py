@@ -308,3 +308,9 @@ def test_reading_a_directory_raises_is_a_directory_error_naming_the_url(tmp_path
         with pytest.raises(IsADirectoryError, match=f"memory://{folder}"):
             read()
     assert fs.cache_stats()["cached_files"] == 0
+
+
+def test_an_invalid_target_options_value_is_rejected_without_showing_its_secrets():
+    with pytest.raises(ValueError, match="target_options") as raised:
+        _wds(target_protocol="file", target_options='{"key": "AKIA", "secret": "hunter2"}')
+    assert "hunter2" not in str(raised.value)

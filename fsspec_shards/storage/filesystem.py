@@ -139,7 +139,10 @@ class WdsFileSystem(ChainedFileSystem):
                 "target_protocol=..., or fs=..."
             )
         if target_options is not None and not isinstance(target_options, dict):
-            raise ValueError(f"invalid target_options {target_options!r}: expected a dict")
+            raise ValueError(
+                f"invalid value for option 'target_options': expected a dict, "
+                f"got {type(target_options).__name__}"
+            )
         self.policy = RetryPolicy(
             attempts=config.parse_int(retries, "retries", minimum=1),
             backoff=config.parse_float(backoff, "backoff"),
