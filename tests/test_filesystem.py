@@ -314,3 +314,16 @@ def test_an_invalid_target_options_value_is_rejected_without_showing_its_secrets
     with pytest.raises(ValueError, match="target_options") as raised:
         _wds(target_protocol="file", target_options='{"key": "AKIA", "secret": "hunter2"}')
     assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_open_files_pickle_and_reopen_at_their_position(shard, cache):
+    """As fsspec's own files do: dask ships open file objects to its workers."""
+    path, options = shard
+    fs = _wds(target_protocol="file", cache=cache, **options)
+    with fs.open(path) as handle:
+        handle.seek(1000)
+        assert handle.read(10) == DATA[1000:1010]
+        with pickle.loads(pickle.dumps(handle)) as clone:
+            assert clone.tell() == 1010
+            assert clone.read(10) == DATA[1010:1020]

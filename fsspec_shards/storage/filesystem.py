@@ -423,7 +423,7 @@ class WdsFileSystem(ChainedFileSystem):
         if self.cache_enabled:
             handle = self._open_cached(backend_path)
             if handle is not None:
-                return handle
+                return CachedFile(handle, self, backend_path)
         target = self._target(backend_path)
         info = target.stat()
         if info.get("size") is None:  # no ranged reads without a size: spool it whole
@@ -712,6 +712,25 @@ class _DropCachedOnClose(io.RawIOBase):
         finally:
             super().close()
             self._drop()
+
+
+class CachedFile(io.BufferedReader):
+    """The cached copy of a file, open for reading. It pickles as "open this path again at
+    this position", as fsspec's own files do (dask ships open files to its workers)."""
+
+    def __init__(self, handle: io.BufferedReader, wds: WdsFileSystem, path: str) -> None:
+        super().__init__(handle.detach())
+        self.fs = wds
+        self.path = path
+
+    def __reduce__(self):
+        return _reopen, (self.fs, self.path, 0 if self.closed else self.tell())
+
+
+def _reopen(fs: WdsFileSystem, path: str, position: int) -> BinaryIO:
+    handle = fs.open(path, "rb")
+    handle.seek(position)
+    return handle
 
 
 class RetryingFile(AbstractBufferedFile):
