@@ -327,3 +327,23 @@ def test_open_files_pickle_and_reopen_at_their_position(shard, cache):
         with pickle.loads(pickle.dumps(handle)) as clone:
             assert clone.tell() == 1010
             assert clone.read(10) == DATA[1010:1020]
+
+
+def test_without_cache_the_counters_include_reads_made_in_other_threads(shard):
+    """fsspec makes one instance per thread; DataLoader and dask threads read through theirs."""
+    import threading
+
+    path, options = shard
+    options = {**options, "cache": False}
+
+    def read() -> None:
+        with fsspec.open(f"wds::file://{path}", "rb", wds=options) as handle:
+            handle.read()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join(60)
+    fs, _ = fsspec.core.url_to_fs(f"wds::file://{path}", wds=options)
+    assert fs.cache_stats()["bytes_downloaded"] == len(DATA)
+    fs.clear_cache()
+    assert fs.cache_stats()["bytes_downloaded"] == 0

@@ -57,14 +57,19 @@ _BASE_OPTIONS = frozenset(
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
+# Counters with the cache off, per cache directory and process: fsspec makes one instance per
+# thread, and reads made through any of them count (with the cache on they live in the cache).
+_MEMORY_COUNTERS: dict[str, dict[str, int]] = {}
+_MEMORY_COUNTERS_LOCK = threading.Lock()
 
 
 def _forget_shared_backends() -> None:
-    """In a forked child: the parent's backends are bound to its event loop, and the lock
+    """In a forked child: the parent's backends are bound to its event loop, and the locks
     may have been held by a thread that does not exist here."""
-    global _SHARED_BACKENDS_LOCK
+    global _SHARED_BACKENDS_LOCK, _MEMORY_COUNTERS_LOCK
     _SHARED_BACKENDS.clear()
     _SHARED_BACKENDS_LOCK = threading.Lock()
+    _MEMORY_COUNTERS_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -179,7 +184,10 @@ class WdsFileSystem(ChainedFileSystem):
         self._cache = None
         self._cache_pid = -1
         self._manifest: Manifest | None = None
-        self._memory_counters = dict.fromkeys(COUNTERS, 0)
+        with _MEMORY_COUNTERS_LOCK:
+            self._memory_counters = _MEMORY_COUNTERS.setdefault(
+                self.cache_dir, dict.fromkeys(COUNTERS, 0)
+            )
         if fs is None:
             self._build_backend()
         if isinstance(checksums, dict):  # checked now: a bad entry is a bad option
@@ -280,7 +288,7 @@ class WdsFileSystem(ChainedFileSystem):
         if cache is not None:
             cache.incr(name, amount)
         else:
-            with self._lock:
+            with _MEMORY_COUNTERS_LOCK:
                 self._memory_counters[name] = self._memory_counters.get(name, 0) + amount
 
     def _target(self, backend_path: str) -> Target:
@@ -314,7 +322,7 @@ class WdsFileSystem(ChainedFileSystem):
         cache = self.shard_cache
         if cache is not None:
             return cache.stats()
-        with self._lock:
+        with _MEMORY_COUNTERS_LOCK:
             stats = dict(self._memory_counters)
         stats.update(cached_files=0, cached_bytes=0)
         return stats
@@ -325,8 +333,8 @@ class WdsFileSystem(ChainedFileSystem):
         if cache is not None:
             cache.clear()
         else:
-            with self._lock:
-                self._memory_counters = dict.fromkeys(COUNTERS, 0)
+            with _MEMORY_COUNTERS_LOCK:
+                self._memory_counters.update(dict.fromkeys(COUNTERS, 0))
 
     def prefetch(self, path: str) -> str | None:
         """Make sure ``path`` is in the cache; its local path (None with the cache off)."""
