@@ -149,6 +149,7 @@ def test_s3fs_translated_error_keeps_the_status_of_its_botocore_cause():
         (_wrapped(FileNotFoundError("u"), _StatusError(403)), PermissionError),
         (HttpResponseError(403), PermissionError),
         (OSError("Forbidden: b/k\nAccess denied"), PermissionError),  # gcsfs 403
+        (ValueError("Bad Request: b/Bad_Bucket/o/k\nInvalid bucket name"), OSError),  # gcsfs 400
         (_StatusError(400), OSError),
         (IsADirectoryError(errno.EISDIR, "is a directory"), IsADirectoryError),
     ],

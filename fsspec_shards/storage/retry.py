@@ -228,6 +228,8 @@ def permanent_error(exc: BaseException, url: str) -> BaseException:
     if status is not None:
         code = errno.EINVAL if 400 <= status < 500 else errno.EIO
         return OSError(code, f"request failed for {shown} ({reason})")
+    if isinstance(exc, ValueError) and message.startswith("Bad Request:"):  # gcsfs 400
+        return OSError(errno.EINVAL, f"request failed for {shown} ({reason})")
     if isinstance(exc, OSError):
         return OSError(exc.errno or errno.EIO, f"request failed for {shown} ({reason})")
     return exc
