@@ -69,6 +69,8 @@ def parse_bool(value: Any, name: str) -> bool:
 def parse_int(value: Any, name: str, minimum: int = 0) -> int:
     """Parse an integer option that may come from an environment variable as a string."""
     try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
         number = int(value)
     except (TypeError, ValueError):
         raise ValueError(

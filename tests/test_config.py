@@ -66,8 +66,10 @@ def test_parse_bool_reads_environment_style_values(text, expected):
 def test_parse_bool_and_int_reject_garbage_naming_the_option():
     with pytest.raises(ValueError, match="'verify'"):
         config.parse_bool("maybe", "verify")
-    with pytest.raises(ValueError, match="'retries'"):
-        config.parse_int("many", "retries")
+    for garbage in ("many", 2.5, True):
+        with pytest.raises(ValueError, match="'retries'"):
+            config.parse_int(garbage, "retries")
+    assert config.parse_int(3.0, "retries") == 3
     with pytest.raises(ValueError, match=">= 1"):
         config.parse_int("0", "retries", minimum=1)
     with pytest.raises(ValueError, match="'timeout'"):
