@@ -56,3 +56,30 @@ def write_shards(
 def keys(samples) -> list[str]:
     """The ``__key__`` of every sample dict, in order."""
     return [sample["__key__"] for sample in samples]
+
+
+def regular(name: str, data: bytes, **fields) -> tuple[tarfile.TarInfo, bytes]:
+    """A regular-file tar entry for :func:`make_tar`; ``fields`` set other TarInfo fields."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 1_700_000_000
+    for field, value in fields.items():
+        setattr(info, field, value)
+    return info, data
+
+
+def special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
+    """A non-regular tar entry (directory, link, device) for :func:`make_tar`."""
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    return info, None
+
+
+def make_tar(entries, tar_format=tarfile.PAX_FORMAT, **open_options) -> bytes:
+    """A tar written by Python's tarfile from ``(TarInfo, data)`` entries."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tar_format, **open_options) as archive:
+        for info, data in entries:
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()

@@ -19,6 +19,7 @@ from fsspec_shards.iteration.samples import (
     to_dict,
 )
 from fsspec_shards.iteration.tar import TarMember, iter_members, open_shard_stream, parse_members
+from tests.shardmaker import make_tar, regular, special
 
 URL = "s3://bucket/train-0000.tar"
 
@@ -31,28 +32,6 @@ def members(*names_and_data: tuple[str, bytes]) -> list[TarMember]:
         result.append(TarMember(name, data, offset, end))
         offset = end
     return result
-
-
-def regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 1_700_000_000
-    return info, data
-
-
-def special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = linkname
-    return info, None
-
-
-def make_tar(entries, tar_format=tarfile.PAX_FORMAT) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tar_format) as archive:
-        for info, data in entries:
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buffer.getvalue()
 
 
 @pytest.mark.parametrize(

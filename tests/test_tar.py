@@ -20,34 +20,10 @@ from fsspec_shards.iteration.tar import (
     open_shard_stream,
     parse_members,
 )
-from tests.shardmaker import shard_tar
+from tests.shardmaker import make_tar, regular, shard_tar, special
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 SHARD = "memory://bucket/shard-0001.tar"
-
-
-def regular(name: str, data: bytes, **fields) -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 1_700_000_000
-    for field, value in fields.items():
-        setattr(info, field, value)
-    return info, data
-
-
-def special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = linkname
-    return info, None
-
-
-def make_tar(entries, tar_format=tarfile.PAX_FORMAT, **open_options) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tar_format, **open_options) as archive:
-        for info, data in entries:
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buffer.getvalue()
 
 
 def tarfile_members(raw: bytes) -> list[tuple[str, bytes, int]]:
