@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -74,13 +75,15 @@ async def _pump_aiohttp(response: Any, window: _RangeWindow, emit: Emit, timeout
         await emit(window.take(data))
 
 
-def _body_offset(status: int, start: int) -> int:
-    """Where the body begins in the object: at ``start`` for 206, at 0 when the server
-    ignored the Range (200)."""
-    return start if status == 206 else 0
+def _window(status: int, start: int, end: int, rest_of_body: bool) -> _RangeWindow:
+    """The part of a response body to pass on: a 206 body begins at ``start``; a 200 body is
+    the whole object (the server ignored the Range), kept to its end with ``rest_of_body``."""
+    if status == 206:
+        return _RangeWindow(start, end, start)
+    return _RangeWindow(start, math.inf if rest_of_body else end, 0)
 
 
-async def _stream_http(fs, path, start, end, emit, timeout) -> None:
+async def _stream_http(fs, path, start, end, emit, timeout, rest_of_body) -> None:
     session = await fs.set_session()
     kwargs = dict(fs.kwargs)
     headers = dict(kwargs.pop("headers", {}) or {})
@@ -88,11 +91,11 @@ async def _stream_http(fs, path, start, end, emit, timeout) -> None:
     response = await _within(session.get(fs.encode_url(path), headers=headers, **kwargs), timeout)
     async with response:
         fs._raise_not_found_for_status(response, path)
-        window = _RangeWindow(start, end, _body_offset(response.status, start))
+        window = _window(response.status, start, end, rest_of_body)
         await _pump_aiohttp(response, window, emit, timeout)
 
 
-async def _stream_s3(fs, path, start, end, emit, timeout) -> None:
+async def _stream_s3(fs, path, start, end, emit, timeout, rest_of_body) -> None:
     bucket, key, version = fs.split_path(path)
     extra = {"VersionId": version} if version else {}
     response = await _within(
@@ -101,7 +104,7 @@ async def _stream_s3(fs, path, start, end, emit, timeout) -> None:
     )
     body = response["Body"]
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
-    window = _RangeWindow(start, end, _body_offset(status, start))
+    window = _window(status, start, end, rest_of_body)
     try:
         while not window.done:
             data = await _within(body.read(PIECE), timeout)
@@ -112,7 +115,7 @@ async def _stream_s3(fs, path, start, end, emit, timeout) -> None:
         body.close()
 
 
-async def _stream_gcs(fs, path, start, end, emit, timeout) -> None:
+async def _stream_gcs(fs, path, start, end, emit, timeout, rest_of_body) -> None:
     from gcsfs.retry import validate_response
 
     await fs._set_session()
@@ -123,11 +126,11 @@ async def _stream_gcs(fs, path, start, end, emit, timeout) -> None:
     async with response:
         if response.status >= 400:
             validate_response(response.status, await response.read(), path)
-        window = _RangeWindow(start, end, _body_offset(response.status, start))
+        window = _window(response.status, start, end, rest_of_body)
         await _pump_aiohttp(response, window, emit, timeout)
 
 
-async def _stream_azure(fs, path, start, end, emit, timeout) -> None:
+async def _stream_azure(fs, path, start, end, emit, timeout, rest_of_body) -> None:
     from azure.core.exceptions import ResourceNotFoundError
 
     container, blob, version = fs.split_path(fs._strip_protocol(path))
@@ -166,22 +169,25 @@ def stream_range(
     end: int,
     sink: Sink,
     timeout: float | None,
+    rest_of_body: bool = False,
 ) -> None:
     """Pass bytes ``[start, end)`` of ``path`` to ``sink`` in order, as they arrive.
 
     May pass fewer bytes (the body ended early) or raise after passing some (a cut); either
     way everything passed is correct data from ``start`` on, to resume after. ``end`` must
-    not lie past the end of the object.
+    not lie past the end of the object. With ``rest_of_body``, a server that ignored the
+    Range (and so sends the whole object) has everything from ``start`` on passed, past
+    ``end``: a whole-object download then takes one request, not one per chunk.
     """
     streamer = _STREAMERS.get(protocol_of(fs))
     if streamer is None or getattr(fs, "asynchronous", False):
         data = call(fs, "cat_file", path, start=start, end=end, timeout=timeout)
-        window = _RangeWindow(start, end, start)
-        if len(data) > end - start:  # the whole body of a server that ignored the Range
-            window.offset = 0
-        sink(window.take(data))
+        status = 200 if len(data) > end - start else 206  # 200: the Range was ignored
+        sink(_window(status, start, end, rest_of_body).take(data))
         return
-    _pipelined(fs.loop, lambda emit: streamer(fs, path, start, end, emit, timeout), sink)
+    _pipelined(
+        fs.loop, lambda emit: streamer(fs, path, start, end, emit, timeout, rest_of_body), sink
+    )
 
 
 def _pipelined(loop: asyncio.AbstractEventLoop, produce: Callable, sink: Sink) -> None:

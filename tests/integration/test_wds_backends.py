@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import random
+import threading
 
 import fsspec
 import pytest
@@ -198,3 +201,34 @@ def test_a_given_backend_instance_used_before_a_fork_still_reads_in_the_forked_c
         child.join(timeout=60)
     assert child.exitcode == 0
     assert fs.fs is given
+
+
+class _RangeIgnoringHandler(http.server.SimpleHTTPRequestHandler):
+    """Python's own file server: it ignores Range and always sends the whole file."""
+
+    gets: list[str] = []
+
+    def do_GET(self) -> None:
+        type(self).gets.append(self.headers.get("Range", ""))
+        super().do_GET()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_that_ignores_range_sends_a_large_object_once_not_once_per_chunk(tmp_path):
+    data = random.Random(7).randbytes(20 * 1024 * 1024)  # several download chunks
+    (tmp_path / "big.bin").write_bytes(data)
+    handler = functools.partial(_RangeIgnoringHandler, directory=str(tmp_path))
+    _RangeIgnoringHandler.gets = []
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/big.bin"
+            with fsspec.open(f"wds::{url}", "rb", wds={"cache_dir": str(tmp_path / "c")}) as f:
+                assert f.read() == data
+        finally:
+            server.shutdown()
+    ranged = [header for header in _RangeIgnoringHandler.gets if header]
+    assert len(ranged) == 1, ranged
