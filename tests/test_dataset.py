@@ -212,6 +212,19 @@ def test_a_skipped_signed_url_never_shows_its_signature_in_logs_or_stats(shards,
     assert "SIGSECRET" not in shown and "AKIDSECRET" not in shown
 
 
+def _run_python(program: str, *args: str) -> subprocess.CompletedProcess:
+    """``program`` in a fresh interpreter from the project root; it must succeed."""
+    result = subprocess.run(
+        [sys.executable, "-c", program, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_without_torch_the_dataset_is_a_plain_iterable(shards):
     program = (
         "import sys, json; sys.modules['torch'] = None\n"
@@ -220,14 +233,7 @@ def test_without_torch_the_dataset_is_a_plain_iterable(shards):
         "assert ShardDataset.__mro__[1] is object\n"
         "print(len(list(ds)))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", program, json.dumps(shards)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert result.returncode == 0, result.stderr
+    result = _run_python(program, json.dumps(shards))
     assert result.stdout.strip() == "30"
 
 
@@ -242,12 +248,5 @@ def test_package_import_loads_no_torch_and_iteration_never_imports_storage(shard
         "print(sum(1 for _ in fsspec_shards.ShardDataset(json.loads(sys.argv[1]))))\n"
         "print(sorted(m for m in sys.modules if m.startswith('fsspec_shards.storage')))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", program, json.dumps(shards)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert result.returncode == 0, result.stderr
+    result = _run_python(program, json.dumps(shards))
     assert result.stdout.split("\n")[:2] == ["30", "[]"]

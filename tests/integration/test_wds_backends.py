@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import multiprocessing
 import random
 import threading
 
@@ -151,28 +152,32 @@ def _read_in_child(fs, url, queue) -> None:
     queue.put(fs.cat_file(url, 0, 1000))
 
 
+def _read_in_forked_child(fs, url) -> bytes:
+    """The first 1000 bytes of ``url`` as a forked child process reads them through ``fs``."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(fs, url, queue))
+    child.start()
+    try:
+        data = queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+    assert child.exitcode == 0
+    return data
+
+
 @pytest.mark.parametrize("backend_name", ["http", "s3"])
 def test_an_instance_used_before_a_fork_still_reads_in_the_forked_child(
     request, tmp_path, backend_name
 ):
     """DataLoader workers fork; the parent's event loop does not survive, the backend is
     rebuilt in the child."""
-    import multiprocessing
-
     backend = request.getfixturevalue(f"{backend_name}_backend")
     first = backend.put("fork-0.bin", DATA[:2000])
     second = backend.put("fork-1.bin", DATA[2000:4000])
     fs = _wds_fs(backend, tmp_path, cache=False)
     assert fs.cat_file(first) == DATA[:2000]
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_read_in_child, args=(fs, second, queue))
-    child.start()
-    try:
-        assert queue.get(timeout=60) == DATA[2000:3000]
-    finally:
-        child.join(timeout=60)
-    assert child.exitcode == 0
+    assert _read_in_forked_child(fs, second) == DATA[2000:3000]
 
 
 @pytest.mark.parametrize("backend_name", ["http", "s3"])
@@ -181,8 +186,6 @@ def test_a_given_backend_instance_used_before_a_fork_still_reads_in_the_forked_c
 ):
     """``fs=`` an async backend: fsspec refuses to use it after a fork (its event loop stayed
     in the parent), so the child reads through an equal one."""
-    import multiprocessing
-
     backend = request.getfixturevalue(f"{backend_name}_backend")
     first = backend.put("given-0.bin", DATA[:2000])
     second = backend.put("given-1.bin", DATA[2000:4000])
@@ -191,15 +194,7 @@ def test_a_given_backend_instance_used_before_a_fork_still_reads_in_the_forked_c
         "wds", fs=given, skip_instance_cache=True, cache_dir=str(tmp_path / "cache")
     )
     assert fs.cat_file(first) == DATA[:2000]
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_read_in_child, args=(fs, second, queue))
-    child.start()
-    try:
-        assert queue.get(timeout=60) == DATA[2000:3000]
-    finally:
-        child.join(timeout=60)
-    assert child.exitcode == 0
+    assert _read_in_forked_child(fs, second) == DATA[2000:3000]
     assert fs.fs is given
 
 
