@@ -28,7 +28,8 @@ from typing import Any, BinaryIO, NoReturn
 
 from fsspec_shards import __version__
 from fsspec_shards.config import default_cache_dir, default_cache_size, parse_size
-from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
+from fsspec_shards.errors import IntegrityError, ShardFormatError
+from fsspec_shards.redact import redact_url
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1

@@ -1,10 +1,10 @@
-"""Exceptions shared by the storage and iteration layers, and URL redaction for messages."""
+"""Exceptions shared by the storage and iteration layers."""
 
 from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-REDACTED = "REDACTED"
+from fsspec_shards.redact import redact_url
 
 # Query parameters that carry credentials in pre-signed / SAS / token URLs.
 _SECRET_QUERY_KEYS = frozenset(
@@ -89,36 +89,6 @@ class ShardFormatError(ValueError):
 
     def __reduce__(self):
         return (type(self), (self.shard, self.offset, self.reason))
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with user info and credential-bearing query values replaced.
-
-    Works on chained fsspec URLs (``wds::s3://...``) and on plain paths.
-    """
-    if not isinstance(url, str):
-        return url
-    if "::" in url:
-        return "::".join(redact_url(part) for part in url.split("::"))
-    if "://" not in url and "?" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.split("?", 1)[0] + ("?" + REDACTED if "?" in url else "")
-    if "@" not in parts.netloc and not parts.query:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(k, REDACTED if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs],
-            safe=REDACTED,
-        )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def strip_secrets(url: str) -> str:

@@ -23,7 +23,7 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fsspec_shards.errors import IntegrityError, ShardFormatError, redact_url
+from fsspec_shards.errors import IntegrityError, ShardFormatError
 from fsspec_shards.iteration.lengths import (
     EQUALIZE_MODES,
     epoch_lengths,
@@ -45,7 +45,8 @@ from fsspec_shards.iteration.state import (
     urls_digest,
 )
 from fsspec_shards.iteration.transforms import Batched
-from fsspec_shards.iteration.urls import expand_urls, redact_in_text
+from fsspec_shards.iteration.urls import expand_urls
+from fsspec_shards.redact import redact_text, redact_url
 
 try:
     from torch.utils.data import IterableDataset as _DatasetBase
@@ -510,7 +511,7 @@ def _without_secrets(error: BaseException, url: str) -> BaseException:
     """``error``, or a copy of its type whose text hides the credentials of ``url``, for logs,
     stats and tracebacks (the original is not chained, as it would show them)."""
     text = str(error)
-    shown = redact_in_text(text, url)
+    shown = redact_text(text, url)
     if shown == text:
         return error
     try:

@@ -16,8 +16,7 @@ from typing import Any
 
 import fsspec
 
-from fsspec_shards.errors import redact_url
-from fsspec_shards.iteration.urls import redact_in_text
+from fsspec_shards.redact import redact_text, redact_url
 
 EQUALIZE_MODES = ("truncate", "pad")
 
@@ -32,7 +31,7 @@ def load_sample_counts(
         with fsspec.open(source, "r", **dict(storage_options or {})) as handle:
             data = json.load(handle)
     except (OSError, ValueError) as exc:
-        reason = redact_in_text(str(exc), source)
+        reason = redact_text(str(exc), source)
         raise ValueError(f"cannot read sample counts from {redact_url(source)}: {reason}") from None
     if not isinstance(data, dict):
         raise ValueError(f"sample counts in {redact_url(source)} must be a JSON object")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from fsspec_shards.errors import redact_url
+from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.prefetch")
 

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, NoReturn
 
-from fsspec_shards.errors import ShardFormatError, redact_url
+from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.tar")
 

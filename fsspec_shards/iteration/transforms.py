@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from fsspec_shards.errors import redact_url
+from fsspec_shards.redact import redact_url
 
 TEXT_EXTENSIONS = frozenset(("txt", "text", "transcript"))
 INT_EXTENSIONS = frozenset(("cls", "cls2", "index", "inx", "id"))

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 import braceexpand
 
-from fsspec_shards.errors import redact_url
+from fsspec_shards.redact import redact_url
 
 
 def expand_pattern(pattern: str) -> list[str]:
@@ -44,23 +43,3 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
     if not expanded:
         raise ValueError("no shard URLs given")
     return expanded
-
-
-def redact_in_text(text: str, url: str) -> str:
-    """``text`` with the credentials of ``url`` hidden wherever it quotes the URL or its path.
-
-    fsspec errors quote the path with its query string, so a signed URL's signature would
-    otherwise reach logs and tracebacks.
-    """
-    for part in url.split("::"):
-        try:
-            original, redacted = urlsplit(part), urlsplit(redact_url(part))
-        except ValueError:
-            continue
-        for secret, hidden in (
-            (original.query, redacted.query),
-            (original.netloc, redacted.netloc),
-        ):
-            if secret and secret != hidden:
-                text = text.replace(secret, hidden)
-    return text

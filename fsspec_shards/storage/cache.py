@@ -38,7 +38,8 @@ from diskcache.core import DBNAME, MODE_RAW
 from filelock import FileLock, Timeout
 
 from fsspec_shards.config import verbose_cache
-from fsspec_shards.errors import IntegrityError, redact_url, strip_secrets
+from fsspec_shards.errors import IntegrityError, strip_secrets
+from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from fsspec_shards.errors import IntegrityError, redact_url
+from fsspec_shards.errors import IntegrityError
+from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.backends import backend_checksums, call, object_identity, protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher, choose_expected
 from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status

@@ -23,7 +23,8 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
-from fsspec_shards.errors import IntegrityError, redact_url, strip_secrets
+from fsspec_shards.errors import IntegrityError, strip_secrets
+from fsspec_shards.redact import redact_url
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.integrity import (

@@ -18,7 +18,7 @@ from typing import Any
 
 import google_crc32c
 
-from fsspec_shards.errors import redact_url
+from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.storage.integrity")
 

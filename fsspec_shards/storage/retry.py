@@ -12,13 +12,12 @@ from __future__ import annotations
 import errno
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fsspec_shards.errors import redact_url
+from fsspec_shards.redact import redact_text, redact_url, shows_secret
 
 logger = logging.getLogger("fsspec_shards.storage")
 
@@ -97,7 +96,6 @@ _DENIED_TYPE_NAMES = frozenset(
         "PartialCredentialsError",
     }
 )
-_URLISH_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 class TransientError(OSError):
@@ -179,21 +177,16 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def scrub(text: str) -> str:
-    """Redact every URL-like token in ``text`` (backend messages may quote signed URLs)."""
-    return _URLISH_RE.sub(lambda match: redact_url(match.group(0)), text)
-
-
 def _shows_secret(exc: BaseException, url: str) -> bool:
     """Whether ``url`` or the text of ``exc`` (or of its causes) would show a secret, in
     which case the exception is not chained to what is raised instead."""
-    return redact_url(url) != url or any(scrub(str(link)) != str(link) for link in _chain(exc))
+    return redact_url(url) != url or any(shows_secret(str(link)) for link in _chain(exc))
 
 
 def describe(exc: BaseException) -> str:
     """A short, secret-free reason for logs and messages."""
     status = http_status(exc)
-    text = scrub(str(exc)).strip().replace("\n", " ")
+    text = redact_text(str(exc)).strip().replace("\n", " ")
     if len(text) > 200:
         text = text[:197] + "..."
     name = type(exc).__name__
