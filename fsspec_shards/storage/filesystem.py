@@ -27,6 +27,7 @@ from fsspec_shards.errors import IntegrityError, strip_secrets
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
+from fsspec_shards.storage.identity import ObjectId, object_id
 from fsspec_shards.storage.integrity import (
     Manifest,
     StreamingHasher,
@@ -277,6 +278,10 @@ class WdsFileSystem(ChainedFileSystem):
             if path.startswith(prefix):
                 path = path[len(prefix) :]
         return self.fs._strip_protocol(path)
+
+    def _object(self, backend_path: str) -> ObjectId:
+        """Which object ``backend_path`` names on this backend: its cache key and display text."""
+        return object_id(self.fs, backend_path)
 
     def _url(self, backend_path: str) -> str:
         """The full backend URL of a path, without secrets: the cache key and the shown name."""
