@@ -22,12 +22,16 @@ EXIT_CODES_HELP = (
 )
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """The arguments, options or URL pattern given cannot be used (exit code 2)."""
 
 
 class StorageFailure(Exception):
     """Work on some shards failed for storage reasons (exit code 3)."""
+
+
+class CheckFailed(Exception):
+    """A check found bad shards; the report is printed already (exit code 1)."""
 
 
 def describe_error(error: BaseException) -> str:
