@@ -331,9 +331,235 @@ def test_cache_flags_override_option_and_file_values(tmp_path):
 
 def test_verify_reports_a_shard_missing_from_the_manifest(dataset, tmp_path, cache):
     partial = tmp_path / "SHA256SUMS"
-    lines = dataset.manifest.read_text().splitlines(keepends=True)
-    partial.write_text("".join(line.replace("  ", f"  {dataset.directory}/") for line in lines[1:]))
+    entries = parse_sums_file(dataset.manifest.read_text())
+    partial.write_text(
+        "".join(f"{sha.hexdigest}  {dataset.directory}/{name}\n" for name, sha in entries.items()
+                if name != "demo-000000.tar")
+    )  # fmt: skip
     result = run_cli("verify", dataset.pattern, "--manifest", str(partial), "-q", cache=cache)
     assert result.returncode == 1, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if "demo-000000.tar" in line]
     assert len(rows) == 1 and "not in the manifest" in rows[0]
+    assert "3 ok, 1 bad" in result.stdout
+
+
+def run_with_closed_stdout(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    """Run the command with standard output a pipe whose reader is gone before it starts,
+    as ``fsspec-shards ... | head`` is once head has exited."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(cache))
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "fsspec_shards", *args],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            env=env,
+        )
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("command", ["stream", "verify"])
+def test_a_closed_pipe_on_stdout_exits_141_and_prints_nothing(command, dataset, tmp_path, cache):
+    bad = corrupt_copy(dataset, tmp_path / "bad")  # verify has a table and exit 1 to give
+    args = [command, bad.pattern, "-q"]
+    if command == "verify":
+        args += ["--manifest", str(bad.manifest)]
+    result = run_with_closed_stdout(*args, cache=cache)
+    assert result.returncode == 141
+    assert result.stderr == ""
+
+
+def make_glob_copy(dataset: DemoDataset, destination: Path) -> DemoDataset:
+    """A copy of ``dataset`` to delete from; its pattern is a glob."""
+    destination.mkdir()
+    for path in [*dataset.shards, dataset.manifest]:
+        shutil.copy(path, destination / path.name)
+    shards = [destination / path.name for path in dataset.shards]
+    return DemoDataset(destination, shards, destination / dataset.manifest.name, 30)
+
+
+def test_verify_reports_manifest_entries_the_glob_names_but_storage_lacks(dataset, tmp_path, cache):
+    copy = make_glob_copy(dataset, tmp_path / "copy")
+    copy.shards[2].unlink()
+    (copy.directory / "other.tar").write_bytes(dataset.shards[0].read_bytes())
+    with (copy.directory / "SHA256SUMS").open("a") as manifest:  # not named by the glob
+        manifest.write(f"{'0' * 64}  val-000000.tar\n")
+    result = run_cli(
+        "verify", f"{copy.directory}/demo-*.tar", "--manifest", str(copy.manifest), cache=cache
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "3 ok, 1 bad" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if "demo-000002.tar" in line]
+    assert len(rows) == 1 and "missing from storage" in rows[0]
+    assert "val-000000" not in result.stdout and "other.tar" not in result.stdout
+    lines = error_lines(result)
+    assert len(lines) == 1 and "1 of 4 shards bad" in lines[0] and "demo-000002.tar" in lines[0]
+
+
+def test_verify_takes_manifests_written_by_sha256sum_with_dot_slash_and_binary_marks(
+    dataset, tmp_path, cache
+):
+    if not shutil.which("sha256sum"):
+        pytest.skip("needs GNU sha256sum")
+    copy = make_glob_copy(dataset, tmp_path / "copy")
+    for flags, name in (([], "TEXT"), (["-b"], "BINARY")):
+        made = subprocess.run(
+            ["sha256sum", *flags, *[f"./{path.name}" for path in copy.shards]],
+            cwd=copy.directory,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        (copy.directory / name).write_text(made.stdout)
+        result = run_cli(
+            "verify", copy.pattern, "--manifest", str(copy.directory / name), "-q", cache=cache
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "4 ok, 0 bad" in result.stdout
+
+
+def test_the_checksums_option_reads_the_same_sha256sum_manifest(dataset, tmp_path, cache):
+    if not shutil.which("sha256sum"):
+        pytest.skip("needs GNU sha256sum")
+    bad = corrupt_copy(dataset, tmp_path / "bad")
+    made = subprocess.run(
+        ["sha256sum", *[f"./{path.name}" for path in dataset.shards]],
+        cwd=dataset.directory,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (bad.directory / "SUMS").write_text(made.stdout)  # the digests of the good shards
+    checksums = f"wds.checksums={bad.directory / 'SUMS'}"
+    good = run_cli("stream", dataset.pattern, "--no-cache", "-q", cache=cache)
+    assert good.returncode == 0, good.stderr
+    checked = run_cli(
+        "stream", bad.pattern, "--option", checksums, "--no-cache", "--retries", "1", "-q",
+        cache=cache,
+    )  # fmt: skip
+    assert checked.returncode == 3, checked.stdout + checked.stderr
+    assert "integrity" in checked.stderr and "demo-000001.tar" in checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("z" * 64 + "  demo-000000.tar", "64 hex digits"),
+        ("abc123  demo-000000.tar", "invalid checksum"),
+        ("0" * 64 + "  demo-000001.tar", "listed again with another checksum (first on line 2)"),
+    ],
+)
+def test_a_bad_manifest_line_is_exit_2_naming_the_manifest_and_the_line(
+    line, why, dataset, tmp_path, cache
+):
+    manifest = tmp_path / "SHA256SUMS"
+    lines = dataset.manifest.read_text().splitlines()
+    manifest.write_text("\n".join([lines[0], lines[1], line, *lines[2:]]) + "\n")
+    result = run_cli("verify", dataset.pattern, "--manifest", str(manifest), cache=cache)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert f"manifest {manifest} line 3" in lines[0] and why in lines[0]
+
+
+def test_verify_without_manifest_on_local_files_says_it_checked_sizes_only(
+    dataset, tmp_path, cache
+):
+    bad = corrupt_copy(dataset, tmp_path / "bad")
+    result = run_cli("verify", bad.pattern, "-q", cache=cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "checks: 4 size only" in result.stdout
+    assert "backend" not in result.stdout
+    rows = [line for line in result.stdout.splitlines() if "demo-0000" in line]
+    assert len(rows) == 4 and all("size only" in row for row in rows)
+
+
+def test_verify_json_is_one_object_with_a_row_per_shard_and_the_same_exit_code(
+    dataset, tmp_path, cache
+):
+    bad = corrupt_copy(dataset, tmp_path / "bad")
+    result = run_cli(
+        "verify", bad.pattern, "--manifest", str(bad.manifest), "--json", "-q", cache=cache
+    )
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert (report["shards"], report["ok"], report["bad"]) == (4, 3, 1)
+    assert [row["ok"] for row in report["results"]] == [True, False, True, True]
+    assert report["results"][1]["problem"].startswith("integrity")
+    assert report["results"][0]["check"] == "sha256 (manifest)"
+    assert report["samples"] == 120
+    assert len(error_lines(result)) == 1
+
+
+def test_stream_and_cache_info_json_report_the_same_numbers_as_text(dataset, cache):
+    streamed = run_cli("stream", dataset.pattern, "--json", "-q", cache=cache)
+    assert streamed.returncode == 0, streamed.stderr
+    report = json.loads(streamed.stdout)
+    assert report["samples"] == 120 and report["shards"] == 4
+    assert report["shard_hit_rate"] == 0.0 and report["storage"]["misses"] == 4
+    info = run_cli("cache", "info", "--json", cache=cache)
+    assert info.returncode == 0, info.stderr
+    numbers = json.loads(info.stdout)
+    assert numbers["directory"] == str(cache) and numbers["exists"] is True
+    assert numbers["cached_files"] == 4
+    assert numbers["cached_bytes"] == sum(path.stat().st_size for path in dataset.shards)
+    empty = run_cli("cache", "info", "--json", "--cache-dir", str(cache / "none"), cache=cache)
+    assert json.loads(empty.stdout)["exists"] is False
+    assert not (cache / "none").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["stream", "x.tar", "--shuffle-buffer", "-5"], "--shuffle-buffer"),
+        (["stream", "x.tar", "--prefetch", "-1"], "--prefetch"),
+        (["stream", "x.tar", "--limit", "0"], "--limit"),
+        (["verify", "x.tar", "--max-member-size", "huge"], "--max-member-size"),
+        (["verify", "x.tar", "--retries", "-1"], "--retries"),
+        (["stream", "x.tar", "--option", "wds.retries=lots"], "retries"),
+        (["stream", "x.tar", "--option", "wds.no_such_option=1"], "no_such_option"),
+    ],
+)
+def test_bad_options_are_exit_2_with_one_line_naming_the_option(args, option, tmp_path):
+    result = run_cli(*args, cache=tmp_path / "cache")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1 and option in lines[0], result.stderr
+
+
+def test_verify_max_member_size_makes_larger_members_malformed(dataset, cache):
+    small = run_cli("verify", dataset.pattern, "--max-member-size", "1KiB", "-q", cache=cache)
+    assert small.returncode == 1, small.stdout + small.stderr
+    assert "0 ok, 4 bad" in small.stdout and "exceeds limit" in small.stdout
+    enough = run_cli("verify", dataset.pattern, "--max-member-size", "1MiB", "-q", cache=cache)
+    assert enough.returncode == 0, enough.stdout + enough.stderr
+
+
+@pytest.mark.parametrize("variable", ["FSSPEC_SHARDS_CACHE", "WDS_CACHE"])
+def test_demo_uses_the_cache_the_environment_names(variable, tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("WDS_CACHE",)}
+    env.pop("FSSPEC_SHARDS_CACHE", None)
+    env[variable] = str(tmp_path / "env-cache")
+    result = subprocess.run(
+        [sys.executable, "-m", "fsspec_shards", "demo", str(tmp_path / "demo"), "--shards", "2",
+         "--samples", "5", "-q"],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "cache hit rate      0% of shards" in result.stdout.split("pass 2")[0]
+    assert "cache hit rate      100% of shards" in result.stdout.split("pass 2")[1]
+    assert f"--cache-dir {tmp_path / 'env-cache'}" in result.stdout
+    assert any((tmp_path / "env-cache").iterdir())
+    assert not (tmp_path / "demo" / "cache").exists()
+
+
+def test_secrets_in_a_pattern_never_reach_the_output(dataset, cache):
+    pattern = f"{dataset.directory}/absent-*.tar?token=SECRET-VALUE"
+    result = run_cli("verify", pattern, cache=cache)
+    assert result.returncode == 2
+    assert "SECRET-VALUE" not in result.stdout + result.stderr
+    assert "REDACTED" in result.stderr

@@ -61,9 +61,18 @@ def build_parser() -> CommandParser:
 
 
 def configure_logging(args: argparse.Namespace) -> None:
+    """Warnings on stderr; our DEBUG lines with --verbose. dask's own chatter (a local
+    cluster starting and stopping) only with --verbose, its errors always."""
     level = logging.DEBUG if args.verbose else logging.WARNING
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fsspec_shards").setLevel(level)
+    if not args.verbose:  # a filter on the handler: importing distributed resets its levels
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_dask)
+
+
+def _quiet_dask(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR or not record.name.startswith("distributed")
 
 
 def fail(args: argparse.Namespace, code: int, message: str) -> int:
