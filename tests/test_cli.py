@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.cli import build_parser, main
+from fsspec_shards.cli import bad_option, build_parser, main
 from fsspec_shards.cli.errors import UsageError
 from fsspec_shards.cli.options import parse_option, storage_options_from
+from fsspec_shards.cli.parallel import ThreadExecutor
+from fsspec_shards.cli.report import print_table
+from fsspec_shards.cli.verify import read_manifest
 from fsspec_shards.demo import DemoDataset, make_demo_dataset
 from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
 from fsspec_shards.storage.integrity import parse_sums_file
@@ -563,3 +566,47 @@ def test_secrets_in_a_pattern_never_reach_the_output(dataset, cache):
     assert result.returncode == 2
     assert "SECRET-VALUE" not in result.stdout + result.stderr
     assert "REDACTED" in result.stderr
+
+
+def test_thread_executor_yields_every_result_and_raises_what_the_work_raises():
+    executor = ThreadExecutor(3)
+    assert sorted(executor.map(lambda n: n * n, list(range(10)))) == [n * n for n in range(10)]
+    assert executor.on_each_host(lambda: "here") == ["here"]
+
+    def work(n: int) -> int:
+        if n == 4:
+            raise TypeError("unexpected")
+        return n
+
+    with pytest.raises(TypeError, match="unexpected"):
+        list(executor.map(work, list(range(8))))
+
+
+def test_a_manifest_names_the_entries_a_pattern_matches_as_a_glob_would(dataset, tmp_path):
+    manifest = read_manifest(str(dataset.manifest), {})
+    directory = dataset.directory
+    assert manifest.named_by(f"{directory}/demo-*.tar") == [str(p) for p in dataset.shards]
+    assert manifest.named_by(f"{directory}/demo-00000[13].tar") == [
+        str(dataset.shards[1]), str(dataset.shards[3])
+    ]  # fmt: skip
+    assert manifest.named_by(f"{directory}/{{demo-000002,absent}}.tar") == [str(dataset.shards[2])]
+    assert manifest.named_by(f"{directory}/*/demo-*.tar") == []
+
+
+def test_a_backend_refusing_a_keyword_is_traced_to_the_option_given():
+    args = build_parser().parse_args(
+        ["stream", "x.tar", "--option", "s3.client_kwargs.endpoint=http://h", "--option", "s3.a=1"]
+    )
+    refused = TypeError("AioSession._create_client() got an unexpected keyword argument 'endpoint'")
+    assert bad_option(refused, args) == "s3.client_kwargs.endpoint"
+    assert bad_option(TypeError("got an unexpected keyword argument 'other'"), args) is None
+    assert bad_option(ValueError("unexpected keyword argument 'a'"), args) is None
+
+
+def test_tables_pad_every_column_but_the_last(capsys):
+    print_table(("shard", "check", "result"), [("a.tar", "size only", "ok"), ("bb.tar", "-", "x")])
+    assert capsys.readouterr().out.splitlines() == [
+        "shard   check      result",
+        "a.tar   size only  ok",
+        "bb.tar  -          x",
+    ]

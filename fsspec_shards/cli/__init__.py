@@ -30,6 +30,7 @@ from fsspec_shards.cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_STORAGE,
     EXIT_USAGE,
+    PROGRAM,
     CheckFailed,
     StorageFailure,
     UsageError,
@@ -39,7 +40,6 @@ from fsspec_shards.cli.options import CommandParser, shared_options, storage_opt
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.redact import redact_text
 
-PROGRAM = "fsspec-shards"
 SUBCOMMANDS = (demo, stream, prefetch, verify, manifest, cache)
 
 logger = logging.getLogger("fsspec_shards.cli")
@@ -79,7 +79,7 @@ def fail(args: argparse.Namespace, code: int, message: str) -> int:
     """Print one line on stderr (and the traceback with --verbose); return ``code``."""
     if getattr(args, "verbose", False) and code not in (EXIT_CHECK_FAILED, EXIT_USAGE):
         logger.exception("%s failed", args.command)
-    print(f"{PROGRAM} {args.command}: error: {message}", file=sys.stderr)
+    print(f"{PROGRAM} {args.command}: error: {redact_text(message)}", file=sys.stderr)
     return code
 
 
@@ -137,7 +137,6 @@ def main(argv: Iterable[str] | None = None) -> int:
     except Exception as exc:
         option = bad_option(exc, args)
         if option is not None:
-            why = redact_text(str(exc))
-            return fail(args, EXIT_USAGE, f"invalid storage option {option}: {why}")
+            return fail(args, EXIT_USAGE, f"invalid storage option {option}: {exc}")
         hint = "" if args.verbose else " (run with --verbose for the traceback)"
         return fail(args, EXIT_INTERNAL, f"{describe_error(exc)}{hint}")

@@ -21,6 +21,7 @@ from typing import Any
 from fsspec_shards.cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    PROGRAM,
     StorageFailure,
     UsageError,
     describe_error,
@@ -40,7 +41,6 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.redact import redact_url
 
 NAME = "prefetch"
-PROGRAM = "fsspec-shards"
 
 
 def add_parser(commands: Any, shared: SharedOptions) -> None:
