@@ -15,22 +15,11 @@ import pytest
 from fsspec_shards.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
 from fsspec_shards.storage.integrity import parse_sums_file
+from tests.cli.running import run_cli
 from tests.integration.fault_proxy import Flip
 
-TIMEOUT = 180
 SHARDS = 4
 SAMPLES = 20
-
-
-def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(cache), COLUMNS="120")
-    return subprocess.run(
-        [sys.executable, "-m", "fsspec_shards", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-    )
 
 
 def options_file(tmp_path: Path, backend) -> str:

@@ -21,23 +21,12 @@ from fsspec_shards import distributed as fanout
 from fsspec_shards.cli.parallel import ThreadExecutor
 from fsspec_shards.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
+from tests.cli.running import TIMEOUT, run_cli
 
 distributed = pytest.importorskip("distributed")
 
-TIMEOUT = 300
 SHARDS = 8
 SAMPLES = 10
-
-
-def run_cli(*args: str, cache: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    environment = dict(env or os.environ, FSSPEC_SHARDS_CACHE=str(cache), COLUMNS="120")
-    return subprocess.run(
-        [sys.executable, "-m", "fsspec_shards", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=environment,
-    )
 
 
 def options_file(tmp_path: Path, backend) -> str:
