@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 from fsspec_shards.cli.errors import describe_error
 from fsspec_shards.cli.options import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.cli.parallel import Executor
-from fsspec_shards.cli.shards import open_filesystem
+from fsspec_shards.cli.shards import comparable, open_filesystem
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.storage.integrity import StreamingHasher
 
@@ -73,14 +73,15 @@ def check_shard(
     from fsspec_shards.iteration.tar import iter_members, open_shard_stream
 
     check = ShardCheck(url)
+    name = comparable(url)  # how the tar reader's errors name the shard
     fs, path = open_filesystem(url, options)
     try:
         check.storage_check = storage_check(fs, path)
         with fs.open(path, "rb") as source:
             raw = HashingReader(source, algorithms)
-            stream = open_shard_stream(io.BufferedReader(raw, HASH_BLOCK_SIZE), url)
-            members = iter_members(stream, url, max_member_size=max_member_size)
-            check.samples = sum(1 for _ in group_samples(members, url))
+            stream = open_shard_stream(io.BufferedReader(raw, HASH_BLOCK_SIZE), name)
+            members = iter_members(stream, name, max_member_size=max_member_size)
+            check.samples = sum(1 for _ in group_samples(members, name))
             while stream.read(HASH_BLOCK_SIZE):
                 pass
             while raw.read(HASH_BLOCK_SIZE):

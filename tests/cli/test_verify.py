@@ -4,14 +4,19 @@ per shard, manifest entries storage lacks, and the manifest parser shared with c
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import tarfile
+import zlib
+from pathlib import Path
 
 import pytest
 
 from fsspec_shards.cli.verify import read_manifest
 from fsspec_shards.storage.integrity import parse_sums_file
-from tests.cli.running import corrupt_copy, error_lines, make_glob_copy, run_cli
+from tests.cli.running import TIMEOUT, corrupt_copy, error_lines, make_glob_copy, run_cli
 
 
 def test_verify_passes_a_good_dataset_against_its_manifest(dataset, cache):
@@ -185,3 +190,51 @@ def test_a_manifest_names_the_entries_a_pattern_matches_as_a_glob_would(dataset,
     ]  # fmt: skip
     assert manifest.named_by(f"{directory}/{{demo-000002,absent}}.tar") == [str(dataset.shards[2])]
     assert manifest.named_by(f"{directory}/*/demo-*.tar") == []
+
+
+def zeros_tar_gz(path: Path, size: int) -> None:
+    """A ``.tar.gz`` holding one member of ``size`` zero bytes: about 1000x smaller."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    info = tarfile.TarInfo("bomb.bin")
+    info.size = size
+    with path.open("wb") as out:
+        out.write(compressor.compress(info.tobuf(tarfile.USTAR_FORMAT)))
+        chunk = bytes(1 << 20)
+        for start in range(0, size, len(chunk)):
+            out.write(compressor.compress(chunk[: size - start]))
+        out.write(compressor.compress(bytes(-size % 512 + 1024)))
+        out.write(compressor.flush())
+
+
+PEAK_RSS = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
+    "print(done.returncode)\n"
+    "print(done.stdout)\n"
+)
+
+
+def verify_peak_rss(pattern: str, cache: Path) -> tuple[int, int, str]:
+    """Peak RSS in bytes of ``verify`` in a process of its own, its exit code and stdout."""
+    env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(cache))
+    command = [sys.executable, "-m", "fsspec_shards", "verify", pattern, "-q"]
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, *command],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env, check=True,
+    )  # fmt: skip
+    peak, code, stdout = result.stdout.split("\n", 2)
+    return int(peak), int(code), stdout
+
+
+def test_verify_of_a_gzip_bomb_is_a_malformed_shard_in_bounded_memory(dataset, tmp_path, cache):
+    bomb = tmp_path / "bomb-000000.tar.gz"
+    zeros_tar_gz(bomb, 600 << 20)
+    assert bomb.stat().st_size < 1 << 20
+    baseline, good, _ = verify_peak_rss(str(dataset.shards[0]), cache)
+    assert good == 0
+    peak, code, stdout = verify_peak_rss(str(bomb), cache)
+    assert code == 1, stdout
+    rows = [line for line in stdout.splitlines() if "bomb-000000.tar.gz" in line]
+    assert len(rows) == 1 and "malformed tar" in rows[0] and "200x" in rows[0]
+    assert peak - baseline < 300 << 20, f"RSS grew by {(peak - baseline) >> 20} MiB"
