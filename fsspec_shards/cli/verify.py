@@ -62,7 +62,6 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
 class ManifestFile:
     """A checksum manifest read for ``verify``, with the filesystem it was read from."""
 
-    location: str
     fs: Any
     manifest: Manifest
 
@@ -107,7 +106,7 @@ def read_manifest(location: str, options: dict[str, dict]) -> ManifestFile:
         raise UsageError(f"manifest {redact_url(location)} is not text") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return ManifestFile(location, fs, manifest)
+    return ManifestFile(fs, manifest)
 
 
 @dataclass
