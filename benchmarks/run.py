@@ -78,6 +78,12 @@ def integrity_suite(rounds: int) -> Results:
     return bench_integrity.run(rounds)
 
 
+def manifest_suite(rounds: int) -> Results:
+    import bench_manifest
+
+    return bench_manifest.run(rounds)
+
+
 def memory_suite(sizes: tuple[int, ...]) -> Results:
     import bench_memory
 
@@ -131,6 +137,18 @@ BENCHMARKS = (
         "`verify=False` over the time with X: below 1 is the cost of checking.",
         lambda: integrity_suite(5),
         lambda: integrity_suite(2),
+    ),
+    Benchmark(
+        "manifest",
+        "`manifest` over 64 shards: local threads vs `--dask local:2`",
+        "64 shards (about 120 MB) on local disk, so the work is CPU: reading, SHA-256 and "
+        "walking every tar member. `cli_*` time the command end to end in a fresh process "
+        "(`-j 8`, or `--dask local:2 -j 8`, which starts a local cluster of 2 worker "
+        "processes); `warm_*` the same work through `fsspec_shards.distributed.manifest` on "
+        "a cluster already running. `X_dask_vs_threads` is the threads' median time over "
+        "dask's: above 1, dask is faster. Both runs write the same bytes.",
+        lambda: manifest_suite(3),
+        lambda: manifest_suite(1),
     ),
     Benchmark(
         "memory",

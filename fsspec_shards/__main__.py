@@ -1,7 +1,12 @@
-"""``python -m fsspec_shards``: the same command line as ``fsspec-shards``."""
+"""``python -m fsspec_shards``: the same command line as ``fsspec-shards``.
+
+Guarded, so that worker processes started by ``spawn`` (``--dask local:N``), which import
+this module as ``__mp_main__``, do not run the command again.
+"""
 
 import sys
 
 from fsspec_shards.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

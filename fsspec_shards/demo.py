@@ -2,18 +2,20 @@
 
 Each sample is three tar members sharing a key: ``<key>.jpg`` (random image-like bytes with
 a JPEG signature), ``<key>.cls`` (an integer label as text) and ``<key>.json`` (metadata).
-The tar bytes depend only on the arguments, so checksums are the same on every machine.
+The tar bytes depend only on the arguments, so checksums are the same on every machine; the
+``SHA256SUMS`` manifest is written in the format ``fsspec-shards manifest`` writes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import random
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from fsspec_shards.storage.integrity import Checksum, StreamingHasher, format_sums_line
 
 JPEG_SIGNATURE = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
 MANIFEST_NAME = "SHA256SUMS"
@@ -64,13 +66,13 @@ def write_shard(path: Path, members: list[tuple]) -> None:
             archive.addfile(info, io.BytesIO(payload))
 
 
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a local file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
+def sha256_file(path: Path) -> Checksum:
+    """The SHA-256 of a local file, read in 1 MiB blocks."""
+    hasher = StreamingHasher("sha256")
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+            hasher.update(block)
+    return hasher.checksum()
 
 
 def make_demo_dataset(
@@ -94,6 +96,6 @@ def make_demo_dataset(
         write_shard(path, members)
         paths.append(path)
     manifest = root / MANIFEST_NAME
-    lines = [f"{sha256_file(path)}  {path.name}\n" for path in paths]
+    lines = [format_sums_line(sha256_file(path), path.name) + "\n" for path in paths]
     manifest.write_text("".join(lines))
     return DemoDataset(root, paths, manifest, samples_per_shard)

@@ -7,6 +7,7 @@ import json
 import tarfile
 
 from fsspec_shards.demo import make_demo_dataset
+from fsspec_shards.storage.integrity import parse_sums_file
 
 
 def test_same_arguments_give_the_same_bytes_in_any_directory(tmp_path):
@@ -19,10 +20,10 @@ def test_same_arguments_give_the_same_bytes_in_any_directory(tmp_path):
 
 def test_manifest_lists_each_shard_with_its_sha256(tmp_path):
     demo = make_demo_dataset(tmp_path, shards=3, samples_per_shard=4)
-    lines = demo.manifest.read_text().splitlines()
-    assert [line.split("  ")[1] for line in lines] == [path.name for path in demo.shards]
-    for line, path in zip(lines, demo.shards, strict=True):
-        assert line.split("  ")[0] == hashlib.sha256(path.read_bytes()).hexdigest()
+    entries = parse_sums_file(demo.manifest.read_text())
+    assert list(entries) == [path.name for path in demo.shards]
+    for name, path in zip(entries, demo.shards, strict=True):
+        assert entries[name].hexdigest == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_each_sample_is_a_jpg_a_cls_and_a_json_sharing_a_key(tmp_path):

@@ -69,6 +69,47 @@ def test_malformed_sums_line_names_the_line():
         parse_sums_file(f"{SHA256}  a.tar\nnot a checksum line\n", "SHA256SUMS")
 
 
+@pytest.mark.parametrize(
+    ("digest", "why"),
+    [("g" * 64, "64 hex digits"), (SHA256[:63], "invalid checksum"), (SHA256 + "0", "invalid")],
+)
+def test_sums_file_digests_that_are_not_hex_of_their_length_name_manifest_and_line(digest, why):
+    text = f"{SHA256}  a.tar\n{digest}  b.tar\n"
+    with pytest.raises(ValueError, match="manifest SHA256SUMS line 2") as raised:
+        parse_sums_file(text, "SHA256SUMS")
+    assert why in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_sums_file_entry_listed_twice_is_fine_with_one_digest_an_error_with_two():
+    assert parse_sums_file(f"{SHA256}  a.tar\n{SHA256} *./a.tar\n") == {
+        "a.tar": Checksum("sha256", SHA256)
+    }
+    other = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(ValueError, match=r"line 3: a.tar is listed again .*first on line 1"):
+        parse_sums_file(f"{SHA256}  a.tar\n{other}  b.tar\n{other}  ./a.tar\n", "SUMS")
+
+
+def test_sums_file_names_of_every_form_resolve_to_full_backend_paths(tmp_path):
+    text = (
+        f"{SHA256}  ./rel.tar\n"
+        f"{SHA256} *sub/../bin.tar\n"
+        f"{SHA256}  {tmp_path}/abs.tar\n"
+        f"{SHA256}  file://{tmp_path}/url.tar\n"
+        f"{SHA256}  s3://bucket/elsewhere.tar\n"
+    )
+    (tmp_path / "SHA256SUMS").write_text(text)
+    manifest = load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))
+    expected = Checksum("sha256", SHA256)
+    for name in ("rel.tar", "bin.tar", "abs.tar", "url.tar"):
+        assert manifest.lookup(f"{tmp_path}/{name}") == expected, name
+    assert manifest.lookup("s3://bucket/elsewhere.tar") == expected
+    assert sorted(manifest.entries) == sorted(
+        [f"{tmp_path}/{name}" for name in ("rel.tar", "bin.tar", "abs.tar", "url.tar")]
+        + ["s3://bucket/elsewhere.tar"]
+    )
+
+
 def test_manifest_names_resolve_against_the_manifest_directory():
     manifest = Manifest({"a.tar": Checksum("sha256", SHA256)}, base="bucket/data")
     assert manifest.lookup("bucket/data/a.tar") == Checksum("sha256", SHA256)

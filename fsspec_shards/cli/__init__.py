@@ -16,26 +16,30 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from fsspec_shards import __version__
 from fsspec_shards.cli import cache, demo, manifest, prefetch, stream, verify
 from fsspec_shards.cli.errors import (
     EXIT_BROKEN_PIPE,
+    EXIT_CHECK_FAILED,
     EXIT_CODES_HELP,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_STORAGE,
     EXIT_USAGE,
+    PROGRAM,
+    CheckFailed,
     StorageFailure,
     UsageError,
     describe_error,
 )
-from fsspec_shards.cli.options import CommandParser, shared_options
+from fsspec_shards.cli.options import CommandParser, shared_options, storage_options_from
 from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.redact import redact_text
 
-PROGRAM = "fsspec-shards"
 SUBCOMMANDS = (demo, stream, prefetch, verify, manifest, cache)
 
 logger = logging.getLogger("fsspec_shards.cli")
@@ -57,30 +61,71 @@ def build_parser() -> CommandParser:
 
 
 def configure_logging(args: argparse.Namespace) -> None:
+    """Warnings on stderr; our DEBUG lines with --verbose. dask's own chatter (a local
+    cluster starting and stopping) only with --verbose, its errors always."""
     level = logging.DEBUG if args.verbose else logging.WARNING
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fsspec_shards").setLevel(level)
+    if not args.verbose:  # a filter on the handler: importing distributed resets its levels
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_dask)
+
+
+def _quiet_dask(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR or not record.name.startswith("distributed")
 
 
 def fail(args: argparse.Namespace, code: int, message: str) -> int:
     """Print one line on stderr (and the traceback with --verbose); return ``code``."""
-    if getattr(args, "verbose", False):
+    if getattr(args, "verbose", False) and code not in (EXIT_CHECK_FAILED, EXIT_USAGE):
         logger.exception("%s failed", args.command)
-    print(f"{PROGRAM} {args.command}: error: {message}", file=sys.stderr)
+    print(f"{PROGRAM} {args.command}: error: {redact_text(message)}", file=sys.stderr)
     return code
+
+
+def bad_option(error: Exception, args: argparse.Namespace) -> str | None:
+    """The storage option a backend refused, as ``PROTOCOL.KEY``, when ``error`` is a backend
+    saying it does not take a keyword argument the user gave; else None."""
+    match = _UNEXPECTED_KEYWORD.search(str(error))
+    if not isinstance(error, TypeError) or match is None:
+        return None
+    try:
+        options = storage_options_from(args)
+    except UsageError:
+        return None
+    paths = list(_option_paths(options, match.group(1)))
+    return paths[0] if paths else None
+
+
+_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
+
+
+def _option_paths(table: dict, name: str, prefix: str = "") -> Iterator[str]:
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if key == name and prefix:
+            yield path
+        if isinstance(value, dict):
+            yield from _option_paths(value, name, path + ".")
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(None if argv is None else list(argv))
-    if getattr(args, "jobs", 1) < 1:
-        parser.error("--jobs must be at least 1")
     if getattr(args, "retries", None) is not None and args.retries < 0:
-        parser.error("--retries must not be negative")
+        parser.error("argument --retries: must not be negative")
     configure_logging(args)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader of our output went away (e.g. `| head`): stop quietly, as shells expect.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except CheckFailed as exc:
+        return fail(args, EXIT_CHECK_FAILED, str(exc))
     except UsageError as exc:
         return fail(args, EXIT_USAGE, str(exc))
     except StorageFailure as exc:
@@ -89,10 +134,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         return fail(args, EXIT_STORAGE, describe_error(exc))
     except KeyboardInterrupt:
         return fail(args, EXIT_INTERRUPTED, "interrupted")
-    except BrokenPipeError:
-        # The reader of our output went away (e.g. `| head`): stop quietly, as shells expect.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
     except Exception as exc:
+        option = bad_option(exc, args)
+        if option is not None:
+            return fail(args, EXIT_USAGE, f"invalid storage option {option}: {exc}")
         hint = "" if args.verbose else " (run with --verbose for the traceback)"
         return fail(args, EXIT_INTERNAL, f"{describe_error(exc)}{hint}")

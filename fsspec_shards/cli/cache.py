@@ -8,7 +8,7 @@ from typing import Any
 
 from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import SharedOptions, size_argument
-from fsspec_shards.cli.report import STAT_KEYS, format_bytes
+from fsspec_shards.cli.report import STAT_KEYS, format_bytes, print_json
 from fsspec_shards.config import default_cache_dir, default_cache_size
 from fsspec_shards.redact import redact_url
 
@@ -28,7 +28,8 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
         ("ls", run_ls, "one line per cached file: size and URL"),
         ("clear", run_clear, "remove every cached file"),
     ):
-        action = actions.add_parser(name, parents=[shared.output], help=text, description=text)
+        parents = [shared.output, shared.json] if name == "info" else [shared.output]
+        action = actions.add_parser(name, parents=parents, help=text, description=text)
         action.add_argument(
             "--cache-dir", metavar="DIR", help="cache directory (default: FSSPEC_SHARDS_CACHE, ...)"
         )
@@ -51,15 +52,22 @@ def open_cache(args: argparse.Namespace):
     return ShardCache(directory, size)
 
 
+INFO_KEYS = ("cached_files", "cached_bytes", "size_limit", *STAT_KEYS, "evictions")
+
+
 def run_info(args: argparse.Namespace) -> int:
     cache = open_cache(args)
+    stats = cache.stats() if cache is not None else {}
+    numbers = {key: int(stats.get(key, 0)) for key in INFO_KEYS}
+    if args.json:
+        report = {"command": "cache info", "directory": cache_directory(args)}
+        print_json({**report, "exists": cache is not None, **numbers})
+        return EXIT_OK
     print(f"{'directory':<19} {cache_directory(args)}")
     if cache is None:
         print(f"{'cached files':<19} 0 (no cache yet)")
         return EXIT_OK
-    stats = cache.stats()
-    for key in ("cached_files", "cached_bytes", "size_limit", *STAT_KEYS, "evictions"):
-        value = stats.get(key, 0)
+    for key, value in numbers.items():
         shown = format_bytes(value) if key.endswith(("_bytes", "_limit", "_downloaded")) else value
         print(f"{key.replace('_', ' '):<19} {shown}")
     return EXIT_OK

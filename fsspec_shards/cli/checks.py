@@ -1,20 +1,25 @@
 """Reading every shard once, for ``verify`` and ``manifest``: hash it and walk its tar members.
 
-Invariant: a shard is read start to end straight from storage (no cache), so its digest is of
-the bytes the backend holds, and every member is parsed by the reader ``ShardDataset`` uses.
+Invariants: a shard is read start to end straight from storage (no cache), so its digests are
+of the bytes the backend holds, and every member is parsed by the reader ``ShardDataset``
+uses. A shard's storage or format problem is part of its :class:`ShardCheck` (described
+without secrets), never an exception: the work runs in threads or on dask workers alike.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import io
-from dataclasses import dataclass
-from typing import BinaryIO
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, BinaryIO
 
-from fsspec_shards.cli.parallel import Outcome, run_parallel
-from fsspec_shards.cli.report import progress
-from fsspec_shards.cli.shards import open_filesystem
+from fsspec_shards.cli.errors import describe_error
+from fsspec_shards.cli.options import DEFAULT_MAX_MEMBER_SIZE
+from fsspec_shards.cli.parallel import Executor
+from fsspec_shards.cli.shards import comparable, open_filesystem
+from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.storage.integrity import StreamingHasher
 
 HASH_BLOCK_SIZE = 1 << 20
 
@@ -22,9 +27,9 @@ HASH_BLOCK_SIZE = 1 << 20
 class HashingReader(io.RawIOBase):
     """A raw stream over ``source`` that hashes and counts every byte read through it."""
 
-    def __init__(self, source: BinaryIO) -> None:
+    def __init__(self, source: BinaryIO, algorithms: Iterable[str]) -> None:
         self.source = source
-        self.digest = hashlib.sha256()
+        self.hashers = [StreamingHasher(algorithm) for algorithm in algorithms]
         self.size = 0
 
     def readable(self) -> bool:
@@ -34,49 +39,91 @@ class HashingReader(io.RawIOBase):
         data = self.source.read(len(buffer))
         count = len(data)
         buffer[:count] = data
-        self.digest.update(data)
+        for hasher in self.hashers:
+            hasher.update(data)
         self.size += count
         return count
+
+    def digests(self) -> dict[str, str]:
+        return {hasher.algorithm: str(hasher.checksum()) for hasher in self.hashers}
 
 
 @dataclass
 class ShardCheck:
-    """What reading one shard found: its SHA-256, size and number of samples."""
+    """What reading one shard found.
+
+    ``checksums`` maps each algorithm asked for to ``"<algorithm>:<hex>"``; ``storage_check``
+    says what the storage layer verified while reading (``size only``, ``backend md5``...);
+    ``problem`` describes why the shard is bad (None when it read cleanly).
+    """
 
     url: str
-    sha256: str
-    size: int
-    samples: int
+    storage_check: str = "none"
+    size: int = 0
+    samples: int = 0
+    checksums: dict[str, str] = field(default_factory=dict)
+    problem: str | None = None
 
 
-def check_shard(url: str, options: dict[str, dict]) -> ShardCheck:
+def check_shard(
+    url: str, options: dict[str, dict], algorithms: tuple[str, ...], max_member_size: int
+) -> ShardCheck:
     """Read one shard through the wds filesystem, hashing it and parsing every tar member."""
     from fsspec_shards.iteration.samples import group_samples
     from fsspec_shards.iteration.tar import iter_members, open_shard_stream
 
+    check = ShardCheck(url)
+    name = comparable(url)  # how the tar reader's errors name the shard
     fs, path = open_filesystem(url, options)
-    with fs.open(path, "rb") as source:
-        raw = HashingReader(source)
-        stream = open_shard_stream(io.BufferedReader(raw, HASH_BLOCK_SIZE), url)
-        samples = sum(1 for _ in group_samples(iter_members(stream, url), url))
-        while stream.read(HASH_BLOCK_SIZE):
-            pass
-        while raw.read(HASH_BLOCK_SIZE):
-            pass
-    return ShardCheck(url, raw.digest.hexdigest(), raw.size, samples)
+    try:
+        check.storage_check = storage_check(fs, path)
+        with fs.open(path, "rb") as source:
+            raw = HashingReader(source, algorithms)
+            stream = open_shard_stream(io.BufferedReader(raw, HASH_BLOCK_SIZE), name)
+            members = iter_members(stream, name, max_member_size=max_member_size)
+            check.samples = sum(1 for _ in group_samples(members, name))
+            while stream.read(HASH_BLOCK_SIZE):
+                pass
+            while raw.read(HASH_BLOCK_SIZE):
+                pass
+    except (OSError, ShardFormatError) as exc:
+        check.problem = describe_error(exc)
+        return check
+    check.size = raw.size
+    check.checksums = raw.digests()
+    return check
 
 
-def check_all(
-    args: argparse.Namespace, urls: list[str], options: dict[str, dict], title: str
-) -> tuple[list[ShardCheck], list[Outcome]]:
-    """Check every shard in parallel with a progress bar; (checks in URL order, failures)."""
+def storage_check(fs: Any, path: str) -> str:
+    """What the ``wds`` layer verifies when it reads ``path`` without a manifest: the
+    strongest checksum the backend gives, else only the size (local files, most HTTP)."""
+    from fsspec_shards.storage.backends import backend_checksums, protocol_of
+    from fsspec_shards.storage.integrity import choose_expected
+
+    mode = getattr(fs, "verify", None)
+    if mode is None:
+        return "none (not read through wds::)"
+    if mode is False:
+        return "none (verify off)"
+    found = backend_checksums(protocol_of(fs.fs), fs.info(path))
+    expected = choose_expected(None, found, mode)
+    return f"backend {expected.algorithm}" if expected is not None else "size only"
+
+
+def check_shards(
+    urls: list[str],
+    options: dict[str, dict],
+    executor: Executor,
+    algorithms: tuple[str, ...] = ("sha256",),
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    advance: Callable[[int], Any] = lambda count: None,
+) -> list[ShardCheck]:
+    """Check every shard on ``executor``; the checks in URL order. ``advance(1)`` per shard."""
+    work = partial(
+        check_shard, options=options, algorithms=algorithms, max_member_size=max_member_size
+    )
     checks: dict[str, ShardCheck] = {}
-    failures: list[Outcome] = []
-    with progress(args, desc=title, unit=" shards", total=len(urls)) as bar:
-        for outcome in run_parallel(lambda url: check_shard(url, options), urls, args.jobs):
-            if outcome.error is None:
-                checks[outcome.item] = outcome.result
-            else:
-                failures.append(outcome)
-            bar.update()
-    return [checks[url] for url in urls if url in checks], failures
+    for check in executor.map(work, urls):
+        checks[check.url] = check
+        advance(1)
+    return [checks[url] for url in urls]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ from fsspec_shards.cli.options import SharedOptions, positive_int
 from fsspec_shards.cli.report import format_bytes
 from fsspec_shards.cli.shards import open_filesystem, shard_urls
 from fsspec_shards.cli.stream import stream_pass
+from fsspec_shards.config import default_cache_dir
 
 NAME = "demo"
 DEFAULT_DEMO_DIR = "fsspec-shards-demo"
+CACHE_VARIABLES = ("FSSPEC_SHARDS_CACHE", "WDS_CACHE")
 
 
 def add_parser(commands: Any, shared: SharedOptions) -> None:
@@ -29,6 +32,11 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     )
     parser.add_argument(
         "directory", nargs="?", metavar="DIR", help=f"where to write (default ./{DEFAULT_DEMO_DIR})"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="cache directory (default: FSSPEC_SHARDS_CACHE, then WDS_CACHE, else DIR/cache)",
     )
     parser.add_argument("--shards", type=positive_int, default=8, help="number of shards")
     parser.add_argument("--samples", type=positive_int, default=250, help="samples per shard")
@@ -46,11 +54,10 @@ def run(args: argparse.Namespace) -> int:
         f"({format_bytes(sum(p.stat().st_size for p in demo.shards))}) and "
         f"{demo.manifest.name} to {directory} in {time.perf_counter() - started:.2f} s"
     )
-    cache_dir = directory / "cache"
-    options = {"wds": {"cache_dir": str(cache_dir), "checksums": str(demo.manifest)}}
+    cache_dir = demo_cache_dir(args, directory)
+    options = {"wds": {"cache_dir": cache_dir, "checksums": str(demo.manifest)}}
     urls = shard_urls(demo.pattern, {})
-    fs, _ = open_filesystem(urls[0], options)
-    fs.clear_cache()  # a cold first pass; removes only the cache's own files
+    cold_start(urls, options, own_cache=cache_dir == str(directory / "cache"))
     kwargs = {"shuffle_shards": False, "split_by_node": False, "split_by_worker": False}
     for title in ("pass 1: cold cache", "pass 2: from cache"):
         report = stream_pass(args, title, urls, options, kwargs)
@@ -63,3 +70,24 @@ def run(args: argparse.Namespace) -> int:
         + f"' --manifest {demo.manifest}\n      fsspec-shards cache info --cache-dir {cache_dir}"
     )
     return EXIT_OK
+
+
+def cold_start(urls: list[str], options: dict[str, dict], own_cache: bool) -> None:
+    """Make the first pass cold: empty the demo's own cache, or drop just the demo's shards
+    from the user's cache (its other entries stay)."""
+    fs, _ = open_filesystem(urls[0], options)
+    if own_cache:
+        fs.clear_cache()
+        return
+    for url in urls:
+        fs.invalidate_cache(open_filesystem(url, options)[1])
+
+
+def demo_cache_dir(args: argparse.Namespace, directory: Path) -> str:
+    """--cache-dir, else the user's cache (FSSPEC_SHARDS_CACHE / WDS_CACHE) when set, else a
+    cache inside the demo's own directory, so that a first try leaves nothing elsewhere."""
+    if args.cache_dir:
+        return os.path.abspath(os.path.expanduser(args.cache_dir))
+    if any(os.environ.get(name) for name in CACHE_VARIABLES):
+        return os.path.abspath(default_cache_dir())
+    return str(directory / "cache")

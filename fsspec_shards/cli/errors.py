@@ -7,6 +7,9 @@ comes with one line on standard error (written by :mod:`fsspec_shards.cli`'s ``m
 from __future__ import annotations
 
 from fsspec_shards.errors import IntegrityError, ShardFormatError
+from fsspec_shards.redact import redact_text
+
+PROGRAM = "fsspec-shards"
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -22,7 +25,7 @@ EXIT_CODES_HELP = (
 )
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """The arguments, options or URL pattern given cannot be used (exit code 2)."""
 
 
@@ -30,8 +33,12 @@ class StorageFailure(Exception):
     """Work on some shards failed for storage reasons (exit code 3)."""
 
 
+class CheckFailed(Exception):
+    """A check found bad shards; the report is printed already (exit code 1)."""
+
+
 def describe_error(error: BaseException) -> str:
-    """A short, secret-free description of why a shard failed."""
+    """A short description of why a shard failed, every URL in it redacted."""
     if isinstance(error, FileNotFoundError):
         kind = "not found"
     elif isinstance(error, PermissionError):
@@ -40,14 +47,12 @@ def describe_error(error: BaseException) -> str:
         kind = "integrity"
     elif isinstance(error, ShardFormatError):
         kind = "malformed tar"
-    elif isinstance(error, LookupError):
-        kind = "not in the manifest"
     else:
         kind = type(error).__name__
     if isinstance(error, OSError) and error.strerror:
         message = error.strerror + (f": {error.filename}" if error.filename else "")
     else:
         message = str(error)
-    if message.startswith(kind):
-        return message
-    return f"{kind}: {message}" if message else kind
+    if not message.startswith(kind):
+        message = f"{kind}: {message}" if message else kind
+    return redact_text(message)

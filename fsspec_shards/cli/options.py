@@ -8,13 +8,16 @@ dedicated flags (``--retries``, ``--cache-dir``, ``--cache-size``, ``--no-cache`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fsspec_shards.cli.errors import EXIT_USAGE, UsageError
+from fsspec_shards.cli.parallel import Executor, ThreadExecutor
 from fsspec_shards.config import parse_size
 
 
@@ -25,6 +28,10 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+DEFAULT_MAX_MEMBER_SIZE = 1 << 30
+"""Tar members larger than this are malformed unless ``--max-member-size`` says otherwise."""
+
+
 @dataclass(frozen=True)
 class SharedOptions:
     """The parent parsers a subcommand picks its shared options from."""
@@ -33,6 +40,8 @@ class SharedOptions:
     storage: CommandParser
     cache: CommandParser
     jobs: CommandParser
+    reading: CommandParser
+    json: CommandParser
 
 
 def shared_options() -> SharedOptions:
@@ -78,20 +87,62 @@ def shared_options() -> SharedOptions:
 
     jobs = CommandParser(add_help=False)
     jobs.add_argument(
-        "-j", "--jobs", type=int, default=8, metavar="N", help="shards in parallel (default 8)"
+        "-j",
+        "--jobs",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="shards in parallel (default 8; with --dask, threads across the workers)",
     )
-    return SharedOptions(output, storage, cache, jobs)
+    jobs.add_argument(
+        "--dask",
+        metavar="SCHEDULER",
+        help="fan out over a dask cluster: a scheduler address (tcp://host:8786) or local:N "
+        "for N local worker processes (needs fsspec-shards[dask])",
+    )
+
+    reading = CommandParser(add_help=False)
+    reading.add_argument(
+        "--max-member-size",
+        type=size_type,
+        default=DEFAULT_MAX_MEMBER_SIZE,
+        metavar="SIZE",
+        help="larger tar members are malformed shards (default 1GiB)",
+    )
+
+    json_output = CommandParser(add_help=False)
+    json_output.add_argument(
+        "--json", action="store_true", help="print the report as one JSON object on stdout"
+    )
+    return SharedOptions(output, storage, cache, jobs, reading, json_output)
 
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def size_type(text: str) -> int:
+    """An argparse type: a byte count, ``1GiB``, ``500MB`` or a plain integer."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_option(text: str) -> tuple[list[str], Any]:
@@ -181,3 +232,15 @@ def size_argument(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def executor_for(args: argparse.Namespace) -> Iterator[Executor]:
+    """Where a command's per-shard work runs: ``--jobs`` threads here, or ``--dask``."""
+    if getattr(args, "dask", None):
+        from fsspec_shards.distributed import dask_executor
+
+        with dask_executor(args.dask, jobs=args.jobs) as executor:
+            yield executor
+    else:
+        yield ThreadExecutor(args.jobs)

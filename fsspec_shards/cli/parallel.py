@@ -1,7 +1,11 @@
-"""Per-shard work in parallel threads, yielding outcomes as they finish.
+"""Executors: where per-shard work runs. Threads of this process here; dask workers in
+:mod:`fsspec_shards.distributed`.
 
-Invariant: every item given yields exactly one :class:`Outcome`, holding either the result or
-the exception the work raised; an exception never ends the other items' work.
+An executor has ``map(function, items)``, yielding ``function(item)`` for every item as it
+finishes (in any order), and ``on_each_host(function)``, the results of ``function()`` run
+once in each place that holds a cache (here: this process). Invariants: every item yields
+exactly one result; per-shard problems are results (the work functions describe them), so an
+exception out of ``function`` is unexpected and ends the map, raised in the caller.
 """
 
 from __future__ import annotations
@@ -9,42 +13,51 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 
-@dataclass
-class Outcome:
-    """What one item of parallel work gave: a result, or the exception it raised."""
+class Executor(Protocol):
+    """What the chores need of an executor."""
 
-    item: Any
-    result: Any = None
-    error: Exception | None = None
+    def map(self, function: Callable[[Any], Any], items: list) -> Iterator[Any]: ...
+
+    def on_each_host(self, function: Callable[[], Any]) -> list[Any]: ...
 
 
-def run_parallel(function: Callable[[Any], Any], items: list, jobs: int) -> Iterator[Outcome]:
-    """Yield ``function(item)`` outcomes as they finish, from ``jobs`` daemon threads.
+class ThreadExecutor:
+    """Per-shard work in ``jobs`` daemon threads of this process.
 
     Daemon threads let Ctrl-C end the command at once instead of waiting for downloads in
     flight; the cache is safe against that by design (entries are whole or absent).
     """
-    tasks: queue.Queue = queue.Queue()
-    outcomes: queue.Queue = queue.Queue()
-    for item in items:
-        tasks.put(item)
 
-    def work() -> None:
-        while True:
-            try:
-                item = tasks.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                outcomes.put(Outcome(item, result=function(item)))
-            except Exception as exc:
-                outcomes.put(Outcome(item, error=exc))
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
 
-    for _ in range(max(1, min(jobs, len(items)))):
-        threading.Thread(target=work, daemon=True, name="fsspec-shards-cli").start()
-    for _ in items:
-        yield outcomes.get()
+    def map(self, function: Callable[[Any], Any], items: list) -> Iterator[Any]:
+        tasks: queue.Queue = queue.Queue()
+        results: queue.Queue = queue.Queue()
+        for item in items:
+            tasks.put(item)
+
+        def work() -> None:
+            while True:
+                try:
+                    item = tasks.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results.put((True, function(item)))
+                except Exception as exc:
+                    results.put((False, exc))
+
+        for _ in range(max(1, min(self.jobs, len(items)))):
+            threading.Thread(target=work, daemon=True, name="fsspec-shards-cli").start()
+        for _ in items:
+            done, value = results.get()
+            if not done:
+                raise value
+            yield value
+
+    def on_each_host(self, function: Callable[[], Any]) -> list[Any]:
+        return [function()]

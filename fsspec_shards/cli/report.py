@@ -8,12 +8,12 @@ Invariants: results go to standard output, progress bars to standard error (hidd
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsspec_shards.cli.errors import describe_error
 from fsspec_shards.cli.shards import comparable
 from fsspec_shards.redact import redact_url
 
@@ -47,13 +47,18 @@ def shown(url: str) -> str:
     return redact_url(comparable(url))
 
 
-def print_failures(failures: Iterable[tuple[str, BaseException]]) -> None:
-    """A table of failed shards on stdout: shard, then why, sorted by shard."""
-    rows = [(shown(url), describe_error(error)) for url, error in failures]
-    width = max(len("shard"), *(len(shard) for shard, _ in rows))
-    print(f"{'shard':<{width}}  problem")
-    for shard, problem in sorted(rows):
-        print(f"{shard:<{width}}  {problem}")
+def print_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A table on stdout: columns padded to their widest cell, the last one left ragged."""
+    rows = [tuple(header), *(tuple(row) for row in rows)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
+    for row in rows:
+        cells = [f"{cell:<{width}}" for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
+
+
+def print_json(report: dict[str, Any]) -> None:
+    """A machine-readable report: one JSON object on one line of stdout."""
+    print(json.dumps(report, sort_keys=True))
 
 
 @dataclass
@@ -70,14 +75,36 @@ class PassReport:
     storage: dict[str, int] = field(default_factory=dict)
     failures: list[tuple[str, str]] = field(default_factory=list)
 
-    def shard_hit_rate(self) -> str:
+    def hit_fraction(self) -> float | None:
         """The share of shards read that were in the cache already (not downloaded)."""
+        if not self.cache_enabled or not self.shards:
+            return None
+        downloaded = min(self.storage.get("misses", 0), self.shards)
+        return (self.shards - downloaded) / self.shards
+
+    def shard_hit_rate(self) -> str:
         if not self.cache_enabled:
             return "cache off"
-        if not self.shards:
-            return "n/a"
-        downloaded = min(self.storage.get("misses", 0), self.shards)
-        return f"{100 * (self.shards - downloaded) / self.shards:.0f}% of shards"
+        fraction = self.hit_fraction()
+        return "n/a" if fraction is None else f"{100 * fraction:.0f}% of shards"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report for ``--json``: the same numbers, unrounded, rates per second."""
+        seconds = max(self.seconds, 1e-9)
+        return {
+            "title": self.title,
+            "samples": self.samples,
+            "payload_bytes": self.payload_bytes,
+            "seconds": self.seconds,
+            "samples_per_second": self.samples / seconds,
+            "megabytes_per_second": self.payload_bytes / seconds / 1e6,
+            "cache": self.cache_enabled,
+            "shard_hit_rate": self.hit_fraction(),
+            "shards": self.shards,
+            "failed_shards": self.failed_shards,
+            "storage": dict(self.storage),
+            "failures": [{"shard": shown(url), "problem": why} for url, why in self.failures],
+        }
 
     def lines(self) -> list[str]:
         seconds = max(self.seconds, 1e-9)

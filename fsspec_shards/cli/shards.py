@@ -7,6 +7,7 @@ user gave an fsspec chain (``::``) of their own; local paths become absolute ``f
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +49,24 @@ def has_glob(url: str) -> bool:
     return any(character in GLOB_CHARACTERS for character in target)
 
 
-def shard_urls(pattern: str, options: dict[str, dict]) -> list[str]:
-    """Expand braces and globs in ``pattern`` into the ``wds::`` URLs of the shards."""
+def expand_braces(patterns: str | Sequence[str]) -> list[str]:
+    """The URLs and globs a pattern (or a list of them) names once braces are expanded."""
     from fsspec_shards.iteration.urls import expand_urls
 
     try:
-        urls = expand_urls(pattern)
+        return expand_urls(patterns)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def shard_urls(patterns: str | Sequence[str], options: dict[str, dict]) -> list[str]:
+    """Expand braces and globs in ``patterns`` into the ``wds::`` URLs of the shards."""
     expanded: list[str] = []
-    for url in urls:
+    for url in expand_braces(patterns):
         expanded.extend(glob_url(url, options) if has_glob(url) else [wds_url(url)])
     if not expanded:
-        raise UsageError(f"no shards match {redact_url(pattern)!r}")
+        given = [patterns] if isinstance(patterns, str) else list(patterns)
+        raise UsageError(f"no shards match {', '.join(repr(redact_url(p)) for p in given)}")
     return expanded
 
 

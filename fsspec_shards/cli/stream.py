@@ -8,9 +8,15 @@ import time
 from typing import Any
 
 from fsspec_shards.cli.errors import EXIT_OK, UsageError, describe_error
-from fsspec_shards.cli.options import SharedOptions, storage_options_from
-from fsspec_shards.cli.report import STAT_KEYS, PassReport, progress, storage_stats
+from fsspec_shards.cli.options import (
+    SharedOptions,
+    non_negative_int,
+    positive_int,
+    storage_options_from,
+)
+from fsspec_shards.cli.report import STAT_KEYS, PassReport, print_json, progress, storage_stats
 from fsspec_shards.cli.shards import open_filesystem, shard_urls
+from fsspec_shards.errors import ShardFormatError
 
 NAME = "stream"
 
@@ -19,7 +25,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     """Register ``stream`` and its options."""
     parser = commands.add_parser(
         NAME,
-        parents=[shared.output, shared.storage, shared.cache],
+        parents=[shared.output, shared.storage, shared.cache, shared.json],
         help="iterate a dataset and report samples/s, MB/s, cache hit rate, retries",
         description="Iterate the samples of URL_PATTERN (braces and globs expand; plain "
         "URLs and paths are read through wds::) and report on the throughput.",
@@ -32,10 +38,14 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
         help="shuffle shard order by (seed, epoch) (default off)",
     )
     parser.add_argument(
-        "--shuffle-buffer", type=int, default=0, metavar="N", help="sample shuffle buffer"
+        "--shuffle-buffer",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="sample shuffle buffer (default 0: none)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument("--epoch", type=non_negative_int, default=0)
     parser.add_argument(
         "--handler",
         choices=("raise", "warn", "skip"),
@@ -43,21 +53,26 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
         help="what a broken shard does (default raise)",
     )
     parser.add_argument(
-        "--prefetch", type=int, default=2, metavar="N", help="shards fetched ahead (default 2)"
+        "--prefetch",
+        type=non_negative_int,
+        default=2,
+        metavar="N",
+        help="shards fetched ahead (default 2)",
     )
-    parser.add_argument("--limit", type=int, metavar="N", help="stop after N samples")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="stop after N samples")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     options = storage_options_from(args)
     urls = shard_urls(args.url_pattern, options)
-    if args.limit is not None and args.limit < 1:
-        raise UsageError("--limit must be at least 1")
     report = stream_pass(
         args, f"{len(urls)} shards", urls, options, dataset_arguments(args), args.limit, args.epoch
     )
-    print("\n".join(report.lines()))
+    if args.json:
+        print_json({"command": NAME, **report.as_dict()})
+    else:
+        print("\n".join(report.lines()))
     return EXIT_OK
 
 
@@ -89,7 +104,10 @@ def stream_pass(
     from fsspec_shards.iteration.dataset import ShardDataset
 
     before = storage_stats(fs)
-    dataset = ShardDataset(urls, storage_options=options, **dataset_kwargs)
+    try:
+        dataset = ShardDataset(urls, storage_options=options, **dataset_kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     dataset.set_epoch(epoch)
     report = PassReport(title, cache_enabled=options.get("wds", {}).get("cache") is not False)
     started = time.perf_counter()
@@ -106,6 +124,9 @@ def stream_pass(
     after = storage_stats(fs)
     report.storage = {key: after[key] - before[key] for key in STAT_KEYS}
     stats = dataset.stats()
+    for _, error in stats.get("failures", []):
+        if not isinstance(error, OSError | ShardFormatError):
+            raise error  # not a broken shard: a bad option or a bug, whatever the handler
     report.failed_shards = int(stats.get("shards_failed", 0))
     report.shards = int(stats.get("shards_done", 0)) + report.failed_shards
     report.failures = [(url, describe_error(error)) for url, error in stats.get("failures", [])]

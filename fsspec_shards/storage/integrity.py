@@ -18,7 +18,7 @@ from typing import Any
 
 import google_crc32c
 
-from fsspec_shards.redact import redact_url
+from fsspec_shards.redact import redact_text, redact_url
 
 logger = logging.getLogger("fsspec_shards.storage.integrity")
 
@@ -98,14 +98,28 @@ def checksum_of_bytes(data: bytes, algorithm: str = "sha256") -> Checksum:
 class Manifest:
     """Expected checksums by object path.
 
-    With ``base`` (the manifest file's directory, in the backend's path form) names are
-    relative to it. Without (a mapping given in code), a key matches a path exactly, or as its
-    trailing path components, e.g. ``"train-0001.tar"`` matches ``"bucket/data/train-0001.tar"``.
+    With ``base`` (the manifest file's directory, in the backend's path form) each relative
+    name resolves against it, and an absolute name (``/path``, or a URL, turned into a backend
+    path by ``strip_protocol`` when given) stands for itself: :attr:`entries` is then keyed by
+    full backend paths. Without ``base`` (a mapping given in code), a key matches a path
+    exactly, or as its trailing path components, e.g. ``"train-0001.tar"`` matches
+    ``"bucket/data/train-0001.tar"``.
     """
 
-    def __init__(self, entries: Mapping[str, Checksum], base: str | None = None) -> None:
-        self.entries = dict(entries)
+    def __init__(
+        self,
+        entries: Mapping[str, Checksum],
+        base: str | None = None,
+        strip_protocol: Any = None,
+    ) -> None:
         self.base = base.rstrip("/") if base is not None else None
+        if self.base is None:
+            self.entries = dict(entries)
+        else:
+            self.entries = {
+                _resolve_name(self.base, name, strip_protocol): checksum
+                for name, checksum in entries.items()
+            }
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -122,10 +136,7 @@ class Manifest:
 
     def _lookup(self, path: str) -> Checksum | None:
         if self.base is not None:
-            prefix = self.base + "/" if self.base else ""
-            if not path.startswith(prefix):
-                return None
-            return self.entries.get(_normalize_name(path[len(prefix) :]))
+            return self.entries.get(_normalize_path(path))
         if path in self.entries:
             return self.entries[path]
         matches = [key for key in self.entries if path.endswith("/" + key.lstrip("/"))]
@@ -140,8 +151,26 @@ def _without_query(path: str) -> str:
 
 
 def _normalize_name(name: str) -> str:
-    name = posixpath.normpath(name.strip())
+    """A manifest name as written, tidied: ``./a/../b.tar`` -> ``b.tar``; URLs stay as they are."""
+    name = name.strip()
+    if "://" in name:
+        return name
+    name = posixpath.normpath(name)
     return name[2:] if name.startswith("./") else name
+
+
+def _normalize_path(path: str) -> str:
+    return path if "://" in path else posixpath.normpath(path)
+
+
+def _resolve_name(base: str, name: str, strip_protocol: Any) -> str:
+    """The full backend path a manifest name stands for, in a manifest whose directory is
+    ``base``."""
+    if "://" in name:
+        return strip_protocol(name) if strip_protocol is not None else name
+    if name.startswith("/"):
+        return _normalize_path(name)
+    return _normalize_path(f"{base}/{name}") if base else name
 
 
 def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None) -> Manifest:
@@ -166,24 +195,33 @@ def parse_sums_file(text: str, source: str = "<manifest>") -> dict[str, Checksum
     """Parse ``sha256sum``-style lines (``<hex>  name`` or ``<hex> *name``) into name -> checksum.
 
     The algorithm follows from the digest length; ``algo:<hex>`` digests are accepted too.
-    Blank lines and ``#`` comments are skipped; any other malformed line is an error.
+    Names are tidied (``./a.tar`` is ``a.tar``). Blank lines and ``#`` comments are skipped.
+    A malformed line, a digest that is not hex of its algorithm's length, and a name listed
+    twice with different digests are errors naming the manifest and the line; the same entry
+    twice is not.
     """
     entries: dict[str, Checksum] = {}
+    lines: dict[str, int] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip("\r")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        where = f"manifest {redact_url(source)} line {number}"
         match = _SUMS_LINE_RE.match(line)
         if not match:
-            raise ValueError(
-                f"manifest {redact_url(source)} line {number}: expected '<hex>  <name>', "
-                f"got {line[:80]!r}"
-            )
+            raise ValueError(f"{where}: expected '<hex>  <name>', got {redact_text(line[:80])!r}")
         try:
             checksum = parse_checksum(match.group("digest"))
         except ValueError as exc:
-            raise ValueError(f"manifest {redact_url(source)} line {number}: {exc}") from None
-        entries[_normalize_name(match.group("name"))] = checksum
+            raise ValueError(f"{where}: {exc}") from None
+        name = _normalize_name(match.group("name"))
+        if name in entries and entries[name] != checksum:
+            raise ValueError(
+                f"{where}: {redact_url(name)} is listed again with another checksum "
+                f"(first on line {lines[name]})"
+            )
+        entries[name] = checksum
+        lines.setdefault(name, number)
     return entries
 
 
@@ -214,7 +252,11 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
         base = None
     entries = parse_sums_file(text, source)
     logger.info("loaded %d checksums from %s", len(entries), redact_url(source))
-    return Manifest(entries, base)
+
+    def strip_own_protocol(url: str) -> str:
+        return backend._strip_protocol(url) if url.split("://", 1)[0] in own else url
+
+    return Manifest(entries, base, strip_own_protocol if base is not None else None)
 
 
 def format_sums_line(checksum: Checksum, name: str) -> str:

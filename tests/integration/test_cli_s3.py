@@ -14,22 +14,12 @@ import pytest
 
 from fsspec_shards.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
+from fsspec_shards.storage.integrity import parse_sums_file
+from tests.cli.running import run_cli
 from tests.integration.fault_proxy import Flip
 
-TIMEOUT = 180
 SHARDS = 4
 SAMPLES = 20
-
-
-def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(cache), COLUMNS="120")
-    return subprocess.run(
-        [sys.executable, "-m", "fsspec_shards", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-    )
 
 
 def options_file(tmp_path: Path, backend) -> str:
@@ -106,10 +96,8 @@ def test_manifest_on_s3_then_verify_catches_a_corrupted_object(s3_backend, tmp_p
         "manifest", pattern, "-o", manifest_url, "--options-file", opts, "-q", cache=cache
     )
     assert written.returncode == 0, written.stderr
-    lines = s3_backend.filesystem().cat_file(manifest_url).decode().splitlines()
-    assert [line.split("  ")[1] for line in lines] == [
-        f"demo-{index:06d}.tar" for index in range(SHARDS)
-    ]
+    text = s3_backend.filesystem().cat_file(manifest_url).decode()
+    assert list(parse_sums_file(text)) == [f"demo-{index:06d}.tar" for index in range(SHARDS)]
 
     good = run_cli(
         "verify", pattern, "--manifest", manifest_url, "--options-file", opts, cache=cache
@@ -207,3 +195,30 @@ def test_without_manifest_verify_catches_bad_transfers_and_bad_tars_stream_skips
     assert f"samples             {(SHARDS - 2) * SAMPLES}" in streamed.stdout
     assert "failed shards       2" in streamed.stdout
     assert "integrity failures  0" not in streamed.stdout
+
+
+def test_verify_without_manifest_names_the_backend_checksum_it_checked(s3_backend, tmp_path, cache):
+    pattern = upload_demo(s3_backend, tmp_path)
+    opts = options_file(tmp_path, s3_backend)
+    result = run_cli("verify", pattern, "--options-file", opts, "-q", cache=cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"checks: {SHARDS} backend md5" in result.stdout  # S3 ETag of a one-part upload
+    rows = [line for line in result.stdout.splitlines() if "demo-0000" in line]
+    assert len(rows) == SHARDS and all("backend md5" in row for row in rows)
+
+
+@pytest.mark.parametrize(
+    "option", ["s3.endpoint=http://127.0.0.1:9", "s3.client_kwargs.endpoint=http://127.0.0.1:9"]
+)
+@pytest.mark.parametrize("command", ["stream", "verify"])
+def test_an_option_the_backend_does_not_take_is_exit_2_naming_it(
+    command, option, s3_backend, tmp_path, cache
+):
+    pattern = upload_demo(s3_backend, tmp_path, shards=1)
+    opts = options_file(tmp_path, s3_backend)
+    result = run_cli(command, pattern, "--options-file", opts, "--option", option, cache=cache)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert f"invalid storage option {option.split('=')[0]}" in lines[0]
+    assert s3_backend.storage_options["secret"] not in result.stderr

@@ -1,0 +1,44 @@
+"""``fsspec-shards demo``: the README's first command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.running import TIMEOUT, run_cli
+
+
+def test_demo_writes_a_dataset_and_streams_it_cold_then_from_cache(tmp_path, cache):
+    result = run_cli("demo", str(tmp_path / "demo"), "--quiet", cache=cache)
+    assert result.returncode == 0, result.stderr
+    passes = result.stdout.split("pass 2: from cache")
+    assert "pass 1: cold cache" in passes[0]
+    assert "samples             2000" in passes[0] and "samples             2000" in passes[1]
+    assert "cache hit rate      0% of shards" in passes[0]
+    assert "downloaded          13.8 MB" in passes[0]
+    assert "cache hit rate      100% of shards" in passes[1]
+    assert "downloaded          0 B" in passes[1]
+    assert "integrity failures  0" in passes[1]
+    assert len(list((tmp_path / "demo").glob("demo-*.tar"))) == 8
+    assert (tmp_path / "demo" / "SHA256SUMS").read_text().count("\n") == 8
+
+
+@pytest.mark.parametrize("variable", ["FSSPEC_SHARDS_CACHE", "WDS_CACHE"])
+def test_demo_uses_the_cache_the_environment_names(variable, tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("WDS_CACHE",)}
+    env.pop("FSSPEC_SHARDS_CACHE", None)
+    env[variable] = str(tmp_path / "env-cache")
+    result = subprocess.run(
+        [sys.executable, "-m", "fsspec_shards", "demo", str(tmp_path / "demo"), "--shards", "2",
+         "--samples", "5", "-q"],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "cache hit rate      0% of shards" in result.stdout.split("pass 2")[0]
+    assert "cache hit rate      100% of shards" in result.stdout.split("pass 2")[1]
+    assert f"--cache-dir {tmp_path / 'env-cache'}" in result.stdout
+    assert any((tmp_path / "env-cache").iterdir())
+    assert not (tmp_path / "demo" / "cache").exists()

@@ -1,0 +1,65 @@
+"""Storage options from --option, --options-file and the cache flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsspec_shards.cli import build_parser
+from fsspec_shards.cli.errors import UsageError
+from fsspec_shards.cli.options import parse_option, storage_options_from
+from tests.cli.running import run_cli
+
+
+def test_options_file_in_json_and_toml_sets_storage_options(dataset, tmp_path, cache):
+    for name, text in (
+        ("opts.json", json.dumps({"wds": {"cache_dir": str(tmp_path / "from-json")}})),
+        ("opts.toml", f'[wds]\ncache_dir = "{tmp_path / "from-toml"}"\n'),
+    ):
+        (tmp_path / name).write_text(text)
+        result = run_cli(
+            "prefetch", dataset.pattern, "--options-file", str(tmp_path / name), "-q", cache=cache
+        )
+        assert result.returncode == 0, result.stderr
+        target = tmp_path / ("from-json" if name.endswith("json") else "from-toml")
+        assert target.is_dir() and any(target.iterdir())
+    assert not cache.exists()
+
+
+def test_option_values_parse_as_json_else_stay_strings():
+    assert parse_option("s3.endpoint_url=http://localhost:9000") == (
+        ["s3", "endpoint_url"],
+        "http://localhost:9000",
+    )
+    assert parse_option("wds.retries=5") == (["wds", "retries"], 5)
+    assert parse_option("wds.verify=false") == (["wds", "verify"], False)
+    assert parse_option("s3.client_kwargs.region_name=eu-west-1") == (
+        ["s3", "client_kwargs", "region_name"],
+        "eu-west-1",
+    )
+    with pytest.raises(UsageError, match="PROTOCOL.KEY=VALUE"):
+        parse_option("retries=5")
+
+
+def test_cache_flags_override_option_and_file_values(tmp_path):
+    args = build_parser().parse_args(
+        [
+            "stream",
+            "x.tar",
+            "--option",
+            "wds.retries=9",
+            "--option",
+            "s3.anon=true",
+            "--retries",
+            "4",
+            "--cache-size",
+            "1GiB",
+            "--no-cache",
+        ]
+    )
+    options = storage_options_from(args)
+    assert options == {
+        "wds": {"retries": 4, "cache_size": 1024**3, "cache": False},
+        "s3": {"anon": True},
+    }
