@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from webdataset.writer import default_handlers, encode_based_on_extension1
 
+from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.encoding import encode_sample, encode_value, member_name
 from fsspec_shards.iteration.samples import group_samples
 from fsspec_shards.iteration.tar import iter_members
@@ -151,7 +152,8 @@ def test_accepted_names_read_back_as_written_and_refused_ones_would_not(key, fie
         accepted = False
     else:
         accepted = True
-    if accepted:
-        assert read_back(key, fields) == [(key, sorted(fields))]
-    else:
-        assert read_back(key, fields) != [(key, sorted(fields))]
+    try:
+        samples = read_back(key, fields)
+    except ShardFormatError:
+        samples = None  # e.g. two fields that the reader takes for one
+    assert (samples == [(key, sorted(fields))]) == accepted
