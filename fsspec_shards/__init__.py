@@ -13,12 +13,14 @@ from fsspec_shards.errors import IntegrityError, ShardFormatError
 
 if TYPE_CHECKING:
     from fsspec_shards.iteration.dataset import ShardDataset
+    from fsspec_shards.iteration.mixing import MixedDataset
     from fsspec_shards.iteration.writer import ShardWriter
     from fsspec_shards.storage.filesystem import WdsFileSystem
 
 __version__ = "0.1.0"
 __all__ = [
     "IntegrityError",
+    "MixedDataset",
     "ShardDataset",
     "ShardFormatError",
     "ShardWriter",
@@ -32,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from fsspec_shards.iteration.dataset import ShardDataset
 
         return ShardDataset
+    if name == "MixedDataset":
+        from fsspec_shards.iteration.mixing import MixedDataset
+
+        return MixedDataset
     if name == "ShardWriter":
         from fsspec_shards.iteration.writer import ShardWriter
 
