@@ -200,6 +200,8 @@ def test_a_pattern_without_one_file_name_placeholder_is_refused(tmp_path, patter
         ({"max_size": "lots"}, "max_size"),
         ({"max_size": 0}, "max_size"),
         ({"start_shard": -1}, "start_shard"),
+        ({"manifest": "sub/SHA256SUMS"}, "manifest must be a file name"),
+        ({"counts": ""}, "counts must be a file name"),
     ],
 )
 def test_invalid_limits_are_refused_naming_the_option(tmp_path, options, message):

@@ -135,6 +135,9 @@ class ShardWriter:
             raise ValueError(f"max_size must be positive, got {max_size!r}")
         if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
             raise ValueError(f"start_shard must be a non-negative int, got {start_shard!r}")
+        for option, name in (("manifest", manifest), ("counts", counts)):
+            if name is not None and (not name or "/" in name or name.startswith(".")):
+                raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
         directory, self._name_pattern = _split_pattern(pattern)
         self.pattern = pattern
         self.max_count = max_count
