@@ -19,6 +19,8 @@ endless.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -224,16 +226,20 @@ class MixedDataset(_DatasetBase):
             None if done else iter(dataset)
             for dataset, done in zip(self.datasets, state.exhausted, strict=True)
         ]
+        choose = _WeightedChoice(self.weights, state.exhausted)
+        draw = rng.next_u64
+        delivered, round_delivered = state.delivered, state.round_delivered
         try:
             while not state.finished:
-                index = self._draw(rng, state.exhausted)
+                index = choose(draw())
                 state.rng_counter = rng.counter
                 sample = next(iterators[index], _END)
                 if sample is _END:
                     iterators[index] = self._source_ended(state, index)
+                    choose = _WeightedChoice(self.weights, state.exhausted)
                     continue
-                state.delivered[index] += 1
-                state.round_delivered[index] += 1
+                delivered[index] += 1
+                round_delivered[index] += 1
                 yield sample
         finally:
             for iterator in iterators:
@@ -258,16 +264,6 @@ class MixedDataset(_DatasetBase):
         state.finished = all(state.exhausted)
         return None
 
-    def _draw(self, rng: CounterRNG, exhausted: list[bool]) -> int:
-        """A source index among those not exhausted, with chances proportional to weights."""
-        running = [index for index, done in enumerate(exhausted) if not done]
-        point = (rng.next_u64() >> 11) * _UNIT * sum(self.weights[index] for index in running)
-        for index in running:
-            point -= self.weights[index]
-            if point < 0:
-                return index
-        return running[-1]
-
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_live"] = None
@@ -275,6 +271,25 @@ class MixedDataset(_DatasetBase):
 
 
 _END = object()
+
+
+class _WeightedChoice:
+    """Picks a source among those not exhausted, with chances proportional to weights.
+
+    A 64-bit draw becomes a point in ``[0, total weight)`` (its top 53 bits, exactly), and
+    the source is the one whose share of the cumulative weights holds the point.
+    """
+
+    __slots__ = ("cumulative", "running", "scale")
+
+    def __init__(self, weights: Sequence[float], exhausted: Sequence[bool]) -> None:
+        self.running = [index for index, done in enumerate(exhausted) if not done]
+        self.cumulative = list(itertools.accumulate(weights[index] for index in self.running))
+        self.scale = _UNIT * self.cumulative[-1] if self.running else 0.0
+
+    def __call__(self, draw: int) -> int:
+        position = bisect.bisect_right(self.cumulative, (draw >> 11) * self.scale)
+        return self.running[min(position, len(self.running) - 1)]
 
 
 def _consumer() -> tuple[int, int]:
