@@ -182,12 +182,14 @@ def iter_members(
     read exactly as with data, so that a damaged shard fails at the same member either way.
 
     The loop below handles the common case inline: a small regular member with no extended
-    header pending. Everything else goes to the named helpers of :class:`_Entries`.
+    header pending (or, in a header scan, any such member, sought over). Everything else
+    goes to the named helpers of :class:`_Entries`.
     """
     entries = _Entries(stream, shard, start, read_data, max_member_size)
     read = stream.read
     adler32 = zlib.adler32
     small = min(SMALL_MEMBER_SIZE, max_member_size) if read_data else -1  # else: rare path
+    sought = max_member_size if entries.seek_over else -1  # a header scan seeks over data
     plain = True  # no extended header pending: the next regular member is named by its header
     position = start
     parsed = -1  # the offset of the last header parsed: tells what a decompression bomb hit
@@ -226,6 +228,11 @@ def iter_members(
                 end = position + BLOCK_SIZE + padded
                 yield TarMember(name, data if padded == size else data[:size], position, end)
                 position = end
+                continue
+            if plain and 0 <= size <= sought and kind in _PLAIN_REGULAR_TYPES:
+                member = entries.sought_member(header, position, size)
+                position = member.end
+                yield member
                 continue
             position, member = entries.other_entry(header, position, size, kind)
             plain = entries.plain
@@ -311,6 +318,20 @@ class _Entries:
         if len(data) != padded:
             _raise_truncated(self.shard, offset, offset + BLOCK_SIZE, size, len(data))
         return data
+
+    def sought_member(self, header: bytes, offset: int, size: int) -> TarMember:
+        """A plain regular member of a header scan on a seekable stream: its data sought over."""
+        data_start = offset + BLOCK_SIZE
+        padded = (size + 511) & -512
+        if data_start + padded > self.tar_end:
+            self.member_offset = offset
+            self._truncated(data_start, size, max(self.tar_end - data_start, 0))
+        self.stream.seek(padded, io.SEEK_CUR)
+        nul = header.find(0, 0, 100)
+        name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+        if header[345] != 0:
+            name = _name_field(header[345:500]) + "/" + name
+        return TarMember(name, b"", offset, data_start + padded)
 
     def other_entry(
         self, header: bytes, offset: int, size: int, kind: bytes
