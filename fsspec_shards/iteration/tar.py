@@ -49,7 +49,9 @@ _PLAIN_REGULAR_TYPES = frozenset((b"0", b"7"))
 _DATALESS_TYPES = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))
 _PAX_LOCAL_TYPES = frozenset((b"x", b"X"))
 _EXTENDED_TYPES = frozenset((b"L", b"K", b"g")) | _PAX_LOCAL_TYPES
-_COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+# What a damaged gzip stream raises while it is read (the reader turns them into
+# ShardFormatError).
+COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
 @dataclass(slots=True)
@@ -238,7 +240,7 @@ def iter_members(
             plain = entries.plain
             if member is not None:
                 yield member
-    except _COMPRESSED_STREAM_ERRORS as exc:
+    except COMPRESSED_STREAM_ERRORS as exc:
         failure = ShardFormatError(shard, position, f"corrupt compressed stream: {exc}")
     except GzipBombError as exc:
         failure = entries.bomb_failure(exc, position, header if parsed == position else None)
