@@ -187,14 +187,16 @@ class MixedDataset(_DatasetBase):
     set_state = load_state_dict
 
     def _fingerprint(self) -> dict[str, Any]:
-        rank, worker = _consumer()
+        rank, world_size, worker, num_workers = _consumer()
         return {
             "sources": len(self.datasets),
             "weights": list(self.weights),
             "seed": self.seed,
             "stop": self.stop,
             "rank": rank,
+            "world_size": world_size,
             "worker": worker,
+            "num_workers": num_workers,
         }
 
     # --- iteration ----------------------------------------------------------------------
@@ -220,7 +222,7 @@ class MixedDataset(_DatasetBase):
         return MixState.start(self._fingerprint(), self.epoch, len(self.datasets))
 
     def _mix(self, state: MixState) -> Iterator[Any]:
-        rank, worker = _consumer()
+        rank, _, worker, _ = _consumer()
         rng = CounterRNG(derive_key("mix", self.seed, state.epoch, rank, worker), state.rng_counter)
         iterators: list[Iterator[Any] | None] = [
             None if done else iter(dataset)
@@ -292,13 +294,14 @@ class _WeightedChoice:
         return self.running[min(position, len(self.running) - 1)]
 
 
-def _consumer() -> tuple[int, int]:
-    """(rank, DataLoader worker id) of this process: they key the draws of each consumer."""
+def _consumer() -> tuple[int, int, int, int]:
+    """(rank, world size, DataLoader worker id, workers) of this process: the first and third
+    key the draws of each consumer; all four must match for a state to resume."""
     try:
-        rank, _ = node_split()
+        rank, world_size = node_split()
     except ValueError:
-        rank = 0  # the sources decide whether a missing RANK is an error
-    return rank, worker_split()[0]
+        rank, world_size = 0, 1  # the sources decide whether a missing RANK is an error
+    return (rank, world_size, *worker_split())
 
 
 def _item(name: str, value: Any, kind: type, minimum: int | None = None) -> Any:
