@@ -1,8 +1,9 @@
 """Benchmark the tar reader against webdataset 1.0.2, a plain tarfile loop and raw read().
 
-Builds two shards in a temporary directory: small samples (a 1 KiB ``.bin`` plus a short
-``.cls``) and large samples (a 1 MiB ``.bin`` plus a ``.cls``). Each reader turns a shard
-into sample dicts without decoding. Runs are interleaved (every reader once per round) so
+Builds three shards in a temporary directory: small samples (a 1 KiB ``.bin`` plus a short
+``.cls``), the same gzip-compressed (through the decompression-bomb guard), and large
+samples (a 1 MiB ``.bin`` plus a ``.cls``). Each reader turns a shard into sample dicts
+without decoding. Runs are interleaved (every reader once per round) so
 that machine load hits them alike; the medians are reported with their ratios.
 
     python benchmarks/bench_tar.py [--rounds 5]
@@ -11,6 +12,7 @@ that machine load hits them alike; the medians are reported with their ratios.
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import os
 import statistics
@@ -58,7 +60,7 @@ def count_webdataset(path: str) -> int:
 
 def count_tarfile(path: str) -> int:
     members = 0
-    with tarfile.open(path, "r|") as tar:
+    with tarfile.open(path, "r|*") as tar:
         for info in tar:
             if info.isreg():
                 tar.extractfile(info).read()
@@ -114,14 +116,18 @@ def run(
     small_samples: int = SMALL_SAMPLES,
     large_samples: int = LARGE_SAMPLES,
 ) -> dict[str, dict[str, float]]:
-    """Build the shards and measure all readers: ``{"small_1KiB": {...}, "large_1MiB": {...}}``."""
+    """Build the shards and measure all readers: ``{"small_1KiB": {...}, ...}``."""
     with tempfile.TemporaryDirectory(dir=directory) as workdir:
         small = os.path.join(workdir, "small.tar")
+        small_gz = os.path.join(workdir, "small.tar.gz")
         large = os.path.join(workdir, "large.tar")
         write_shard(small, small_samples, SMALL_SIZE)
+        with open(small, "rb") as plain, gzip.open(small_gz, "wb", compresslevel=6) as packed:
+            packed.write(plain.read())
         write_shard(large, large_samples, LARGE_SIZE)
         return {
             "small_1KiB": measure(small, small_samples, rounds),
+            "small_1KiB_gz": measure(small_gz, small_samples, rounds),
             "large_1MiB": measure(large, large_samples, rounds),
         }
 

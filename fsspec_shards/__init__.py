@@ -1,7 +1,8 @@
 """fsspec-shards: a retrying, verifying, cached fsspec protocol and resumable sample streams.
 
 Importing this package is cheap: the storage layer loads with fsspec's entry point, and the
-iteration module (which may import torch) loads on first use of :class:`ShardDataset`.
+iteration module (which may import torch) loads on first use of :class:`ShardDataset`,
+:class:`ShardWriter` or :class:`MixedDataset`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,20 @@ from fsspec_shards.errors import IntegrityError, ShardFormatError
 
 if TYPE_CHECKING:
     from fsspec_shards.iteration.dataset import ShardDataset
+    from fsspec_shards.iteration.mixing import MixedDataset
+    from fsspec_shards.iteration.writer import ShardWriter
     from fsspec_shards.storage.filesystem import WdsFileSystem
 
 __version__ = "0.1.0"
-__all__ = ["IntegrityError", "ShardDataset", "ShardFormatError", "WdsFileSystem", "__version__"]
+__all__ = [
+    "IntegrityError",
+    "MixedDataset",
+    "ShardDataset",
+    "ShardFormatError",
+    "ShardWriter",
+    "WdsFileSystem",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +34,14 @@ def __getattr__(name: str) -> Any:
         from fsspec_shards.iteration.dataset import ShardDataset
 
         return ShardDataset
+    if name == "MixedDataset":
+        from fsspec_shards.iteration.mixing import MixedDataset
+
+        return MixedDataset
+    if name == "ShardWriter":
+        from fsspec_shards.iteration.writer import ShardWriter
+
+        return ShardWriter
     if name == "WdsFileSystem":
         from fsspec_shards.storage.filesystem import WdsFileSystem
 

@@ -75,3 +75,12 @@ def test_a_saved_offset_past_the_end_of_the_shard_is_an_error(shard):
     assert list(reader.samples(shard, end)) == []
     with pytest.raises(ShardFormatError, match="ends before the saved offset"):
         list(reader.samples(shard, end + 100 * 512 * 1024))
+
+
+def test_a_damaged_gzip_shard_resumed_past_the_damage_is_a_shard_format_error(tmp_path):
+    raw = shard_tar(0, 20, payload_size=3000)
+    path = tmp_path / "cut.tar.gz"
+    compressed = gzip.compress(raw, mtime=0)
+    path.write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(ShardFormatError, match="corrupt compressed stream before the saved"):
+        list(ShardReader().samples(str(path), len(raw) - 512))

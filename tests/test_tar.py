@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import tarfile
+import threading
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -718,6 +719,7 @@ def test_a_member_over_max_member_size_in_a_gzip_stream_fails_on_its_header():
 
 BOMB_SIZE = 600 << 20
 RSS_GROWTH_LIMIT = 300_000_000
+CHILD_TIMEOUT = 300
 
 
 @pytest.fixture(scope="module")
@@ -732,11 +734,19 @@ def bomb_and_decoy(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def run_measured(command: list[str], workdir: Path) -> tuple[int, str, int]:
-    """Run ``command``; its exit status, standard error and peak resident memory in bytes."""
+    """Run ``command``; its exit status, standard error and peak resident memory in bytes.
+
+    Killed after ``CHILD_TIMEOUT`` seconds, so that a hang fails the test instead of the run.
+    """
     with open(workdir / "out", "wb") as out, open(workdir / "err", "wb") as err:
         env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(workdir / "cache"))
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
+        watchdog = threading.Timer(CHILD_TIMEOUT, process.kill)
+        watchdog.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            watchdog.cancel()
         process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode, (workdir / "err").read_text(), usage.ru_maxrss * 1024
 

@@ -19,6 +19,7 @@ from fsspec_shards.config import parse_size
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
+    COMPRESSED_STREAM_ERRORS,
     DEFAULT_MAX_MEMBER_SIZE,
     GZIP_MAGIC,
     iter_members,
@@ -125,8 +126,16 @@ def _is_gzip(fs, path: str) -> bool:
 def _skip_to(stream, url: str, start: int) -> None:
     """Read and drop the first ``start`` bytes of a stream that cannot seek."""
     remaining = start
-    while remaining:
-        piece = stream.read(min(remaining, _SKIP_PIECE))
-        if not piece:
-            raise ShardFormatError(url, start - remaining, "shard ends before the saved offset")
-        remaining -= len(piece)
+    try:
+        while remaining:
+            piece = stream.read(min(remaining, _SKIP_PIECE))
+            if not piece:
+                break
+            remaining -= len(piece)
+    except COMPRESSED_STREAM_ERRORS as exc:
+        reason = f"corrupt compressed stream before the saved offset: {exc}"
+    else:
+        if not remaining:
+            return
+        reason = "shard ends before the saved offset"
+    raise ShardFormatError(url, start - remaining, reason)

@@ -43,11 +43,15 @@ GZIP_SUFFIXES = (".gz", ".tgz")
 
 _ZERO_BLOCK = bytes(BLOCK_SIZE)
 _REGULAR_TYPES = frozenset((b"0", b"\0", b"7"))
+# Regular types the fast loop takes: NUL is left out, as it may mark an old V7 directory.
+_PLAIN_REGULAR_TYPES = frozenset((b"0", b"7"))
 # Types that tarfile knows and treats as having no data blocks, whatever their size field says.
 _DATALESS_TYPES = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))
-_GNU_LONG_TYPES = frozenset((b"L", b"K"))
 _PAX_LOCAL_TYPES = frozenset((b"x", b"X"))
-_COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+_EXTENDED_TYPES = frozenset((b"L", b"K", b"g")) | _PAX_LOCAL_TYPES
+# What a damaged gzip stream raises while it is read (the reader turns them into
+# ShardFormatError).
+COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
 @dataclass(slots=True)
@@ -115,13 +119,6 @@ def _header_name(header: bytes) -> str:
     return name
 
 
-def _member_name(
-    header: bytes, long_name: str | None, pax_name: str | None, global_name: str | None
-) -> str:
-    """A member's full name: a GNU long name, a pax path, a global pax path or its header's."""
-    return long_name or pax_name or global_name or _header_name(header)
-
-
 def _name_field(raw: bytes) -> str:
     nul = raw.find(0)
     if nul >= 0:
@@ -185,54 +182,31 @@ def iter_members(
     With ``read_data=False`` members come with empty data and their payloads are sought
     over: a fast scan of names and offsets. A stream that cannot seek, or decompresses, is
     read exactly as with data, so that a damaged shard fails at the same member either way.
+
+    The loop below handles the common case inline: a small regular member with no extended
+    header pending (or, in a header scan, any such member, sought over). Everything else
+    goes to the named helpers of :class:`_Entries`.
     """
+    entries = _Entries(stream, shard, start, read_data, max_member_size)
     read = stream.read
-    seek_over = not read_data and _seekable(stream) and not _decompressing(stream)
-    if seek_over:
-        # Where the tar ends, in tar offsets: a member past it is cut short and must fail
-        # before it is yielded, as it does when its data is read.
-        stream_start = stream.tell()
-        tar_end = start + stream.seek(0, io.SEEK_END) - stream_start
-        stream.seek(stream_start)
     adler32 = zlib.adler32
+    small = min(SMALL_MEMBER_SIZE, max_member_size) if read_data else -1  # else: rare path
+    sought = max_member_size if entries.seek_over else -1  # a header scan seeks over data
+    plain = True  # no extended header pending: the next regular member is named by its header
     position = start
-    header_offset = start
-    member_offset: int | None = None
-    long_name: str | None = None
-    pax_name: str | None = None
-    pax_size: int | None = None
-    global_name: str | None = None
+    parsed = -1  # the offset of the last header parsed: tells what a decompression bomb hit
     try:
         while True:
-            header_offset = position
             header = read(BLOCK_SIZE)
-            if len(header) != BLOCK_SIZE:
-                if header:
-                    header += _read_exactly(read, BLOCK_SIZE - len(header))
-                if not header:
-                    if header_offset == 0:
-                        raise ShardFormatError(shard, 0, "empty shard: no tar data (0 bytes)")
-                    if member_offset is not None:
-                        raise ShardFormatError(
-                            shard, member_offset, "archive ends after an extended header"
-                        )
+            if len(header) != BLOCK_SIZE or header == _ZERO_BLOCK:
+                header = entries.short_or_zero_block(header, position)
+                if header is None:
                     return
-                if len(header) != BLOCK_SIZE:
-                    raise ShardFormatError(
-                        shard, header_offset, f"truncated header ({len(header)} of 512 bytes)"
-                    )
-            if header == _ZERO_BLOCK:
-                if member_offset is not None:
-                    raise ShardFormatError(
-                        shard, member_offset, "archive ends after an extended header"
-                    )
-                return
-            position += BLOCK_SIZE
             try:
                 size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
                 declared = int(header[148:154], 8) if header[154] == 0 else _number(header[148:156])
             except ValueError:
-                size, declared = _strict_numbers(header, shard, header_offset)
+                size, declared = _strict_numbers(header, shard, position)
             unsigned = (
                 (adler32(header[:148]) & 0xFFFF)
                 + (adler32(header[156:400]) & 0xFFFF)
@@ -240,145 +214,290 @@ def iter_members(
                 + 253
             )
             if declared != unsigned and not _signed_checksum_ok(header, declared, unsigned):
-                raise ShardFormatError(shard, header_offset, "bad header checksum")
-            if size < 0:
-                raise ShardFormatError(shard, header_offset, f"negative size {size}")
+                raise ShardFormatError(shard, position, "bad header checksum")
+            parsed = position
             kind = header[156:157]
-            if member_offset is None:
-                member_offset = header_offset
-
-            if kind == b"\0" and header[:100].split(b"\0", 1)[0].endswith(b"/"):
-                kind = b"5"  # an old V7 directory: a regular-file type with a trailing slash
-            if kind in _REGULAR_TYPES:
-                if pax_size is not None:
-                    size = pax_size
-                if size > max_member_size:
-                    name = _member_name(header, long_name, pax_name, global_name)
-                    _raise_too_large(shard, header_offset, name, size, max_member_size)
-                if seek_over:
-                    padded = (size + 511) & -512
-                    if position + padded > tar_end:
-                        got = max(tar_end - position, 0)
-                        _raise_truncated(shard, member_offset, position, size, got)
-                    stream.seek(padded, io.SEEK_CUR)
-                    position += padded
-                    data = b""
-                elif size <= SMALL_MEMBER_SIZE:
-                    # One read for data and padding: small members dominate the call count.
-                    padded = (size + 511) & -512
-                    data = read(padded)
-                    if len(data) != padded:
-                        data += _read_exactly(read, padded - len(data))
-                        if len(data) != padded:
-                            _raise_truncated(shard, member_offset, position, size, len(data))
-                    if padded != size:
-                        data = data[:size]
-                    position += padded
-                else:
-                    if size > READ_PIECE_SIZE:
-                        _check_member_fits(stream, shard, member_offset, position, size)
-                    data = read(size) if size <= READ_PIECE_SIZE else b""
-                    if len(data) != size:
-                        data += _read_exactly(read, size - len(data))
-                    if len(data) != size:
-                        _raise_truncated(shard, member_offset, position, size, len(data))
-                    padding = -size % BLOCK_SIZE
-                    if padding:
-                        pad = read(padding)
-                        if len(pad) != padding:
-                            pad += _read_exactly(read, padding - len(pad))
-                            if len(pad) != padding:
-                                _raise_truncated(
-                                    shard, member_offset, position, size, size + len(pad)
-                                )
-                    position += size + padding
-                if not read_data:
-                    data = b""
-                name = long_name or pax_name or global_name
-                if name is None:
-                    nul = header.find(0, 0, 100)
-                    name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
-                    if header[345] != 0:
-                        name = _name_field(header[345:500]) + "/" + name
-                yield TarMember(name, data, member_offset, position)
-                member_offset = long_name = pax_name = pax_size = None
+            if plain and 0 <= size <= small and kind in _PLAIN_REGULAR_TYPES:
+                # One read for data and padding: small members dominate the call count.
+                padded = (size + 511) & -512
+                data = read(padded)
+                if len(data) != padded:
+                    data = entries.rest_of_small_member(data, position, size)
+                nul = header.find(0, 0, 100)
+                name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+                if header[345] != 0:
+                    name = _name_field(header[345:500]) + "/" + name
+                end = position + BLOCK_SIZE + padded
+                yield TarMember(name, data if padded == size else data[:size], position, end)
+                position = end
                 continue
-
-            if kind in _DATALESS_TYPES:
-                member_offset = long_name = pax_name = pax_size = None
+            if plain and 0 <= size <= sought and kind in _PLAIN_REGULAR_TYPES:
+                member = entries.sought_member(header, position, size)
+                position = member.end
+                yield member
                 continue
-            if kind == b"S":
-                raise ShardFormatError(shard, header_offset, "sparse members are not supported")
-            if kind in _GNU_LONG_TYPES or kind in _PAX_LOCAL_TYPES or kind == b"g":
-                if size > MAX_EXTENDED_HEADER_SIZE:
-                    raise ShardFormatError(
-                        shard,
-                        header_offset,
-                        f"extended header size {size} exceeds limit {MAX_EXTENDED_HEADER_SIZE}",
-                    )
-                payload = _read_exactly(read, size + (-size % BLOCK_SIZE))
-                if len(payload) != size + (-size % BLOCK_SIZE):
-                    raise ShardFormatError(shard, header_offset, "truncated extended header")
-                position += len(payload)
-                payload = payload[:size]
-                if kind == b"L":
-                    if long_name is None and pax_name is None:
-                        long_name = _name_field(payload)
-                elif kind in _PAX_LOCAL_TYPES:
-                    records = _parse_pax_records(payload, shard, header_offset)
-                    if "path" in records and long_name is None and pax_name is None:
-                        pax_name = records["path"].rstrip("/")
-                    new_size = _pax_size(records, shard, header_offset)
-                    if new_size is not None and pax_size is None:
-                        pax_size = new_size
-                elif kind == b"g":
-                    records = _parse_pax_records(payload, shard, header_offset)
-                    if "size" in records:
-                        raise ShardFormatError(
-                            shard, header_offset, "size in a global pax header is not supported"
-                        )
-                    if "path" in records:
-                        global_name = records["path"].rstrip("/") or None
-                    if long_name is None and pax_name is None and pax_size is None:
-                        member_offset = None  # as tarfile: a global header is no member's part
-                continue
-            # An unknown type: tarfile skips its data blocks and webdataset ignores it.
-            if pax_size is not None:
-                size = pax_size
-            if size > max_member_size:
-                name = _member_name(header, long_name, pax_name, global_name)
-                _raise_too_large(shard, header_offset, name, size, max_member_size)
-            skipped = _skip(read, size + (-size % BLOCK_SIZE))
-            if skipped != size + (-size % BLOCK_SIZE):
-                raise ShardFormatError(shard, member_offset, "truncated member of unknown type")
-            position += skipped
-            member_offset = long_name = pax_name = pax_size = None
-    except _COMPRESSED_STREAM_ERRORS as exc:
-        raise ShardFormatError(shard, header_offset, f"corrupt compressed stream: {exc}") from None
+            position, member = entries.other_entry(header, position, size, kind)
+            plain = entries.plain
+            if member is not None:
+                yield member
+    except COMPRESSED_STREAM_ERRORS as exc:
+        failure = ShardFormatError(shard, position, f"corrupt compressed stream: {exc}")
     except GzipBombError as exc:
-        bomb = exc
-    # Raised outside the except block: the error names the member the bomb inflated.
-    if position > header_offset:
-        where = f"in member {_member_name(header, long_name, pax_name, global_name)!r}"
-    else:
-        where = f"in the header at byte {header_offset}"
-    raise ShardFormatError(shard, header_offset, f"{bomb.reason} ({where})")
+        failure = entries.bomb_failure(exc, position, header if parsed == position else None)
+    # Only a caught error gets here; raised outside the except block, it carries no chain.
+    raise failure
 
 
-def _check_member_fits(
-    stream: BinaryIO, shard: str, offset: int, data_start: int, size: int
-) -> None:
-    """Raise when a large member claims more bytes than a seekable plain stream holds.
+class _Entries:
+    """The rare cases of a tar scan, and the state they share across headers.
 
-    Checked before its pieces are read: a bogus size would read the rest of the shard.
+    That state is what extended headers (GNU long names, pax records) leave pending for the
+    member they precede, the global pax name, the limits, and how payloads are passed over
+    (read, or sought when only headers are wanted on a plain seekable stream).
     """
-    if not _seekable(stream) or _decompressing(stream):
-        return
-    here = stream.tell()
-    available = stream.seek(0, io.SEEK_END) - here
-    stream.seek(here)
-    if available < size:
-        _raise_truncated(shard, offset, data_start, size, available)
+
+    __slots__ = (
+        "global_name",
+        "long_name",
+        "max_member_size",
+        "member_offset",
+        "pax_name",
+        "pax_size",
+        "plain",
+        "read",
+        "read_data",
+        "seek_over",
+        "shard",
+        "stream",
+        "tar_end",
+    )
+
+    def __init__(
+        self, stream: BinaryIO, shard: str, start: int, read_data: bool, max_member_size: int
+    ) -> None:
+        self.stream = stream
+        self.read = stream.read
+        self.shard = shard
+        self.read_data = read_data
+        self.max_member_size = max_member_size
+        self.seek_over = not read_data and _seekable(stream) and not _decompressing(stream)
+        self.tar_end = 0
+        if self.seek_over:
+            # Where the tar ends, in tar offsets: a member past it is cut short and must fail
+            # before it is yielded, as it does when its data is read.
+            stream_start = stream.tell()
+            self.tar_end = start + stream.seek(0, io.SEEK_END) - stream_start
+            stream.seek(stream_start)
+        self.member_offset: int | None = None
+        self.long_name: str | None = None
+        self.pax_name: str | None = None
+        self.pax_size: int | None = None
+        self.global_name: str | None = None
+        self.plain = True
+
+    def short_or_zero_block(self, block: bytes, offset: int) -> bytes | None:
+        """A short read or an all-zero block at ``offset``: the header, or None at the end."""
+        if len(block) != BLOCK_SIZE:
+            if block:
+                block += _read_exactly(self.read, BLOCK_SIZE - len(block))
+            elif offset == 0:
+                raise ShardFormatError(self.shard, 0, "empty shard: no tar data (0 bytes)")
+            if block and len(block) != BLOCK_SIZE:
+                reason = f"truncated header ({len(block)} of 512 bytes)"
+                raise ShardFormatError(self.shard, offset, reason)
+            if block and block != _ZERO_BLOCK:
+                return block
+        if self.member_offset is not None:
+            raise ShardFormatError(
+                self.shard, self.member_offset, "archive ends after an extended header"
+            )
+        return None
+
+    def rest_of_small_member(self, data: bytes, offset: int, size: int) -> bytes:
+        """Complete a small member's data and padding from a short read, or raise."""
+        padded = (size + 511) & -512
+        data += _read_exactly(self.read, padded - len(data))
+        if len(data) != padded:
+            _raise_truncated(self.shard, offset, offset + BLOCK_SIZE, size, len(data))
+        return data
+
+    def sought_member(self, header: bytes, offset: int, size: int) -> TarMember:
+        """A plain regular member of a header scan on a seekable stream: its data sought over."""
+        data_start = offset + BLOCK_SIZE
+        padded = (size + 511) & -512
+        if data_start + padded > self.tar_end:
+            self.member_offset = offset
+            self._truncated(data_start, size, max(self.tar_end - data_start, 0))
+        self.stream.seek(padded, io.SEEK_CUR)
+        nul = header.find(0, 0, 100)
+        name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+        if header[345] != 0:
+            name = _name_field(header[345:500]) + "/" + name
+        return TarMember(name, b"", offset, data_start + padded)
+
+    def other_entry(
+        self, header: bytes, offset: int, size: int, kind: bytes
+    ) -> tuple[int, TarMember | None]:
+        """Any entry but a small regular member with nothing pending: (its end, a member)."""
+        if size < 0:
+            raise ShardFormatError(self.shard, offset, f"negative size {size}")
+        if self.member_offset is None:
+            self.member_offset = offset
+        if kind == b"\0" and header[:100].split(b"\0", 1)[0].endswith(b"/"):
+            kind = b"5"  # an old V7 directory: a regular-file type with a trailing slash
+        if kind in _REGULAR_TYPES:
+            return self._regular_member(header, offset, size)
+        if kind in _DATALESS_TYPES:
+            self._member_done()
+            return offset + BLOCK_SIZE, None
+        if kind == b"S":
+            raise ShardFormatError(self.shard, offset, "sparse members are not supported")
+        if kind in _EXTENDED_TYPES:
+            return self._extended_header(offset, size, kind), None
+        return self._unknown_type(header, offset, size), None
+
+    def _regular_member(self, header: bytes, offset: int, size: int) -> tuple[int, TarMember]:
+        """A regular member that is large, named by extended headers, or not to be read."""
+        if self.pax_size is not None:
+            size = self.pax_size
+        name = self._name(header)
+        if size > self.max_member_size:
+            _raise_too_large(self.shard, offset, name, size, self.max_member_size)
+        data_start = offset + BLOCK_SIZE
+        if self.seek_over:
+            data = b""
+            end = self._seek_past(data_start, size)
+        else:
+            data = self._payload(data_start, size)
+            end = data_start + ((size + 511) & -512)
+            if not self.read_data:
+                data = b""
+        member = TarMember(name, data, self.member_offset, end)
+        self._member_done()
+        return end, member
+
+    def _payload(self, data_start: int, size: int) -> bytes:
+        """A member's data read in bounded pieces, its padding read and dropped."""
+        read = self.read
+        padded = (size + 511) & -512
+        if size <= SMALL_MEMBER_SIZE:
+            data = read(padded)
+            if len(data) != padded:
+                data += _read_exactly(read, padded - len(data))
+                if len(data) != padded:
+                    self._truncated(data_start, size, len(data))
+            return data[:size]
+        if size > READ_PIECE_SIZE:
+            self._check_member_fits(data_start, size)
+        data = read(size) if size <= READ_PIECE_SIZE else b""
+        if len(data) != size:
+            data += _read_exactly(read, size - len(data))
+            if len(data) != size:
+                self._truncated(data_start, size, len(data))
+        padding = padded - size
+        if padding:
+            pad = read(padding)
+            if len(pad) != padding:
+                pad += _read_exactly(read, padding - len(pad))
+                if len(pad) != padding:
+                    self._truncated(data_start, size, size + len(pad))
+        return data
+
+    def _seek_past(self, data_start: int, size: int) -> int:
+        """Seek over a member's data and padding; its end, or raise when the tar is cut short."""
+        padded = (size + 511) & -512
+        if data_start + padded > self.tar_end:
+            self._truncated(data_start, size, max(self.tar_end - data_start, 0))
+        self.stream.seek(padded, io.SEEK_CUR)
+        return data_start + padded
+
+    def _check_member_fits(self, data_start: int, size: int) -> None:
+        """Raise when a large member claims more bytes than a seekable plain stream holds.
+
+        Checked before its pieces are read: a bogus size would read the rest of the shard.
+        """
+        stream = self.stream
+        if not _seekable(stream) or _decompressing(stream):
+            return
+        here = stream.tell()
+        available = stream.seek(0, io.SEEK_END) - here
+        stream.seek(here)
+        if available < size:
+            self._truncated(data_start, size, available)
+
+    def _truncated(self, data_start: int, size: int, got: int) -> NoReturn:
+        _raise_truncated(self.shard, self.member_offset, data_start, size, got)
+
+    def _extended_header(self, offset: int, size: int, kind: bytes) -> int:
+        """Read a GNU long name or pax header; record what it says about the next member."""
+        if size > MAX_EXTENDED_HEADER_SIZE:
+            reason = f"extended header size {size} exceeds limit {MAX_EXTENDED_HEADER_SIZE}"
+            raise ShardFormatError(self.shard, offset, reason)
+        padded = (size + 511) & -512
+        payload = _read_exactly(self.read, padded)
+        if len(payload) != padded:
+            raise ShardFormatError(self.shard, offset, "truncated extended header")
+        payload = payload[:size]
+        named = self.long_name is not None or self.pax_name is not None
+        if kind == b"L":
+            if not named:
+                self.long_name = _name_field(payload)
+        elif kind in _PAX_LOCAL_TYPES:
+            self._pax_header(_parse_pax_records(payload, self.shard, offset), offset, named)
+        elif kind == b"g":
+            self._global_header(_parse_pax_records(payload, self.shard, offset), offset, named)
+        self.plain = False
+        return offset + BLOCK_SIZE + padded
+
+    def _pax_header(self, records: dict[str, str], offset: int, named: bool) -> None:
+        """A pax header's path and size for the next member; the first of each counts."""
+        if "path" in records and not named:
+            self.pax_name = records["path"].rstrip("/")
+        new_size = _pax_size(records, self.shard, offset)
+        if new_size is not None and self.pax_size is None:
+            self.pax_size = new_size
+
+    def _global_header(self, records: dict[str, str], offset: int, named: bool) -> None:
+        """A global pax header: its path names every later member, until replaced."""
+        if "size" in records:
+            reason = "size in a global pax header is not supported"
+            raise ShardFormatError(self.shard, offset, reason)
+        if "path" in records:
+            self.global_name = records["path"].rstrip("/") or None
+        if not named and self.pax_size is None:
+            self.member_offset = None  # as tarfile: a global header is no member's part
+
+    def _unknown_type(self, header: bytes, offset: int, size: int) -> int:
+        """Skip an entry of an unknown type with its data, as tarfile does (webdataset too)."""
+        if self.pax_size is not None:
+            size = self.pax_size
+        if size > self.max_member_size:
+            _raise_too_large(self.shard, offset, self._name(header), size, self.max_member_size)
+        padded = (size + 511) & -512
+        if _skip(self.read, padded) != padded:
+            reason = "truncated member of unknown type"
+            raise ShardFormatError(self.shard, self.member_offset, reason)
+        self._member_done()
+        return offset + BLOCK_SIZE + padded
+
+    def _name(self, header: bytes) -> str:
+        """A member's full name: a GNU long name, a pax path, a global pax path or its header's."""
+        return self.long_name or self.pax_name or self.global_name or _header_name(header)
+
+    def _member_done(self) -> None:
+        """Clear what extended headers left pending; a global pax name stays in force."""
+        self.member_offset = self.long_name = self.pax_name = self.pax_size = None
+        self.plain = self.global_name is None
+
+    def bomb_failure(
+        self, bomb: GzipBombError, offset: int, header: bytes | None
+    ) -> ShardFormatError:
+        """The error for a gzip bomb hit at ``offset``, naming the member it inflated."""
+        if header is not None:
+            where = f"in member {self._name(header)!r}"
+        else:
+            where = f"in the header at byte {offset}"
+        return ShardFormatError(self.shard, offset, f"{bomb.reason} ({where})")
 
 
 def _read_exactly(read, count: int) -> bytes:

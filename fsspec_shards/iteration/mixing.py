@@ -1,0 +1,320 @@
+"""MixedDataset: samples drawn from several datasets by weight, deterministic and resumable.
+
+Each sample of the mixture comes from a source chosen by a weighted draw of a
+:class:`~fsspec_shards.iteration.rng.CounterRNG` keyed by (seed, epoch, rank, worker), so the
+mixture is the same on every run and machine. Every source keeps its own shard order,
+shuffle buffer and split over ranks and workers.
+
+Invariant: after each delivered sample, the mixture's whole position is the draw counter,
+per source how often it was restarted (``rounds``) and whether it is done, and each source's
+own ``state_dict()``. :meth:`MixedDataset.state_dict` returns exactly that, and a fresh
+mixture given it by :meth:`MixedDataset.load_state_dict` continues the same stream.
+
+When a drawn source is exhausted, ``stop`` decides: ``"first_exhausted"`` ends the epoch,
+``"all_exhausted"`` drops that source and draws among the rest (every sample of every source
+once per epoch), ``"never"`` restarts it on its next round, an epoch of its own (round ``r``
+of mixture epoch ``e`` is source epoch ``e + r * ROUND_EPOCH_STRIDE``), so the mixture is
+endless.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsspec_shards.iteration.order import node_split, worker_split
+from fsspec_shards.iteration.rng import CounterRNG, derive_key
+
+try:
+    from torch.utils.data import IterableDataset as _DatasetBase
+except ImportError:
+    _DatasetBase = object
+
+logger = logging.getLogger("fsspec_shards.mixing")
+
+STOP_MODES = ("first_exhausted", "all_exhausted", "never")
+ROUND_EPOCH_STRIDE = 1 << 20
+MIX_STATE_KIND = "mixture"
+_UNIT = 1.0 / (1 << 53)
+
+
+def source_epoch(epoch: int, round_: int) -> int:
+    """The epoch a source reads in its ``round_``-th pass of mixture epoch ``epoch``."""
+    return epoch + round_ * ROUND_EPOCH_STRIDE
+
+
+@dataclass(slots=True)
+class MixState:
+    """The mixer's own position: the draw counter, and per source its round, whether it is
+    done, the samples it delivered this epoch and in its current round."""
+
+    fingerprint: dict[str, Any]
+    epoch: int
+    rng_counter: int = 0
+    rounds: list[int] = field(default_factory=list)
+    exhausted: list[bool] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+    round_delivered: list[int] = field(default_factory=list)
+    finished: bool = False
+
+    @classmethod
+    def start(cls, fingerprint: dict[str, Any], epoch: int, sources: int) -> MixState:
+        zeros = [0] * sources
+        return cls(fingerprint, epoch, 0, list(zeros), [False] * sources, list(zeros), zeros)
+
+    def to_dict(self, source_states: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "kind": MIX_STATE_KIND,
+            "fingerprint": dict(self.fingerprint),
+            "epoch": self.epoch,
+            "rng_counter": self.rng_counter,
+            "rounds": list(self.rounds),
+            "exhausted": list(self.exhausted),
+            "delivered": list(self.delivered),
+            "round_delivered": list(self.round_delivered),
+            "finished": self.finished,
+            "sources": source_states,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], sources: int) -> MixState:
+        """Parse and check :meth:`to_dict` output; ValueError naming the first bad field."""
+        if not isinstance(data, Mapping) or data.get("kind") != MIX_STATE_KIND:
+            raise ValueError("not a MixedDataset state (expected a dict with kind 'mixture')")
+        counts = {
+            name: [_item(name, value, int, 0) for value in _list(data, name, sources)]
+            for name in ("rounds", "delivered", "round_delivered")
+        }
+        state = cls(
+            fingerprint=_item("fingerprint", data.get("fingerprint"), dict),
+            epoch=_item("epoch", data.get("epoch"), int),
+            rng_counter=_item("rng_counter", data.get("rng_counter"), int, 0),
+            exhausted=[
+                _item("exhausted", done, bool) for done in _list(data, "exhausted", sources)
+            ],
+            finished=_item("finished", data.get("finished"), bool),
+            **counts,
+        )
+        _list(data, "sources", sources)
+        pairs = zip(state.round_delivered, state.delivered, strict=True)
+        if any(in_round > in_epoch for in_round, in_epoch in pairs):
+            raise ValueError("MixedDataset state field 'round_delivered': above 'delivered'")
+        return state
+
+
+class MixedDataset(_DatasetBase):
+    """Samples of several datasets (``ShardDataset`` or any resumable iterable) by weight.
+
+    ``weights`` (positive, default equal) are the chances of each source per sample, among
+    the sources still running. ``seed`` and the epoch (:meth:`set_epoch`, given to every
+    source too) decide the draws; ``stop`` is ``"first_exhausted"`` (default),
+    ``"all_exhausted"`` or ``"never"`` (see the module docstring and docs/mixing.md).
+
+    Sources need ``set_epoch``, ``state_dict`` and ``load_state_dict`` to resume; each keeps
+    its own shuffle and split. A ``torch.utils.data.IterableDataset`` when torch is
+    installed: works in DataLoader workers and with torchdata's StatefulDataLoader.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        weights: Sequence[float] | None = None,
+        seed: int = 0,
+        stop: str = "first_exhausted",
+    ) -> None:
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ValueError("MixedDataset needs at least one dataset")
+        if weights is None:
+            weights = [1.0] * len(self.datasets)
+        self.weights = [float(weight) for weight in weights]
+        if len(self.weights) != len(self.datasets):
+            raise ValueError(
+                f"weights has {len(self.weights)} values for {len(self.datasets)} datasets"
+            )
+        if not all(math.isfinite(weight) and weight > 0 for weight in self.weights):
+            raise ValueError(f"weights must be positive and finite, got {list(weights)}")
+        if stop not in STOP_MODES:
+            raise ValueError(f"stop must be one of {STOP_MODES}, got {stop!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
+        self.stop = stop
+        self.epoch = 0
+        self._pending: MixState | None = None
+        self._live: MixState | None = None
+
+    # --- epochs and state ---------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch of the next iteration, for the draws and every source."""
+        self.epoch = int(epoch)
+        for dataset in self.datasets:
+            dataset.set_epoch(self.epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last delivered sample, as a JSON-serialisable dict."""
+        for state in (self._live, self._pending):
+            if state is not None and state.epoch == self.epoch:
+                return state.to_dict([dataset.state_dict() for dataset in self.datasets])
+        start = MixState.start(self._fingerprint(), self.epoch, len(self.datasets))
+        return start.to_dict([dataset.state_dict() for dataset in self.datasets])
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration; ValueError if made otherwise."""
+        loaded = MixState.from_dict(state, len(self.datasets))
+        expected = self._fingerprint()
+        for name in sorted(set(expected) | set(loaded.fingerprint)):
+            if loaded.fingerprint.get(name) != expected.get(name):
+                raise ValueError(
+                    f"the MixedDataset state was made with {name}="
+                    f"{loaded.fingerprint.get(name)!r}, this mixture has {expected.get(name)!r}"
+                )
+        if self.stop != "never" and any(loaded.rounds):
+            raise ValueError("MixedDataset state field 'rounds': restarts happen only with 'never'")
+        for dataset, source_state in zip(self.datasets, state["sources"], strict=True):
+            dataset.load_state_dict(source_state)
+        self._pending = loaded
+        self._live = None
+        self.epoch = loaded.epoch
+
+    get_state = state_dict
+    set_state = load_state_dict
+
+    def _fingerprint(self) -> dict[str, Any]:
+        rank, world_size, worker, num_workers = _consumer()
+        return {
+            "sources": len(self.datasets),
+            "weights": list(self.weights),
+            "seed": self.seed,
+            "stop": self.stop,
+            "rank": rank,
+            "world_size": world_size,
+            "worker": worker,
+            "num_workers": num_workers,
+        }
+
+    # --- iteration ----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._start_state()
+        self._live = state
+        for index, dataset in enumerate(self.datasets):
+            dataset.set_epoch(source_epoch(state.epoch, state.rounds[index]))
+        return self._mix(state)
+
+    def _start_state(self) -> MixState:
+        """The loaded state when it is for this epoch, else the start of this epoch."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.epoch == self.epoch:
+            return pending
+        if pending is not None:
+            logger.info(
+                "dropping the loaded mixture state of epoch %d: set_epoch(%d) chose another",
+                pending.epoch,
+                self.epoch,
+            )
+        return MixState.start(self._fingerprint(), self.epoch, len(self.datasets))
+
+    def _mix(self, state: MixState) -> Iterator[Any]:
+        rank, _, worker, _ = _consumer()
+        rng = CounterRNG(derive_key("mix", self.seed, state.epoch, rank, worker), state.rng_counter)
+        iterators: list[Iterator[Any] | None] = [
+            None if done else iter(dataset)
+            for dataset, done in zip(self.datasets, state.exhausted, strict=True)
+        ]
+        choose = _WeightedChoice(self.weights, state.exhausted)
+        draw = rng.next_u64
+        delivered, round_delivered = state.delivered, state.round_delivered
+        try:
+            while not state.finished:
+                index = choose(draw())
+                state.rng_counter = rng.counter
+                sample = next(iterators[index], _END)
+                if sample is _END:
+                    iterators[index] = self._source_ended(state, index)
+                    choose = _WeightedChoice(self.weights, state.exhausted)
+                    continue
+                delivered[index] += 1
+                round_delivered[index] += 1
+                yield sample
+        finally:
+            for iterator in iterators:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+
+    def _source_ended(self, state: MixState, index: int) -> Iterator[Any] | None:
+        """Apply ``stop`` to an exhausted source: its next iterator, or None when it is done."""
+        if self.stop == "first_exhausted":
+            state.finished = True
+            return None
+        if self.stop == "never" and state.round_delivered[index]:
+            state.rounds[index] += 1
+            state.round_delivered[index] = 0
+            dataset = self.datasets[index]
+            dataset.set_epoch(source_epoch(state.epoch, state.rounds[index]))
+            return iter(dataset)
+        if self.stop == "never":
+            logger.warning("mixture source %d yields no samples: leaving it out", index)
+        state.exhausted[index] = True
+        state.finished = all(state.exhausted)
+        return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state
+
+
+_END = object()
+
+
+class _WeightedChoice:
+    """Picks a source among those not exhausted, with chances proportional to weights.
+
+    A 64-bit draw becomes a point in ``[0, total weight)`` (its top 53 bits, exactly), and
+    the source is the one whose share of the cumulative weights holds the point.
+    """
+
+    __slots__ = ("cumulative", "running", "scale")
+
+    def __init__(self, weights: Sequence[float], exhausted: Sequence[bool]) -> None:
+        self.running = [index for index, done in enumerate(exhausted) if not done]
+        self.cumulative = list(itertools.accumulate(weights[index] for index in self.running))
+        self.scale = _UNIT * self.cumulative[-1] if self.running else 0.0
+
+    def __call__(self, draw: int) -> int:
+        position = bisect.bisect_right(self.cumulative, (draw >> 11) * self.scale)
+        return self.running[min(position, len(self.running) - 1)]
+
+
+def _consumer() -> tuple[int, int, int, int]:
+    """(rank, world size, DataLoader worker id, workers) of this process: the first and third
+    key the draws of each consumer; all four must match for a state to resume."""
+    try:
+        rank, world_size = node_split()
+    except ValueError:
+        rank, world_size = 0, 1  # the sources decide whether a missing RANK is an error
+    return (rank, world_size, *worker_split())
+
+
+def _item(name: str, value: Any, kind: type, minimum: int | None = None) -> Any:
+    """``value`` of state field ``name``, checked to be a ``kind`` (and at least ``minimum``)."""
+    if isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):
+        raise ValueError(f"MixedDataset state field {name!r}: expected {kind.__name__} values")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"MixedDataset state field {name!r}: {value} is below {minimum}")
+    return value
+
+
+def _list(data: Mapping[str, Any], name: str, length: int) -> list:
+    value = data.get(name)
+    if not isinstance(value, list) or len(value) != length:
+        raise ValueError(f"MixedDataset state field {name!r}: expected a list of {length}")
+    return value

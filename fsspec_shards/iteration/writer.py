@@ -1,0 +1,345 @@
+"""Write samples into webdataset-format tar shards at any fsspec URL.
+
+:class:`ShardWriter` fills ``pattern % index`` shards in turn, rolling over to the next
+shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
+
+- A shard appears under its final name only when it is complete. On a local filesystem it is
+  written to a hidden temporary name beside its final one, synced and renamed into place; on
+  any other backend it is spooled to a local temporary file and uploaded whole (object
+  stores show an object only when its upload completes). An exception inside the ``with``
+  block, or a crash, leaves no partial shard under a final name.
+- Every member reads back as the key and field it was written from (:mod:`.encoding`), and a
+  sample is never merged with the one before it: a repeated key in a row is refused.
+- On a clean ``close()``, ``SHA256SUMS`` (GNU ``sha256sum`` format, names relative to the
+  shards' directory) and the sample-count sidecar ``sample-counts.json``
+  (``{shard file name: samples}``, as ``ShardDataset(samples_per_shard=...)`` reads it) are
+  written beside the shards, listing exactly the shards this writer wrote.
+
+Writes go through fsspec only (``fsspec.core.url_to_fs``), so ``wds::`` URLs drop cached
+copies of what they overwrite; the storage layer is never imported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import fsspec
+
+from fsspec_shards.config import parse_size
+from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.redact import redact_url
+
+logger = logging.getLogger("fsspec_shards.writer")
+
+DEFAULT_MANIFEST = "SHA256SUMS"
+DEFAULT_COUNTS = "sample-counts.json"
+_BLOCK = 512
+_END_OF_ARCHIVE = bytes(2 * _BLOCK)
+_GZIP_SUFFIXES = (".gz", ".tgz")
+_LOCAL_PROTOCOLS = frozenset(("file", "local"))
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    """A shard this writer completed: its URL, file name, samples, size and SHA-256."""
+
+    url: str
+    name: str
+    samples: int
+    size: int
+    sha256: str
+
+
+class _HashingFile:
+    """A write-only file that hashes and counts what passes through it."""
+
+    def __init__(self, target: BinaryIO) -> None:
+        self.target = target
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.target.write(data)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+class _OpenShard:
+    """The shard being filled: its temporary file, tar stream and counts."""
+
+    def __init__(self, url: str, name: str, handle: BinaryIO, spool: str, compress: bool) -> None:
+        self.url = url
+        self.name = name
+        self.handle = handle
+        self.spool = spool  # the temporary file: a local path, or a path on the target fs
+        self.hashing = _HashingFile(handle)
+        self.output = (
+            gzip.GzipFile(fileobj=self.hashing, mode="wb", mtime=0) if compress else self.hashing
+        )
+        self.samples = 0
+        self.tar_size = 0  # uncompressed tar bytes written, before the end-of-archive blocks
+        self.last_key: str | None = None
+
+
+class ShardWriter:
+    """Write samples as webdataset tar shards: ``pattern % index`` for index 0, 1, 2...
+
+    ``pattern`` is any fsspec URL or local path with one integer placeholder in its file name
+    (``"s3://bucket/out/train-%06d.tar"``, ``"wds::gs://b/x-%04d.tar.gz"``: ``.gz``/``.tgz``
+    shards are gzip-compressed). A shard holds at most ``max_count`` samples and, unless one
+    sample alone is larger, at most ``max_size`` bytes of uncompressed tar (an int or a size
+    such as ``"1GB"``). ``storage_options`` go to fsspec as for ``ShardDataset``.
+    ``manifest`` and ``counts`` name the checksum manifest and the sample-count sidecar
+    written beside the shards on close (``None``: not written). ``mtime`` is every member's
+    modification time (fixed by default, so equal samples make byte-identical shards).
+    ``spool_dir`` holds the local temporary copy of a shard bound for a remote backend.
+
+    Use it as a context manager, or call :meth:`close`. See :mod:`.encoding` for the values
+    accepted in a sample.
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        max_count: int = 100_000,
+        max_size: int | str = "3GB",
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        start_shard: int = 0,
+        manifest: str | None = DEFAULT_MANIFEST,
+        counts: str | None = DEFAULT_COUNTS,
+        mtime: float = 0,
+        spool_dir: str | None = None,
+    ) -> None:
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise ValueError(f"max_count must be a positive int, got {max_count!r}")
+        try:
+            self.max_size = parse_size(max_size)
+        except ValueError as exc:
+            raise ValueError(f"max_size: {exc}") from None
+        if self.max_size < 1:
+            raise ValueError(f"max_size must be positive, got {max_size!r}")
+        if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
+            raise ValueError(f"start_shard must be a non-negative int, got {start_shard!r}")
+        for option, name in (("manifest", manifest), ("counts", counts)):
+            if name is not None and (not name or "/" in name or name.startswith(".")):
+                raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
+        directory, self._name_pattern = _split_pattern(pattern)
+        self.pattern = pattern
+        self.max_count = max_count
+        self.storage_options = dict(storage_options or {})
+        self.manifest = manifest
+        self.counts = counts
+        self.mtime = mtime
+        self.spool_dir = spool_dir
+        self.directory_url = directory
+        self._fs, self._directory = fsspec.core.url_to_fs(directory, **self.storage_options)
+        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
+        self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
+        self._next_index = start_shard
+        self._shard: _OpenShard | None = None
+        self._closed = False
+        self.shards: list[WrittenShard] = []
+
+    # --- the user's side ----------------------------------------------------------------
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Add one sample (``{"__key__": ..., field: value}``) to the current shard."""
+        if self._closed:
+            raise ValueError("write to a closed ShardWriter")
+        key, members = encode_sample(sample)
+        entries = [(self._header(name, len(data)), data) for name, data in members]
+        size = sum(len(header) + _padded(len(data)) for header, data in entries)
+        shard = self._shard
+        if shard is not None and shard.tar_size + size + len(_END_OF_ARCHIVE) > self.max_size:
+            self._finish_shard()
+            shard = None
+        if shard is None:
+            shard = self._shard = self._open_shard()
+        elif key == shard.last_key:
+            raise ValueError(
+                f"sample key {key!r} repeats the previous sample's key: readers would merge "
+                "the two samples into one"
+            )
+        try:
+            for header, data in entries:
+                shard.output.write(header)
+                shard.output.write(data)
+                shard.output.write(bytes(-len(data) % _BLOCK))
+        except BaseException:
+            self.abort()  # the shard holds part of a sample: it must never be published
+            raise
+        shard.tar_size += size
+        shard.samples += 1
+        shard.last_key = key
+        if shard.samples >= self.max_count:
+            self._finish_shard()
+
+    def close(self) -> None:
+        """Complete the last shard, then write the manifest and the sample-count sidecar."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shard is not None:
+            self._finish_shard()
+        if self.manifest is not None:
+            lines = "".join(f"{shard.sha256}  {shard.name}\n" for shard in self.shards)
+            self._publish_bytes(self.manifest, lines.encode("utf-8"))
+        if self.counts is not None:
+            counts = {shard.name: shard.samples for shard in self.shards}
+            self._publish_bytes(self.counts, (json.dumps(counts, indent=1) + "\n").encode())
+
+    def abort(self) -> None:
+        """Drop the shard being written; write no manifest. Completed shards stay."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shard is not None:
+            shard, self._shard = self._shard, None
+            self._discard(shard)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    @property
+    def manifest_url(self) -> str | None:
+        """Where the checksum manifest goes, or None."""
+        return None if self.manifest is None else f"{self.directory_url}/{self.manifest}"
+
+    @property
+    def counts_url(self) -> str | None:
+        """Where the sample-count sidecar goes (``ShardDataset(samples_per_shard=...)``)."""
+        return None if self.counts is None else f"{self.directory_url}/{self.counts}"
+
+    # --- shards -------------------------------------------------------------------------
+
+    def _header(self, name: str, size: int) -> bytes:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        info.mtime = self.mtime
+        info.mode = 0o444
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+    def _open_shard(self) -> _OpenShard:
+        name = self._name_pattern % self._next_index
+        self._next_index += 1
+        url = f"{self.directory_url}/{name}"
+        if self._local:
+            self._fs.makedirs(self._directory, exist_ok=True)
+            spool = f"{self._directory}/.{name}.{uuid.uuid4().hex[:12]}.part"
+            handle = self._fs.open(spool, "wb")
+        else:
+            descriptor, spool = tempfile.mkstemp(prefix=".fsspec-shards-", dir=self.spool_dir)
+            handle = os.fdopen(descriptor, "wb")
+        return _OpenShard(url, name, handle, spool, self._compress)
+
+    def _finish_shard(self) -> None:
+        """End the tar, then move or upload it under its final name."""
+        shard, self._shard = self._shard, None
+        try:
+            shard.output.write(_END_OF_ARCHIVE)
+            if shard.output is not shard.hashing:
+                shard.output.close()
+            _sync(shard.handle)
+            shard.handle.close()
+            final = f"{self._directory}/{shard.name}"
+            started = time.monotonic()
+            if self._local:
+                self._fs.mv(shard.spool, final)
+            else:
+                self._fs.put_file(shard.spool, final)
+                os.unlink(shard.spool)
+        except BaseException:
+            self._closed = True
+            self._discard(shard)
+            raise
+        digest = shard.hashing.digest.hexdigest()
+        written = WrittenShard(shard.url, shard.name, shard.samples, shard.hashing.size, digest)
+        self.shards.append(written)
+        logger.info(
+            "wrote %s: %d samples, %d bytes in %.1f s",
+            redact_url(written.url),
+            written.samples,
+            written.size,
+            time.monotonic() - started,
+        )
+
+    def _discard(self, shard: _OpenShard) -> None:
+        """Close and delete a shard's temporary file; it never gets a final name."""
+        try:
+            shard.handle.close()
+            if self._local:
+                if self._fs.exists(shard.spool):
+                    self._fs.rm_file(shard.spool)
+            elif os.path.exists(shard.spool):
+                os.unlink(shard.spool)
+        except OSError as exc:
+            logger.warning("could not remove %s: %s", redact_url(shard.spool), exc)
+
+    def _publish_bytes(self, name: str, data: bytes) -> None:
+        """Write a small file beside the shards, whole or not at all."""
+        final = f"{self._directory}/{name}"
+        if self._local:
+            spool = f"{self._directory}/.{name}.{uuid.uuid4().hex[:12]}.part"
+            with self._fs.open(spool, "wb") as handle:
+                handle.write(data)
+                _sync(handle)
+            self._fs.mv(spool, final)
+        else:
+            self._fs.pipe_file(final, data)
+
+
+def _padded(size: int) -> int:
+    return size + (-size % _BLOCK)
+
+
+def _sync(handle: Any) -> None:
+    """Flush a file to disk when it is a local one, so a rename publishes whole bytes."""
+    handle.flush()
+    try:
+        os.fsync(handle.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass  # not a local file: its upload is whole by nature
+
+
+def _innermost_protocol(url: str) -> str:
+    """The protocol of the storage a (possibly ``::``-chained) URL finally writes to."""
+    target = url.rsplit("::", 1)[-1]
+    return target.split("://", 1)[0] if "://" in target else "file"
+
+
+def _split_pattern(pattern: str) -> tuple[str, str]:
+    """(directory URL, file-name pattern), checking the placeholder names distinct files."""
+    directory, _, name_pattern = pattern.rpartition("/")
+    if "://" not in pattern and "::" not in pattern:
+        directory = os.path.abspath(directory or ".")
+    try:
+        first, second = name_pattern % 0, name_pattern % 1
+    except (TypeError, ValueError):
+        first = second = None
+    if first is None or first == second or "%" in directory or "\n" in first or "\\" in first:
+        raise ValueError(
+            f"pattern {redact_url(pattern)!r} needs one integer placeholder such as %06d in "
+            "its file name (shards share one directory; no newline or backslash)"
+        )
+    return directory, name_pattern

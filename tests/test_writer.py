@@ -1,0 +1,271 @@
+"""ShardWriter on local disk: round trips, rollover, manifest and counts, and no partial shard."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy
+import pytest
+
+from fsspec_shards import ShardDataset, ShardWriter
+from fsspec_shards.iteration import transforms
+from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.iteration.lengths import load_sample_counts
+
+TIMEOUT = 180
+
+
+def make_sample(index: int) -> dict:
+    """A sample with every kind of value: bytes, str, int, JSON and a numpy array."""
+    return {
+        "__key__": f"sample{index:05d}",
+        "bin": bytes([index % 256]) * (index * 37 % 3000),
+        "txt": f"caption {index} ü",
+        "cls": index % 10,
+        "json": {"index": index, "tags": ["a", "b"][: index % 3]},
+        "npy": numpy.arange(index % 7, dtype=numpy.int16),
+    }
+
+
+def encoded(sample: dict) -> dict:
+    """What a reader gives back for ``sample``: its fields' bytes under their names."""
+    key, members = encode_sample(sample)
+    return {"__key__": key, **{name[len(key) + 1 :]: data for name, data in members}}
+
+
+def without_url(samples) -> list[dict]:
+    return [{k: v for k, v in sample.items() if k != "__url__"} for sample in samples]
+
+
+def write_samples(pattern: str, count: int, **options) -> ShardWriter:
+    with ShardWriter(pattern, **options) as writer:
+        for index in range(count):
+            writer.write(make_sample(index))
+    return writer
+
+
+def test_shard_dataset_reads_back_exactly_what_was_written(tmp_path):
+    writer = write_samples(str(tmp_path / "train-%06d.tar"), 25, max_count=10)
+    assert [shard.samples for shard in writer.shards] == [10, 10, 5]
+    pattern = str(tmp_path / "train-{000000..000002}.tar")
+    read = without_url(ShardDataset(pattern, shuffle_shards=False, split_by_node=False))
+    assert read == [encoded(make_sample(index)) for index in range(25)]
+    decoded = list(ShardDataset(pattern, shuffle_shards=False, transforms=[transforms.decode()]))
+    assert decoded[7]["cls"] == 7 and decoded[7]["json"] == {"index": 7, "tags": ["a"]}
+    assert (decoded[6]["npy"] == numpy.arange(6, dtype=numpy.int16)).all()
+
+
+def test_webdatasets_reader_reads_the_same_samples(tmp_path):
+    webdataset = pytest.importorskip("webdataset")
+    writer = write_samples(str(tmp_path / "train-%06d.tar"), 12, max_count=5)
+    urls = [shard.url for shard in writer.shards]
+    theirs = webdataset.WebDataset(urls, shardshuffle=False, nodesplitter=None, workersplitter=None)
+    fields = [{k: v for k, v in s.items() if not k.startswith("__")} for s in theirs]
+    keys = [sample["__key__"] for sample in webdataset.WebDataset(urls, shardshuffle=False)]
+    assert keys == [f"sample{index:05d}" for index in range(12)]
+    assert fields == [
+        {k: v for k, v in encoded(make_sample(i)).items() if k != "__key__"} for i in range(12)
+    ]
+
+
+def test_gzip_shards_round_trip_and_their_checksums_are_of_the_compressed_file(tmp_path):
+    writer = write_samples(str(tmp_path / "part-%03d.tar.gz"), 9, max_count=4)
+    for shard in writer.shards:
+        data = Path(shard.url).read_bytes()
+        assert data[:2] == b"\x1f\x8b"
+        assert hashlib.sha256(data).hexdigest() == shard.sha256 and len(data) == shard.size
+    read = without_url(ShardDataset([s.url for s in writer.shards], shuffle_shards=False))
+    assert read == [encoded(make_sample(index)) for index in range(9)]
+
+
+def test_max_size_rolls_over_before_a_shard_would_exceed_it(tmp_path):
+    writer = write_samples(str(tmp_path / "s-%04d.tar"), 40, max_size="20KB")
+    sizes = [os.path.getsize(shard.url) for shard in writer.shards]
+    assert len(sizes) > 3 and max(sizes) <= 20_000
+    assert sum(shard.samples for shard in writer.shards) == 40
+
+
+def test_a_sample_larger_than_max_size_gets_a_shard_of_its_own(tmp_path):
+    with ShardWriter(str(tmp_path / "s-%04d.tar"), max_size=4096) as writer:
+        writer.write({"__key__": "small", "bin": b"x"})
+        writer.write({"__key__": "huge", "bin": b"y" * 10_000})
+        writer.write({"__key__": "after", "bin": b"z"})
+    assert [shard.samples for shard in writer.shards] == [1, 1, 1]
+
+
+def test_manifest_and_counts_lie_beside_the_shards_in_the_formats_readers_take(tmp_path):
+    writer = write_samples(str(tmp_path / "train-%06d.tar"), 25, max_count=10, start_shard=3)
+    names = ["train-000003.tar", "train-000004.tar", "train-000005.tar"]
+    lines = (tmp_path / "SHA256SUMS").read_text().splitlines()
+    digests = [hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in names]
+    assert lines == [f"{digest}  {name}" for digest, name in zip(digests, names, strict=True)]
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True)
+    assert check.returncode == 0, check.stdout
+    assert writer.counts_url == str(tmp_path / "sample-counts.json")
+    assert load_sample_counts(writer.counts_url) == dict(zip(names, [10, 10, 5], strict=True))
+    assert sorted(os.listdir(tmp_path)) == sorted([*names, "SHA256SUMS", "sample-counts.json"])
+
+
+def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(cache))
+    command = [sys.executable, "-m", "fsspec_shards", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+def test_the_manifest_passes_fsspec_shards_verify_and_a_changed_shard_fails_it(tmp_path):
+    out = tmp_path / "out"
+    writer = write_samples(str(out / "train-%06d.tar"), 25, max_count=10)
+    pattern = str(out / "train-{000000..000002}.tar")
+    result = run_cli("verify", pattern, "--manifest", writer.manifest_url, cache=tmp_path / "c")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 ok, 0 bad (25 samples" in result.stdout
+    with ShardWriter(str(out / "train-%06d.tar"), start_shard=1, manifest=None) as rewrite:
+        rewrite.write(make_sample(99))
+    result = run_cli("verify", pattern, "--manifest", writer.manifest_url, cache=tmp_path / "c")
+    assert result.returncode == 1 and "train-000001.tar" in result.stdout
+
+
+def test_counts_make_even_epochs_over_ranks(tmp_path, monkeypatch):
+    writer = write_samples(str(tmp_path / "train-%06d.tar"), 23, max_count=4)
+    pattern = str(tmp_path / "train-{000000..000005}.tar")
+    assert [shard.samples for shard in writer.shards] == [4, 4, 4, 4, 4, 3]
+    seen, lengths = set(), []
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        dataset = ShardDataset(
+            pattern, seed=1, samples_per_shard=writer.counts_url, equalize="pad", prefetch=0
+        )
+        keys = [sample["__key__"] for sample in dataset]
+        lengths.append(len(keys))
+        seen.update(keys)
+    assert len(set(lengths)) == 1
+    assert seen == {f"sample{index:05d}" for index in range(23)}
+
+
+def test_an_error_inside_the_block_publishes_no_partial_shard_and_no_manifest(tmp_path):
+    with (
+        pytest.raises(RuntimeError, match="stop"),
+        ShardWriter(str(tmp_path / "t-%02d.tar"), max_count=3) as writer,
+    ):
+        for index in range(5):
+            writer.write(make_sample(index))
+        raise RuntimeError("stop")
+    assert sorted(os.listdir(tmp_path)) == ["t-00.tar"]
+    assert [shard.samples for shard in writer.shards] == [3]
+    with pytest.raises(ValueError, match="closed"):
+        writer.write(make_sample(9))
+
+
+def test_a_refused_sample_writes_nothing_and_the_writer_goes_on(tmp_path):
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        writer.write(make_sample(0))
+        with pytest.raises(ValueError, match="repeats the previous sample's key"):
+            writer.write(make_sample(0))
+        with pytest.raises(ValueError, match="reads back as key 'a'"):
+            writer.write({"__key__": "a.b", "txt": "x"})
+        with pytest.raises(ValueError, match="no encoding of int"):
+            writer.write({"__key__": "c", "txt": "ok", "bin": 5})
+        writer.write(make_sample(1))
+    read = without_url(ShardDataset(str(tmp_path / "t-00.tar"), shuffle_shards=False))
+    assert read == [encoded(make_sample(0)), encoded(make_sample(1))]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        ("out/train.tar", "one integer placeholder"),
+        ("out-%d/train-%d.tar", "one integer placeholder"),
+        ("out/train-%s-%d.tar", "one integer placeholder"),
+        ("out/train-%06d\n.tar", "no newline"),
+    ],
+)
+def test_a_pattern_without_one_file_name_placeholder_is_refused(tmp_path, pattern, message):
+    with pytest.raises(ValueError, match=message):
+        ShardWriter(str(tmp_path / pattern))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_count": 0}, "max_count"),
+        ({"max_count": True}, "max_count"),
+        ({"max_size": "lots"}, "max_size"),
+        ({"max_size": 0}, "max_size"),
+        ({"start_shard": -1}, "start_shard"),
+        ({"manifest": "sub/SHA256SUMS"}, "manifest must be a file name"),
+        ({"counts": ""}, "counts must be a file name"),
+    ],
+)
+def test_invalid_limits_are_refused_naming_the_option(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        ShardWriter(str(tmp_path / "s-%d.tar"), **options)
+
+
+def test_equal_samples_make_byte_identical_shards(tmp_path):
+    first = write_samples(str(tmp_path / "a" / "s-%d.tar"), 6)
+    second = write_samples(str(tmp_path / "b" / "s-%d.tar"), 6)
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in second.shards]
+
+
+def test_long_and_unicode_names_are_written_as_pax_and_read_back(tmp_path):
+    key = "deep/" * 30 + "ключ"
+    with ShardWriter(str(tmp_path / "s-%d.tar")) as writer:
+        writer.write({"__key__": key, "seg.png": b"png", "txt": "t"})
+    with tarfile.open(writer.shards[0].url) as archive:
+        assert archive.getnames() == [f"{key}.seg.png", f"{key}.txt"]
+    (sample,) = ShardDataset(writer.shards[0].url)
+    assert (sample["__key__"], sample["seg.png"], sample["txt"]) == (key, b"png", b"t")
+
+
+def test_writing_through_wds_drops_the_cached_copy_of_an_overwritten_shard(tmp_path):
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    url = f"wds::{(tmp_path / 'out').as_uri()}/s-%d.tar"
+    with ShardWriter(url, storage_options=options) as writer:
+        writer.write({"__key__": "old", "txt": "old"})
+    shard = url % 0
+    assert [s["txt"] for s in ShardDataset(shard, storage_options=options)] == [b"old"]
+    with ShardWriter(url, storage_options=options) as writer:
+        writer.write({"__key__": "new", "txt": "new"})
+    assert [s["txt"] for s in ShardDataset(shard, storage_options=options)] == [b"new"]
+
+
+KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from fsspec_shards import ShardWriter
+
+directory = Path(sys.argv[1])
+writer = ShardWriter(str(directory / "k-%03d.tar"), max_count=50)
+for index in range(120):
+    writer.write({"__key__": f"s{index:04d}", "bin": bytes(2000)})
+    if index == 75:
+        (directory.parent / "ready").write_text("mid-shard")
+        time.sleep(600)
+"""
+
+
+def test_a_killed_writer_leaves_only_complete_shards_under_final_names(tmp_path):
+    directory = tmp_path / "out"
+    directory.mkdir()
+    process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(directory)])
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (tmp_path / "ready").exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(TIMEOUT)
+    names = sorted(os.listdir(directory))
+    assert [name for name in names if not name.startswith(".")] == ["k-000.tar"]
+    assert len(names) == 2 and names[0].startswith(".k-001.tar.")
+    complete = list(ShardDataset(str(directory / "k-000.tar")))
+    assert [s["__key__"] for s in complete] == [f"s{index:04d}" for index in range(50)]
