@@ -1,4 +1,5 @@
-"""Equal epoch lengths per consumer from per-shard sample counts: truncate or pad."""
+"""Per-shard sample counts (sidecar, mapping, header scan) and the equal epoch lengths they
+give: pad (the default) or truncate, and len()."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards import ShardDataset
-from fsspec_shards.iteration.lengths import epoch_lengths, load_sample_counts, shard_sizes
+from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
 from tests.shardmaker import keys, write_shards
 
 COUNTS = [3, 7, 2, 5, 4, 6]
@@ -35,11 +36,6 @@ def rank_keys(monkeypatch, world_size, **args):
     return result
 
 
-def test_epoch_lengths_are_the_smallest_or_largest_consumer_total():
-    assert epoch_lengths([0, 1, 2, 3], [3, 7, 2, 5], 2, "truncate") == ([5, 12], 5)
-    assert epoch_lengths([0, 1, 2, 3], [3, 7, 2, 5], 2, "pad") == ([5, 12], 12)
-
-
 @pytest.mark.parametrize("shuffle_buffer", [0, 3])
 def test_truncate_gives_every_rank_the_smallest_count_without_overlap(
     shards, sidecar, monkeypatch, shuffle_buffer
@@ -53,16 +49,20 @@ def test_truncate_gives_every_rank_the_smallest_count_without_overlap(
         seed=1,
         shuffle_buffer=shuffle_buffer,
     )
-    unequal = rank_keys(monkeypatch, 3, urls=shards, seed=1, shuffle_buffer=shuffle_buffer)
+    unequal = rank_keys(
+        monkeypatch, 3, urls=shards, seed=1, shuffle_buffer=shuffle_buffer, equalize=None
+    )
     shortest = min(len(part) for part in unequal)
     assert [len(part) for part in per_rank] == [shortest] * 3
     assert len({key for part in per_rank for key in part}) == 3 * shortest
 
 
-def test_pad_gives_every_rank_the_largest_count_from_its_own_shards(shards, sidecar, monkeypatch):
+def test_pad_is_the_default_and_gives_every_rank_the_largest_count_from_its_own_shards(
+    shards, sidecar, monkeypatch
+):
     args = dict(urls=shards, samples_per_shard=sidecar, seed=1)
-    padded = rank_keys(monkeypatch, 3, equalize="pad", **args)
-    unequal = rank_keys(monkeypatch, 3, **args)
+    padded = rank_keys(monkeypatch, 3, **args)
+    unequal = rank_keys(monkeypatch, 3, equalize=None, **args)
     longest = max(len(part) for part in unequal)
     for own, part in zip(unequal, padded, strict=True):
         assert len(part) == longest
@@ -92,9 +92,10 @@ def test_counts_must_cover_every_shard(shards):
     assert shard_sizes(shards[:2], {shards[0]: 9, "shard-0001.tar": 8}) == [9, 8]
 
 
-def test_equalize_needs_counts_and_a_known_mode(shards, sidecar):
-    with pytest.raises(ValueError, match="needs samples_per_shard"):
+def test_truncate_needs_counts_and_the_mode_must_be_known(shards, sidecar):
+    with pytest.raises(ValueError, match="truncate' needs the sample counts"):
         ShardDataset(shards, equalize="truncate")
+    assert ShardDataset(shards).equalize is None
     with pytest.raises(ValueError, match="equalize must be one of"):
         ShardDataset(shards, samples_per_shard=sidecar, equalize="stretch")
 
