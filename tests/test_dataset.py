@@ -91,6 +91,47 @@ def test_too_few_shards_for_the_ranks_is_an_error_not_a_hang(shards, monkeypatch
         list(ShardDataset(shards))
 
 
+class MeshDimension:
+    """A one-dimensional DeviceMesh as ShardDataset sees one: local rank and size."""
+
+    ndim = 1
+
+    def __init__(self, rank, size):
+        self.rank, self.count = rank, size
+
+    def get_local_rank(self):
+        return self.rank
+
+    def size(self):
+        return self.count
+
+
+def test_peers_of_one_data_parallel_index_read_identical_streams(shards, monkeypatch):
+    # A 2 (data parallel) x 2 (tensor parallel) mesh: global ranks 0, 1 hold dp index 0.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    streams = []
+    for global_rank in range(4):
+        monkeypatch.setenv("RANK", str(global_rank))
+        group = MeshDimension(global_rank // 2, 2)
+        streams.append(keys(ShardDataset(shards, group=group, shuffle_buffer=3, seed=4)))
+    assert streams[0] == streams[1] and streams[2] == streams[3]
+    assert sorted(streams[0] + streams[2]) == sorted(
+        keys(ShardDataset(shards, split_by_node=False))
+    )
+
+
+def test_explicit_rank_and_world_size_split_like_the_environment(shards, monkeypatch):
+    explicit = [keys(ShardDataset(shards, rank=rank, world_size=3, seed=2)) for rank in range(3)]
+    from_environment = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        from_environment.append(keys(ShardDataset(shards, seed=2)))
+    assert explicit == from_environment
+    with pytest.raises(ValueError, match="rank=3 must be smaller"):
+        ShardDataset(shards, rank=3, world_size=3)
+
+
 def test_dataset_pickles_and_iterates_the_same(shards):
     dataset = ShardDataset(shards, seed=4, shuffle_buffer=5)
     iterator = iter(dataset)

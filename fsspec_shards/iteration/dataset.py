@@ -638,7 +638,7 @@ class ShardDataset(_DatasetBase):
 def count_samples_of(dataset: ShardDataset) -> list[int]:
     """Every shard's sample count, by a header-only scan (``count_samples=True``)."""
 
-    def count(url: str) -> int:
-        return sum(1 for _ in dataset.samples(url, headers_only=True))
+    def scan(url: str) -> Iterator[RawSample]:
+        return dataset.samples(url, headers_only=True)
 
-    return count_samples(dataset.urls, count, skip_failed=dataset.handler != "raise")
+    return count_samples(dataset.urls, scan, skip_failed=dataset.handler != "raise")

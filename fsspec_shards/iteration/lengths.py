@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,26 +78,33 @@ def shard_sizes(urls: Sequence[str], counts: Mapping[str, int]) -> list[int]:
     return sizes
 
 
-def count_samples(urls: Sequence[str], count: Callable[[str], int], skip_failed: bool) -> list[int]:
-    """The sample count of every URL by ``count(url)`` (a header-only scan), in threads.
+def count_samples(
+    urls: Sequence[str], scan: Callable[[str], Iterable[Any]], skip_failed: bool
+) -> list[int]:
+    """The sample count of every URL: the samples ``scan(url)`` (a header-only scan) yields,
+    in threads.
 
-    A shard that cannot be read raises, or with ``skip_failed`` counts 0 (it will be left out
-    when read, as the dataset's handler says), with a warning naming it.
+    A shard that cannot be read raises, or with ``skip_failed`` counts the samples before the
+    failure (what reading it will yield before the handler leaves the rest out), with a
+    warning naming it.
     """
 
     def one(url: str) -> int:
+        count = 0
         try:
-            return count(url)
+            for _ in scan(url):
+                count += 1
         except (OSError, ValueError) as exc:
             if not skip_failed:
                 raise
             logger.warning(
-                "counting samples: leaving out shard %s: %s: %s",
+                "counting samples: leaving out the rest of shard %s after %d samples: %s: %s",
                 redact_url(url),
+                count,
                 type(exc).__name__,
                 redact_text(str(exc), url),
             )
-            return 0
+        return count
 
     if not urls:
         return []
