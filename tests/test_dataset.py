@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import pickle
@@ -11,11 +12,13 @@ import traceback
 import tracemalloc
 from pathlib import Path
 
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards import ShardDataset, ShardFormatError
 from fsspec_shards.iteration import transforms
-from tests.shardmaker import keys, sample_bytes, write_shards
+from tests.shardmaker import keys, make_tar, regular, sample_bytes, write_shards
 
 
 @pytest.fixture
@@ -291,3 +294,170 @@ def test_package_import_loads_no_torch_and_iteration_never_imports_storage(shard
     )
     result = _run_python(program, json.dumps(shards))
     assert result.stdout.split("\n")[:2] == ["30", "[]"]
+
+
+# --- per-sample errors, progress lines, poisoned shards -------------------------------------
+
+
+@pytest.fixture
+def bad_labels(tmp_path):
+    """Two shards of four samples; two samples' ``cls`` is not a number."""
+    urls = []
+    for shard in range(2):
+        entries = []
+        for index in range(4):
+            label = b"x" if (shard, index) in ((0, 1), (1, 3)) else str(index).encode()
+            entries += [
+                regular(f"k{shard}_{index}.txt", b"text"),
+                regular(f"k{shard}_{index}.cls", label),
+            ]
+        path = tmp_path / f"labels-{shard}.tar"
+        path.write_bytes(make_tar(entries))
+        urls.append(str(path))
+    return urls
+
+
+def test_a_sample_that_fails_to_decode_raises_naming_shard_and_key(bad_labels):
+    dataset = ShardDataset(bad_labels, shuffle_shards=False, transforms=[transforms.decode()])
+    with pytest.raises(ValueError, match="cannot decode field 'cls'") as raised:
+        list(dataset)
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "sample 'k0_1' of shard" in notes and "labels-0.tar" in notes
+
+
+@pytest.mark.parametrize("handler, level", [("warn", logging.WARNING), ("skip", logging.DEBUG)])
+def test_samples_that_fail_to_decode_are_left_out_logged_and_counted(
+    bad_labels, handler, level, caplog
+):
+    dataset = ShardDataset(
+        bad_labels, shuffle_shards=False, handler=handler, transforms=[transforms.decode()]
+    )
+    with caplog.at_level(logging.DEBUG, logger="fsspec_shards"):
+        result = [sample["__key__"] for sample in dataset]
+    assert result == ["k0_0", "k0_2", "k0_3", "k1_0", "k1_1", "k1_2"]
+    stats = dataset.stats()
+    assert stats["sample_errors"] == {"ValueError": 2} and stats["samples"] == 6
+    assert [(Path(url).name, key) for url, key, _ in stats["sample_failures"]] == [
+        ("labels-0.tar", "k0_1"),
+        ("labels-1.tar", "k1_3"),
+    ]
+    records = [r for r in caplog.records if "leaving out sample" in r.getMessage()]
+    assert len(records) == 2 and {r.levelno for r in records} == {level}
+    assert "'k1_3' of shard" in records[1].getMessage() and "ValueError" in records[1].getMessage()
+
+
+def test_a_skipped_sample_still_counts_for_exact_resumption(bad_labels):
+    args = dict(
+        urls=bad_labels, shuffle_buffer=3, seed=1, handler="skip", transforms=[transforms.decode()]
+    )
+    expected = keys(ShardDataset(**args))
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(**args)
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(cut)]
+        resumed = ShardDataset(**args)
+        resumed.load_state_dict(dataset.state_dict())
+        assert head + keys(resumed) == expected
+
+
+def test_the_progress_line_reports_samples_cache_hit_rate_rate_and_retries(tmp_path, caplog):
+    paths = write_shards(tmp_path, 3, 5)
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    urls = [f"wds::file://{path}" for path in paths]
+    list(ShardDataset(urls, storage_options=options))
+    dataset = ShardDataset(urls, storage_options=options, log_interval=1e-6)
+    with caplog.at_level(logging.INFO, logger="fsspec_shards.dataset"):
+        assert len(list(dataset)) == 15
+    lines = [r.getMessage() for r in caplog.records if "samples/s" in r.getMessage()]
+    assert lines and lines[-1].startswith("rank 0 worker 0: 15 samples,")
+    assert "MB/s read" in lines[-1] and "cache hit rate 100.0%" in lines[-1]
+    assert "retries" in lines[-1]
+
+
+def test_no_progress_line_without_an_interval(shards, caplog):
+    with caplog.at_level(logging.INFO, logger="fsspec_shards.dataset"):
+        list(ShardDataset(shards, log_interval=None))
+    assert not [r for r in caplog.records if "samples/s" in r.getMessage()]
+
+
+class CachingFileSystem(LocalFileSystem):
+    """Local files served from whole copies kept in memory, as a caching protocol keeps them;
+    ``invalidate_cache(path)`` drops a copy. ``fills`` counts copies made."""
+
+    protocol = "memcached"
+    copies: dict = {}
+    fills: dict = {}
+
+    def _open(self, path, mode="rb", **kwargs):
+        path = self._strip_protocol(path)
+        if path not in self.copies:
+            self.copies[path] = Path(path).read_bytes()
+            self.fills[path] = self.fills.get(path, 0) + 1
+        return io.BytesIO(self.copies[path])
+
+    def invalidate_cache(self, path=None):
+        if path is not None:
+            self.copies.pop(self._strip_protocol(path), None)
+
+
+@pytest.fixture
+def cached_shards(tmp_path):
+    fsspec.register_implementation("memcached", CachingFileSystem, clobber=True)
+    CachingFileSystem.copies.clear()
+    CachingFileSystem.fills.clear()
+    return write_shards(tmp_path, 3, 4)
+
+
+def poison(path: str) -> bytes:
+    """Replace a shard by an HTML page of its size; return the shard's bytes."""
+    data = Path(path).read_bytes()
+    page = b"<html><body>maintenance</body></html>"
+    Path(path).write_bytes(page + b" " * (len(data) - len(page)))
+    return data
+
+
+def test_a_cached_copy_found_malformed_is_dropped_and_read_again_from_storage(cached_shards):
+    urls = [f"memcached://{path}" for path in cached_shards]
+    good = poison(cached_shards[1])
+    for path in cached_shards:  # cache every shard, the poisoned page included
+        CachingFileSystem().open(path).close()
+    Path(cached_shards[1]).write_bytes(good)  # storage recovered; the cache did not notice
+    dataset = ShardDataset(urls, shuffle_shards=False)
+    assert len(keys(dataset)) == 12
+    assert CachingFileSystem.fills[cached_shards[1]] == 2
+    assert CachingFileSystem.fills[cached_shards[0]] == 1
+
+
+def test_a_shard_malformed_twice_in_a_row_goes_to_the_handler(cached_shards, caplog):
+    urls = [f"memcached://{path}" for path in cached_shards]
+    poison(cached_shards[1])
+    with pytest.raises(ShardFormatError, match="shard-0001"):
+        list(ShardDataset(urls, shuffle_shards=False))
+    assert CachingFileSystem.fills[cached_shards[1]] == 2
+    dataset = ShardDataset(urls, shuffle_shards=False, handler="warn")
+    with caplog.at_level(logging.INFO, logger="fsspec_shards"):
+        assert len(keys(dataset)) == 8
+    assert dataset.stats()["shards_failed"] == 1
+    assert "reading it once more from storage" in caplog.text
+
+
+@pytest.mark.parametrize("handler", ["raise", "warn"])
+def test_an_empty_shard_goes_through_the_handler(shards, handler):
+    Path(shards[2]).write_bytes(b"")
+    dataset = ShardDataset(shards, shuffle_shards=False, handler=handler)
+    if handler == "raise":
+        with pytest.raises(ShardFormatError, match="shard-0002"):
+            list(dataset)
+    else:
+        assert len(keys(dataset)) == 25 and dataset.stats()["shards_failed"] == 1
+
+
+def test_max_member_size_bounds_every_member(tmp_path):
+    urls = write_shards(tmp_path, 2, 3, payload_size=4096)
+    with pytest.raises(ShardFormatError, match="exceeds"):
+        list(ShardDataset(urls, max_member_size="1KiB"))
+    with pytest.raises(ShardFormatError, match="exceeds"):
+        ShardDataset(urls, max_member_size=1024, count_samples=True)
+    assert len(list(ShardDataset(urls, max_member_size="4KiB"))) == 6
+    with pytest.raises(ValueError, match="max_member_size"):
+        ShardDataset(urls, max_member_size="lots")

@@ -256,10 +256,13 @@ class ShardDataset(_DatasetBase):
         self.annotate = bool(annotate)
         self.raw_urls = bool(raw_urls)
         self.split = split
-        self.max_member_size = parse_size(max_member_size)
+        try:
+            self.max_member_size = parse_size(max_member_size)
+        except ValueError as exc:
+            raise ValueError(f"max_member_size: {exc}") from None
         self.log_interval = log_interval
         self.node = explicit_split(rank, world_size, group)
-        self.reader = ShardReader(self.storage_options)
+        self.reader = ShardReader(self.storage_options, max_member_size=self.max_member_size)
         if samples_per_shard is not None:
             counts = load_sample_counts(samples_per_shard, storage_options)
             self.shard_sizes: list[int] | None = shard_sizes(self.urls, counts)
@@ -470,7 +473,9 @@ class ShardDataset(_DatasetBase):
                 yield from self.reader.samples(url, start, headers_only=True)
                 return
             raw.seek(start)
-            members = iter_members(raw, url, start, self.max_member_size, read_data=False)
+            members = iter_members(
+                raw, url, start, read_data=False, max_member_size=self.max_member_size
+            )
             yield from group_samples(members, url)
 
     def plain_size(self, url: str) -> int | None:

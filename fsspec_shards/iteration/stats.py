@@ -228,7 +228,10 @@ def _remove_private(path: str, owner_pid: int) -> None:
 
 
 class ProgressLog:
-    """The INFO line every ``interval`` seconds (None or 0: never) for one consumer."""
+    """The INFO line every ``interval`` seconds (None or 0: never) for one consumer: samples
+    so far and per second and MB/s of tar read since the last line, seconds waited; with a
+    cache, its hit rate and retries since the stream began and MB/s downloaded since the
+    last line."""
 
     def __init__(
         self, interval: float | None, label: str, cache_stats: Callable[[], dict] | None
@@ -238,7 +241,8 @@ class ProgressLog:
         self.cache_stats = cache_stats
         now = time.monotonic()
         self.next_at = now + self.interval
-        self.last = (now, 0, 0, self._cache())
+        self.first = self._cache()
+        self.last = (now, 0, 0, self.first)
 
     def _cache(self) -> dict | None:
         if self.cache_stats is None:
@@ -261,16 +265,18 @@ class ProgressLog:
             f"{(stats.bytes_read - read) / elapsed / 1e6:,.1f} MB/s read, "
             f"waited {stats.wait_seconds:,.1f} s"
         )
-        if cache_now is not None and cache_then is not None:
-            hits = cache_now.get("hits", 0) - cache_then.get("hits", 0)
-            misses = cache_now.get("misses", 0) - cache_then.get("misses", 0)
+        if cache_now is not None and cache_then is not None and self.first is not None:
+            hits, misses, retries = (
+                cache_now.get(name, 0) - self.first.get(name, 0)
+                for name in ("hits", "misses", "retries")
+            )
             downloaded = cache_now.get("bytes_downloaded", 0) - cache_then.get(
                 "bytes_downloaded", 0
             )
             rate = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "n/a"
             line += (
                 f"; cache hit rate {rate}, {downloaded / elapsed / 1e6:,.1f} MB/s downloaded, "
-                f"{cache_now.get('retries', 0)} retries"
+                f"{retries} retries"
             )
         logger.info(line)
         self.last = (now, stats.samples, stats.bytes_read, cache_now)
