@@ -84,6 +84,51 @@ def test_two_interruptions_resume_the_stream_exactly(
         assert seen == expected
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    shuffle_buffer=st.sampled_from([0, 1, 3, 8]),
+    consumer=st.tuples(st.integers(1, 9), st.integers(0, 8)),
+    split=st.sampled_from(["shards", "samples"]),
+    equalize=st.sampled_from(["pad", "truncate", None]),
+    cuts=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+)
+def test_equal_length_and_sample_range_epochs_resume_exactly(
+    counts, shuffle_buffer, consumer, split, equalize, cuts
+):
+    world_size, rank = consumer[0], consumer[1] % consumer[0]
+    if sum(counts) < world_size:
+        counts = counts + [world_size]
+    with tempfile.TemporaryDirectory() as directory:
+        urls = write_shards(Path(directory), len(counts), counts)
+        args = dict(
+            urls=urls,
+            shuffle_buffer=shuffle_buffer,
+            seed=5,
+            samples_per_shard={url: n for url, n in zip(urls, counts, strict=True)},
+            split=split,
+            equalize=equalize,
+            rank=rank,
+            world_size=world_size,
+        )
+        try:
+            expected = uninterrupted(args, 2)
+        except ValueError as exc:  # a consumer without samples cannot be padded
+            assert "no samples to pad" in str(exc)
+            return
+        first, second = sorted(int(cut * len(expected)) for cut in cuts)
+        seen: list = []
+        dataset = ShardDataset(**args)
+        epoch = run_until(dataset, 2, 0, first, seen)
+        if epoch < 2:
+            dataset = resume(args, dataset.state_dict())
+            epoch = run_until(dataset, 2, epoch, second, seen)
+        if epoch < 2:
+            dataset = resume(args, dataset.state_dict())
+            run_until(dataset, 2, epoch, len(expected) + 1, seen)
+        assert seen == expected
+
+
 @pytest.fixture
 def shards(tmp_path):
     return write_shards(tmp_path, 5, [3, 4, 2, 5, 3])

@@ -4,7 +4,7 @@ position after a resume.
 A :class:`ConsumerStream` reads the segments of an
 :class:`~fsspec_shards.iteration.plan.EpochPlan` sample by sample, through the shuffle
 buffer when there is one, and keeps its :class:`~fsspec_shards.iteration.state.StreamState`
-current after every sample DELIVERED: :meth:`ConsumerStream.state` costs the same for any
+current after every sample DELIVERED: :meth:`ConsumerStream.position` costs the same for any
 buffer size. Resuming rebuilds what the state leaves out:
 
 - from a state (:meth:`restore_position`): the buffer's read indices by replaying the RNG
@@ -14,7 +14,10 @@ buffer size. Resuming rebuilds what the state leaves out:
   is run on tar headers only up to the count, then the buffered samples are read by range.
 
 Both check that what they find matches the state exactly, else ValueError naming the field.
-Shard errors and sample errors go through the dataset's ``handler``.
+The first pass over the plan goes through the shuffle buffer and is drained before any padding
+pass is read, so every sample of the pass is delivered before a repeat. Shard errors and
+sample errors go through the dataset's ``handler``; the counters are published for the main
+process every ``FLUSH_SECONDS`` and when the stream ends.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fsspec_shards.iteration.shuffle import (
     shuffle_key,
 )
 from fsspec_shards.iteration.state import SampleRef, StreamState
+from fsspec_shards.iteration.stats import FLUSH_SECONDS
 
 if TYPE_CHECKING:
     from fsspec_shards.iteration.dataset import ShardDataset
@@ -294,6 +298,7 @@ class ConsumerStream:
         progress = dataset.progress_log(self.consumer, urls)
         started = time.perf_counter()
         asked = started
+        publish_at = started + FLUSH_SECONDS
         try:
             if not self.rebuilt:
                 self.restore_position()
@@ -313,6 +318,11 @@ class ConsumerStream:
                 stats.samples += 1
                 now = time.perf_counter()
                 stats.wait_seconds += now - asked
+                if now >= publish_at:
+                    stats.seconds += now - started
+                    started = now
+                    dataset.publish_stats(self.consumer)
+                    publish_at = now + FLUSH_SECONDS
                 progress.maybe_log(stats)
                 yield result
                 asked = time.perf_counter()
