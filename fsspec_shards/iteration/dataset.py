@@ -87,6 +87,8 @@ or holds fewer samples than its count says."""
 MALFORMED_ERRORS = (ShardFormatError, SampleCountError)
 """Shard errors that a bad cached copy explains: the shard is read once more from the backend."""
 DEFAULT_LOG_INTERVAL = 60.0
+PLANS_KEPT = 8
+"""Epoch plans kept per dataset object: computing one orders every shard."""
 
 
 # --- the resume object: one per dataset, made by load_state_dict for every state kind --------
@@ -278,6 +280,7 @@ class ShardDataset(_DatasetBase):
         self.equalize = equalize if self.shard_sizes is not None else None
         self.epoch = 0
         self._resume: _Position | _Counts | _Remainder | _Running | None = None
+        self._plans: dict[tuple[int, Consumer], EpochPlan] = {}
         self._ranges: dict[tuple[str, Segment], tuple[int, int | None]] = {}
         self._shown: dict[str, str] = {}
         self._stats = StreamStats()
@@ -310,11 +313,17 @@ class ShardDataset(_DatasetBase):
             split = "samples" if known and remainder else "shards"
             equalize = self.equalize if known else None
             return plan_epoch(remainder, consumer.index, consumer.total, split, equalize)
-        order = shard_order(len(self.urls), self.seed, epoch, self.shuffle_shards)
-        pieces = shard_pieces(order, self.shard_sizes)
-        known = self.shard_sizes is not None
-        split = choose_split(self.split, len(pieces), consumer.total, known)
-        return plan_epoch(pieces, consumer.index, consumer.total, split, self.equalize)
+        plan = self._plans.get((epoch, consumer))
+        if plan is None:
+            order = shard_order(len(self.urls), self.seed, epoch, self.shuffle_shards)
+            pieces = shard_pieces(order, self.shard_sizes)
+            known = self.shard_sizes is not None
+            split = choose_split(self.split, len(pieces), consumer.total, known)
+            plan = plan_epoch(pieces, consumer.index, consumer.total, split, self.equalize)
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.clear()
+            self._plans[(epoch, consumer)] = plan
+        return plan
 
     def consumer_urls(self, epoch: int, consumer: Consumer) -> list[str]:
         """The shard URLs ``consumer`` reads in ``epoch``, in order (one pass)."""
@@ -637,6 +646,7 @@ class ShardDataset(_DatasetBase):
         if isinstance(state["_resume"], _Running):
             state["_resume"] = None
         state["_ranges"] = {}
+        state["_plans"] = {}
         return state
 
 
