@@ -111,7 +111,7 @@ class ConsumerStream:
         for ref in sorted(ordered, key=lambda ref: ref.index):
             self.oldest.read(ref.index, ref)
         if payloads:
-            buffer.items = self._read_back(ordered)
+            buffer.items[:] = self._read_back(ordered)
         self.rebuilt = True
         return ordered
 
@@ -185,7 +185,7 @@ class ConsumerStream:
             entries.close()
         refs = [] if buffer is None else [ref for ref, _ in buffer.items]
         if buffer is not None and payloads:
-            buffer.items = self._read_back(refs)
+            buffer.items[:] = self._read_back(refs)
         self.rebuilt = True
         return refs
 
@@ -275,10 +275,11 @@ class ConsumerStream:
     def _shuffled(self, source: Iterator[Entry]) -> Iterator[Entry]:
         """``source`` through the shuffle buffer, noting which read sample is oldest."""
         buffer, oldest = self.buffer, self.oldest
+        items, size = buffer.items, buffer.size
         for entry in source:
-            buffer.add(entry)
+            items.append(entry)
             oldest.read(entry[0].index, entry[0])
-            if buffer.full:
+            if len(items) >= size:
                 entry = buffer.pop()
                 oldest.delivered(entry[0].index)
                 yield entry
@@ -298,7 +299,8 @@ class ConsumerStream:
         progress = dataset.progress_log(self.consumer, urls)
         started = time.perf_counter()
         asked = started
-        publish_at = started + FLUSH_SECONDS
+        check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
+        padding_from = len(plan.segments)
         try:
             if not self.rebuilt:
                 self.restore_position()
@@ -310,7 +312,7 @@ class ConsumerStream:
                 ref, sample = entry
                 state.delivered += 1
                 stats.bytes_read += sample.end - sample.offset
-                if plan.is_padding(ref.shard):
+                if ref.shard >= padding_from:
                     stats.padded += 1
                 result = dataset.prepare(sample, self.consumer, state.delivered - 1)
                 if result is None:
@@ -318,12 +320,12 @@ class ConsumerStream:
                 stats.samples += 1
                 now = time.perf_counter()
                 stats.wait_seconds += now - asked
-                if now >= publish_at:
+                if now >= check_at:
                     stats.seconds += now - started
                     started = now
                     dataset.publish_stats(self.consumer)
-                    publish_at = now + FLUSH_SECONDS
-                progress.maybe_log(stats)
+                    progress.maybe_log(stats)
+                    check_at = now + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
                 yield result
                 asked = time.perf_counter()
             if plan.length is not None and state.delivered < plan.length:
