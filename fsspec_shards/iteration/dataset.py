@@ -68,7 +68,7 @@ from fsspec_shards.iteration.state import (
 )
 from fsspec_shards.iteration.stats import ProgressLog, StatsBoard, StreamStats, summary
 from fsspec_shards.iteration.stream import ConsumerStream
-from fsspec_shards.iteration.tar import is_gzip_shard, iter_members
+from fsspec_shards.iteration.tar import GZIP_MAGIC, iter_members
 from fsspec_shards.iteration.transforms import Batched
 from fsspec_shards.iteration.urls import expand_urls
 from fsspec_shards.redact import clean_error, redact_text, redact_url
@@ -87,6 +87,9 @@ or holds fewer samples than its count says."""
 MALFORMED_ERRORS = (ShardFormatError, SampleCountError)
 """Shard errors that a bad cached copy explains: the shard is read once more from the backend."""
 DEFAULT_LOG_INTERVAL = 60.0
+HEADER_SCAN_BLOCK = 4096
+"""Read-ahead of a header scan over a remote file read without a cache: a header and a
+little more per request, rather than a block of payload per header."""
 PLANS_KEPT = 8
 """Epoch plans kept per dataset object: computing one orders every shard."""
 
@@ -477,8 +480,11 @@ class ShardDataset(_DatasetBase):
             yield from self.reader.samples(url, start)
             return
         fs, path = self.reader.locate(url)
-        with fs.open(path, "rb") as raw:
-            if not raw.seekable() or is_gzip_shard(url, raw):
+        if _is_gzip(fs, path):
+            yield from self.reader.samples(url, start, headers_only=True)
+            return
+        with fs.open(path, "rb", block_size=HEADER_SCAN_BLOCK) as raw:
+            if not raw.seekable():
                 yield from self.reader.samples(url, start, headers_only=True)
                 return
             raw.seek(start)
@@ -488,12 +494,10 @@ class ShardDataset(_DatasetBase):
             yield from group_samples(members, url)
 
     def plain_size(self, url: str) -> int | None:
-        """The byte size of a plain tar shard; None for a gzip one (its tar size is unknown)."""
+        """The byte size of a plain tar shard; None for a gzip one (its tar size is unknown).
+        Asks for the size and two bytes, never a block of the shard."""
         fs, path = self.reader.locate(url)
-        with fs.open(path, "rb") as raw:
-            if not raw.seekable() or is_gzip_shard(url, raw):
-                return None
-            return raw.seek(0, os.SEEK_END)
+        return None if _is_gzip(fs, path) else int(fs.size(path))
 
     def shown_url(self, url: str) -> str:
         """``url`` for display: redacted (no query values, no password)."""
@@ -648,6 +652,11 @@ class ShardDataset(_DatasetBase):
         state["_ranges"] = {}
         state["_plans"] = {}
         return state
+
+
+def _is_gzip(fs: Any, path: str) -> bool:
+    """True for a gzip shard, from its first two bytes (a small ranged read, not a block)."""
+    return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def count_samples_of(dataset: ShardDataset) -> list[int]:
