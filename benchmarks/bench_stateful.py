@@ -4,8 +4,9 @@ One epoch of ``--shards`` x ``--samples`` small samples (a 64-byte ``.txt`` and 
 member each) with a shuffle buffer of ``--shuffle-buffer``, ``--workers`` DataLoader
 workers and batches of ``--batch-size``, read by a plain ``torch.utils.data.DataLoader`` and
 by a ``StatefulDataLoader`` with ``snapshot_every_n_steps=1`` (every batch carries its
-worker's dataset state: the setting that resumes exactly without replaying). The two run
-interleaved, round by round; medians and their ratio are printed, and the size of the
+worker's dataset state: the setting that resumes exactly without replaying), and by one
+that never snapshots (what the loader costs without any state). The three run
+interleaved, round by round; medians and their ratios are printed, and the size of the
 loader's state at the end of the epoch.
 
     python benchmarks/bench_stateful.py [--rounds 5] [--shuffle-buffer 2000]
@@ -24,6 +25,9 @@ import time
 import warnings
 
 from fsspec_shards.iteration.dataset import ShardDataset
+
+NEVER = 10**9
+"""snapshot_every_n_steps for a StatefulDataLoader that never takes a snapshot."""
 
 
 def write_dataset(directory: str, shards: int, samples: int) -> list[str]:
@@ -77,21 +81,29 @@ def run(
     with tempfile.TemporaryDirectory() as workdir:
         urls = write_dataset(workdir, shards, samples)
         expected = shards * samples
-        plain, stateful, state_bytes = [], [], 0
+        plain, stateful, never, state_bytes = [], [], [], 0
         for _ in range(rounds):
             plain.append(_epoch(DataLoader, urls, expected, **options)[0])
             seconds, state_bytes = _epoch(
                 StatefulDataLoader, urls, expected, snapshot_every_n_steps=1, **options
             )
             stateful.append(seconds)
+            never.append(
+                _epoch(StatefulDataLoader, urls, expected, snapshot_every_n_steps=NEVER, **options)[
+                    0
+                ]
+            )
     plain_s, stateful_s = statistics.median(plain), statistics.median(stateful)
+    never_s = statistics.median(never)
     case = f"{shards}x{samples}_buffer{shuffle_buffer}_{workers}workers_batch{batch_size}"
     return {
         case: {
             "plain_dataloader_s": plain_s,
             "stateful_every_step_s": stateful_s,
+            "stateful_never_snapshot_s": never_s,
             "stateful_slowdown": stateful_s / plain_s,
             "stateful_vs_plain": plain_s / stateful_s,
+            "snapshots_vs_none": never_s / stateful_s,
             "loader_state_bytes": float(state_bytes),
         }
     }
