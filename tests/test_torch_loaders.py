@@ -217,3 +217,18 @@ def test_stats_of_two_workers_are_visible_in_the_main_process(tmp_path):
     assert stats["wait_seconds"] > 0
     ((url, error),) = stats["failures"]
     assert url == shards[3] and error.kind == "ShardFormatError" and "shard-0003" in str(error)
+
+
+def test_ranks_sharing_a_stats_directory_see_the_whole_job(tmp_path, monkeypatch):
+    shards = write_shards(tmp_path, 4, [2, 3, 4, 5])
+    run_directory = tmp_path / "run"
+    datasets = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        dataset = ShardDataset(shards, stats_dir=run_directory)
+        assert sum(1 for _ in torch_data.DataLoader(dataset, batch_size=None, num_workers=1))
+        datasets.append(dataset)
+    assert datasets[1].stats()["samples"] == 14
+    assert sorted(worker["rank"] for worker in datasets[1].stats()["workers"]) == [0, 1]
+    assert (run_directory.stat().st_mode & 0o777) == 0o700

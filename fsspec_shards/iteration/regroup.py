@@ -151,13 +151,12 @@ def _left_over(dataset: ShardDataset, stream: ConsumerStream, refs: list[SampleR
     plan, state = stream.plan, stream.state
     if state.finished:
         return []
-    first_pass = len(plan.segments)
     pieces: list[Piece] = [
         (Segment(plan.segments[ref.shard].shard, ref.offset, ref.end), 1)
         for ref in sorted(refs, key=lambda ref: ref.index)
-        if ref.shard < first_pass
+        if not plan.is_padding(ref.shard)
     ]
-    for index in range(state.shard, first_pass):
+    for index in range(state.shard, len(plan.segments)):
         segment, samples = plan.segments[index], plan.samples[index]
         if index == state.shard and state.segment_read:
             _, end = dataset.byte_range(dataset.urls[segment.shard], segment)

@@ -80,10 +80,6 @@ class StreamStats:
         if len(self.sample_failures) < MAX_FAILURES_KEPT:
             self.sample_failures.append((shown_url, key, error))
 
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
-
     def to_json(self, who: Mapping[str, int]) -> dict[str, Any]:
         return {
             **who,
@@ -104,9 +100,18 @@ def _rebuilt(entry: Mapping[str, str]) -> ReportedFailure:
     return ReportedFailure(entry["kind"], entry["message"])
 
 
+def _rate(samples: int, seconds: float) -> float:
+    return samples / seconds if seconds > 0 else 0.0
+
+
 def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str, Any]:
-    """The dataset's ``stats()`` from the workers' records and this process's own counts."""
+    """The dataset's ``stats()`` from the workers' records and this process's own counts.
+
+    Counters are sums; ``samples_per_second`` sums each process's rate (processes read in
+    parallel), and ``workers`` lists each worker's samples, rate and time waited.
+    """
     total: dict[str, Any] = {name: 0 for name in COUNTERS}
+    rate = 0.0
     errors: dict[str, int] = {}
     failures: list[tuple[str, BaseException]] = []
     sample_failures: list[tuple[str, str, BaseException]] = []
@@ -120,15 +125,15 @@ def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str,
         sample_failures += [
             (entry["url"], entry["key"], _rebuilt(entry)) for entry in record["sample_failures"]
         ]
+        worker_rate = _rate(record["samples"], record["seconds"])
+        rate += worker_rate
         workers.append(
             {
                 "rank": record["rank"],
                 "worker": record["worker"],
                 "pid": record["pid"],
                 "samples": record["samples"],
-                "samples_per_second": record["samples"] / record["seconds"]
-                if record["seconds"] > 0
-                else 0.0,
+                "samples_per_second": worker_rate,
                 "wait_seconds": record["wait_seconds"],
             }
         )
@@ -139,7 +144,8 @@ def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str,
             errors[kind] = errors.get(kind, 0) + count
         failures += own.failures
         sample_failures += own.sample_failures
-    total["samples_per_second"] = total["samples"] / total["seconds"] if total["seconds"] else 0.0
+        rate += _rate(own.samples, own.seconds)
+    total["samples_per_second"] = rate
     total["sample_errors"] = errors
     total["failures"] = failures
     total["sample_failures"] = sample_failures
@@ -202,15 +208,6 @@ class StatsBoard:
             if record.get("pid") != exclude_pid:
                 records.append(record)
         return records
-
-    def clear(self) -> None:
-        """Forget every process's record (a new run of the same dataset starts at zero)."""
-        for record in self.collect():
-            name = f"stats-{record['rank']}-{record['worker']}-{record['pid']}.json"
-            try:
-                os.unlink(os.path.join(self.path, name))
-            except FileNotFoundError:
-                pass
 
     def __reduce__(self):
         return (_restore_board, (self.path, self.owned, self.owner_pid))
