@@ -123,8 +123,10 @@ BENCHMARKS = (
         "resume",
         "Resuming at 90% of an epoch: seek vs replay",
         "Time to the first sample of a fresh dataset that loads a `state_dict()` taken at "
-        "90% of the stream (it seeks), against a fresh dataset iterating to the same point "
-        "(what resuming without seeking costs). `replay_vs_resume` is their ratio.",
+        "90% of the stream (it replays the shuffle buffer's draws in memory, reads tar "
+        "headers back to the oldest buffered sample, reads the buffered samples by range and "
+        "seeks), against a fresh dataset iterating to the same point (what resuming without "
+        "seeking costs). `replay_vs_resume` is their ratio.",
         lambda: resume_suite(3, 1024, 64),
         lambda: resume_suite(1, 128, 16),
     ),
