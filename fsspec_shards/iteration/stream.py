@@ -198,10 +198,13 @@ class ConsumerStream:
         for index, shard_refs in ranges.items():
             url = self.dataset.urls[self.plan.segment(index).shard]
             spans = [(ref.offset, ref.end) for ref in shard_refs]
+            failure = None
             try:
                 samples = self.dataset.reader.samples_at(url, spans)
             except self.dataset.shard_errors as exc:
-                self.dataset.shard_failed(url, exc)
+                failure = exc
+            if failure is not None:
+                self.dataset.shard_failed(url, failure)
                 continue
             found.update(zip(shard_refs, samples, strict=True))
         return [(ref, found[ref]) for ref in refs if ref in found]
@@ -240,6 +243,7 @@ class ConsumerStream:
             url = dataset.urls[segment.shard]
             retried = False
             while True:
+                failure = None
                 try:
                     if prefetcher is not None:
                         prefetch_error = prefetcher.wait(index)
@@ -257,16 +261,19 @@ class ConsumerStream:
                             state.read += 1
                             state.segment_read += 1
                             yield ref, sample
-                except dataset.malformed_errors as exc:
-                    if not retried and dataset.drop_cached(url):
-                        retried = True
-                        continue
-                    dataset.shard_failed(url, exc)
                 except dataset.shard_errors as exc:
-                    dataset.shard_failed(url, exc)
-                else:
+                    failure = exc
+                # Handled outside the except block, so that a raised error chains nothing.
+                if failure is None:
                     if not headers_only:
                         dataset.counters().shards_done += 1
+                elif isinstance(failure, dataset.malformed_errors) and not retried:
+                    retried = dataset.drop_cached(url)
+                    if retried:
+                        continue
+                    dataset.shard_failed(url, failure)
+                else:
+                    dataset.shard_failed(url, failure)
                 break
             state.shard = index + 1
             state.offset = 0
