@@ -281,6 +281,12 @@ class ShardDataset(_DatasetBase):
                 "count_samples=True"
             )
         self.equalize = equalize if self.shard_sizes is not None else None
+        self._identity = {
+            "urls": shard_identity(self.urls),
+            "sample_counts": None
+            if self.shard_sizes is None
+            else urls_digest([str(size) for size in self.shard_sizes]),
+        }
         self.epoch = 0
         self._resume: _Position | _Counts | _Remainder | _Running | None = None
         self._plans: dict[tuple[int, Consumer], EpochPlan] = {}
@@ -356,7 +362,7 @@ class ShardDataset(_DatasetBase):
     def fingerprint(self, consumer: Consumer) -> dict[str, Any]:
         """The arguments a position of ``consumer`` depends on."""
         return {
-            "urls": shard_identity(self.urls),
+            "urls": self._identity["urls"],
             "shards": len(self.urls),
             "seed": self.seed,
             "shuffle_shards": self.shuffle_shards,
@@ -367,9 +373,7 @@ class ShardDataset(_DatasetBase):
             "num_workers": consumer.num_workers,
             "equalize": self.equalize,
             "split": self.split,
-            "sample_counts": None
-            if self.shard_sizes is None
-            else urls_digest([str(size) for size in self.shard_sizes]),
+            "sample_counts": self._identity["sample_counts"],
         }
 
     def tracker_fingerprint(self, num_workers: int) -> dict[str, Any]:
@@ -410,9 +414,12 @@ class ShardDataset(_DatasetBase):
             check_fingerprint(
                 state["fingerprint"], base_fingerprint(self.fingerprint(self.consumer()))
             )
-            pieces = remainder_from_list(state["segments"])
+            epoch = state.get("epoch")
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                raise ValueError(f"invalid remainder state: field 'epoch': {epoch!r}")
+            pieces = remainder_from_list(state.get("segments"))
             self.check_pieces(pieces)
-            self._resume = _Remainder(int(state["epoch"]), pieces)
+            self._resume = _Remainder(epoch, pieces)
         elif is_tracker_state(state):
             counts = DeliveredCounts.from_dict(state)
             check_fingerprint(counts.fingerprint, self.tracker_fingerprint(len(counts.delivered)))
