@@ -223,12 +223,14 @@ def test_ranks_sharing_a_stats_directory_see_the_whole_job(tmp_path, monkeypatch
     shards = write_shards(tmp_path, 4, [2, 3, 4, 5])
     run_directory = tmp_path / "run"
     datasets = []
-    for rank in range(2):
+    for rank in range(3):
         monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("WORLD_SIZE", "3")
         dataset = ShardDataset(shards, stats_dir=run_directory)
-        assert sum(1 for _ in torch_data.DataLoader(dataset, batch_size=None, num_workers=1))
+        workers = 1 if rank < 2 else 0  # the last rank reads in its main process
+        loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=workers)
+        assert sum(1 for _ in loader)
         datasets.append(dataset)
     assert datasets[1].stats()["samples"] == 14
-    assert sorted(worker["rank"] for worker in datasets[1].stats()["workers"]) == [0, 1]
+    assert sorted(worker["rank"] for worker in datasets[1].stats()["workers"]) == [0, 1, 2]
     assert (run_directory.stat().st_mode & 0o777) == 0o700

@@ -625,9 +625,9 @@ class ShardDataset(_DatasetBase):
         return self._stats
 
     def publish_stats(self, consumer: Consumer) -> None:
-        """Leave this process's counters where :meth:`stats` finds them, when it is not the
-        process that made the dataset (a DataLoader worker)."""
-        if os.getpid() == self._board.owner_pid:
+        """Leave this process's counters where :meth:`stats` finds them: from a DataLoader
+        worker, and from every process when the directory is the user's (shared by ranks)."""
+        if self._board.owned and os.getpid() == self._board.owner_pid:
             return
         who = {"rank": consumer.rank, "worker": consumer.worker, "pid": os.getpid()}
         try:
@@ -649,7 +649,7 @@ class ShardDataset(_DatasetBase):
         """Counts of this dataset across the processes that read it (this one and its
         DataLoader workers): samples, shards done and failed, sample errors per kind, padded
         samples, bytes read, seconds waited, samples/s, one entry per worker, and failures."""
-        records = self._board.collect(exclude_pid=os.getpid())
+        records = self._board.collect()
         return summary(records, self.counters())
 
     def __getstate__(self) -> dict[str, Any]:

@@ -155,7 +155,9 @@ def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str,
 
 class StatsBoard:
     """A directory of per-process stats files. ``path`` None makes a private temporary one
-    (0700, removed when the dataset that made it is collected in the process that made it)."""
+    (0700, removed when the dataset that made it is collected in the process that made it);
+    a path given may be shared by the ranks of a job. ``token`` tells the records of one
+    dataset (and its workers' copies) from those of other datasets in the same directory."""
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.owned = path is None
@@ -165,6 +167,7 @@ class StatsBoard:
             )
         self.path = os.fspath(path)
         self.owner_pid = os.getpid()
+        self.token = secrets.token_hex(8)
 
     def bind(self, dataset: object) -> None:
         """Remove a private directory once ``dataset`` is collected in this process."""
@@ -184,14 +187,14 @@ class StatsBoard:
     def write(self, who: Mapping[str, int], stats: StreamStats) -> None:
         """Replace this process's file with ``stats`` (atomically: readers see whole files)."""
         self._ensure()
-        name = f"stats-{who['rank']}-{who['worker']}-{who['pid']}.json"
+        name = f"stats-{self.token}-{who['pid']}-{who['rank']}-{who['worker']}.json"
         temporary = os.path.join(self.path, f".{name}.{secrets.token_hex(4)}.tmp")
         with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(stats.to_json(who), handle)
+            json.dump({**stats.to_json(who), "token": self.token}, handle)
         os.replace(temporary, os.path.join(self.path, name))
 
-    def collect(self, exclude_pid: int | None = None) -> list[dict[str, Any]]:
-        """Every process's record but ``exclude_pid``'s (that one counts in memory)."""
+    def collect(self) -> list[dict[str, Any]]:
+        """Every record but this dataset's in this process (that one counts in memory)."""
         try:
             names = sorted(os.listdir(self.path))
         except FileNotFoundError:
@@ -205,17 +208,17 @@ class StatsBoard:
                     record = json.load(handle)
             except (OSError, ValueError):
                 continue
-            if record.get("pid") != exclude_pid:
+            if (record.get("token"), record.get("pid")) != (self.token, os.getpid()):
                 records.append(record)
         return records
 
     def __reduce__(self):
-        return (_restore_board, (self.path, self.owned, self.owner_pid))
+        return (_restore_board, (self.path, self.owned, self.owner_pid, self.token))
 
 
-def _restore_board(path: str, owned: bool, owner_pid: int) -> StatsBoard:
+def _restore_board(path: str, owned: bool, owner_pid: int, token: str) -> StatsBoard:
     board = StatsBoard(path)
-    board.owned, board.owner_pid = owned, owner_pid
+    board.owned, board.owner_pid, board.token = owned, owner_pid, token
     return board
 
 
