@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import pickle
 import subprocess
 import sys
@@ -469,3 +470,20 @@ def test_max_member_size_bounds_every_member(tmp_path):
     assert len(list(ShardDataset(urls, max_member_size="4KiB"))) == 6
     with pytest.raises(ValueError, match="max_member_size"):
         ShardDataset(urls, max_member_size="lots")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs WdsFileSystem.invalidate_cache(path) to drop the cached copy (branch cache)",
+)
+def test_a_poisoned_wds_cache_entry_leaves_at_the_next_read(tmp_path):
+    paths = write_shards(tmp_path, 3, 4)
+    good = poison(paths[1])
+    stamp = os.stat(paths[1])
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    urls = [f"wds::file://{path}" for path in paths]
+    skipped = ShardDataset(urls, storage_options=options, shuffle_shards=False, handler="skip")
+    assert len(keys(skipped)) == 8  # the page is cached as shard 1, size-correct
+    Path(paths[1]).write_bytes(good)  # storage recovered, same size and time
+    os.utime(paths[1], ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert len(keys(ShardDataset(urls, storage_options=options, shuffle_shards=False))) == 12
