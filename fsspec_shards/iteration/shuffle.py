@@ -87,16 +87,18 @@ def replay_buffer(
             f"{read} samples read and {delivered} delivered do not fit a shuffle buffer of "
             f"{size} (the source {'had' if drained else 'had not'} ended)"
         )
-    items: list[int] = []
-    below = rng.below
-    for index in range(read):
-        items.append(index)
-        if len(items) >= size:
-            _pop_at(items, below(len(items)))
+    items = list(range(min(read, size - 1)))
+    # Once full, every add is followed by a draw below ``size``: draw them all at once. The
+    # drawn item is swapped with the new last one and taken out, so the new item takes its
+    # place (or, drawn itself, leaves at once).
+    last = size - 1
+    for index, chosen in enumerate(rng.below_many(size, in_loop), start=last):
+        if chosen != last:
+            items[chosen] = index
     for _ in range(delivered - in_loop):
         if not items:
             raise ValueError(f"{delivered} samples delivered, more than the {read} read")
-        _pop_at(items, below(len(items)))
+        _pop_at(items, rng.below(len(items)))
     return items
 
 
