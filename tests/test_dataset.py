@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
 import pickle
 import subprocess
 import sys
@@ -11,11 +13,13 @@ import traceback
 import tracemalloc
 from pathlib import Path
 
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards import ShardDataset, ShardFormatError
 from fsspec_shards.iteration import transforms
-from tests.shardmaker import keys, sample_bytes, write_shards
+from tests.shardmaker import keys, make_tar, regular, sample_bytes, write_shards
 
 
 @pytest.fixture
@@ -89,6 +93,47 @@ def test_too_few_shards_for_the_ranks_is_an_error_not_a_hang(shards, monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "7")
     with pytest.raises(ValueError, match="cannot be split over 7 consumers"):
         list(ShardDataset(shards))
+
+
+class MeshDimension:
+    """A one-dimensional DeviceMesh as ShardDataset sees one: local rank and size."""
+
+    ndim = 1
+
+    def __init__(self, rank, size):
+        self.rank, self.count = rank, size
+
+    def get_local_rank(self):
+        return self.rank
+
+    def size(self):
+        return self.count
+
+
+def test_peers_of_one_data_parallel_index_read_identical_streams(shards, monkeypatch):
+    # A 2 (data parallel) x 2 (tensor parallel) mesh: global ranks 0, 1 hold dp index 0.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    streams = []
+    for global_rank in range(4):
+        monkeypatch.setenv("RANK", str(global_rank))
+        group = MeshDimension(global_rank // 2, 2)
+        streams.append(keys(ShardDataset(shards, group=group, shuffle_buffer=3, seed=4)))
+    assert streams[0] == streams[1] and streams[2] == streams[3]
+    assert sorted(streams[0] + streams[2]) == sorted(
+        keys(ShardDataset(shards, split_by_node=False))
+    )
+
+
+def test_explicit_rank_and_world_size_split_like_the_environment(shards, monkeypatch):
+    explicit = [keys(ShardDataset(shards, rank=rank, world_size=3, seed=2)) for rank in range(3)]
+    from_environment = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        from_environment.append(keys(ShardDataset(shards, seed=2)))
+    assert explicit == from_environment
+    with pytest.raises(ValueError, match="rank=3 must be smaller"):
+        ShardDataset(shards, rank=3, world_size=3)
 
 
 def test_dataset_pickles_and_iterates_the_same(shards):
@@ -193,10 +238,18 @@ def test_handler_warn_and_skip_leave_the_shard_out_and_count_it(
 SIGNED = "memory://bucket/gone.tar?X-Amz-Credential=AKIDSECRET&X-Amz-Signature=SIGSECRET"
 
 
+def chain(error):
+    """``error`` and every exception its ``__cause__``/``__context__`` links reach."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def test_a_failing_signed_url_never_shows_its_signature_in_errors(shards):
     with pytest.raises(FileNotFoundError) as raised:
         list(ShardDataset([shards[0], SIGNED], shuffle_shards=False))
     shown = "".join(traceback.format_exception(raised.value))
+    shown += " ".join(str(link) for link in chain(raised.value))
     assert "gone.tar" in shown
     assert "SIGSECRET" not in shown and "AKIDSECRET" not in shown
 
@@ -250,3 +303,187 @@ def test_package_import_loads_no_torch_and_iteration_never_imports_storage(shard
     )
     result = _run_python(program, json.dumps(shards))
     assert result.stdout.split("\n")[:2] == ["30", "[]"]
+
+
+# --- per-sample errors, progress lines, poisoned shards -------------------------------------
+
+
+@pytest.fixture
+def bad_labels(tmp_path):
+    """Two shards of four samples; two samples' ``cls`` is not a number."""
+    urls = []
+    for shard in range(2):
+        entries = []
+        for index in range(4):
+            label = b"x" if (shard, index) in ((0, 1), (1, 3)) else str(index).encode()
+            entries += [
+                regular(f"k{shard}_{index}.txt", b"text"),
+                regular(f"k{shard}_{index}.cls", label),
+            ]
+        path = tmp_path / f"labels-{shard}.tar"
+        path.write_bytes(make_tar(entries))
+        urls.append(str(path))
+    return urls
+
+
+def test_a_sample_that_fails_to_decode_raises_naming_shard_and_key(bad_labels):
+    dataset = ShardDataset(bad_labels, shuffle_shards=False, transforms=[transforms.decode()])
+    with pytest.raises(ValueError, match="cannot decode field 'cls'") as raised:
+        list(dataset)
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "sample 'k0_1' of shard" in notes and "labels-0.tar" in notes
+
+
+@pytest.mark.parametrize("handler, level", [("warn", logging.WARNING), ("skip", logging.DEBUG)])
+def test_samples_that_fail_to_decode_are_left_out_logged_and_counted(
+    bad_labels, handler, level, caplog
+):
+    dataset = ShardDataset(
+        bad_labels, shuffle_shards=False, handler=handler, transforms=[transforms.decode()]
+    )
+    with caplog.at_level(logging.DEBUG, logger="fsspec_shards"):
+        result = [sample["__key__"] for sample in dataset]
+    assert result == ["k0_0", "k0_2", "k0_3", "k1_0", "k1_1", "k1_2"]
+    stats = dataset.stats()
+    assert stats["sample_errors"] == {"ValueError": 2} and stats["samples"] == 6
+    assert [(Path(url).name, key) for url, key, _ in stats["sample_failures"]] == [
+        ("labels-0.tar", "k0_1"),
+        ("labels-1.tar", "k1_3"),
+    ]
+    records = [r for r in caplog.records if "leaving out sample" in r.getMessage()]
+    assert len(records) == 2 and {r.levelno for r in records} == {level}
+    assert "'k1_3' of shard" in records[1].getMessage() and "ValueError" in records[1].getMessage()
+
+
+def test_a_skipped_sample_still_counts_for_exact_resumption(bad_labels):
+    args = dict(
+        urls=bad_labels, shuffle_buffer=3, seed=1, handler="skip", transforms=[transforms.decode()]
+    )
+    expected = keys(ShardDataset(**args))
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(**args)
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(cut)]
+        resumed = ShardDataset(**args)
+        resumed.load_state_dict(dataset.state_dict())
+        assert head + keys(resumed) == expected
+
+
+def test_the_progress_line_reports_samples_cache_hit_rate_rate_and_retries(tmp_path, caplog):
+    paths = write_shards(tmp_path, 3, 5)
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    urls = [f"wds::file://{path}" for path in paths]
+    list(ShardDataset(urls, storage_options=options))
+    dataset = ShardDataset(urls, storage_options=options, log_interval=1e-6)
+    with caplog.at_level(logging.INFO, logger="fsspec_shards.dataset"):
+        assert len(list(dataset)) == 15
+    lines = [r.getMessage() for r in caplog.records if "samples/s" in r.getMessage()]
+    assert lines and lines[-1].startswith("rank 0 worker 0: 15 samples,")
+    assert "MB/s read" in lines[-1] and "cache hit rate 100.0%" in lines[-1]
+    assert "retries" in lines[-1]
+
+
+def test_no_progress_line_without_an_interval(shards, caplog):
+    with caplog.at_level(logging.INFO, logger="fsspec_shards.dataset"):
+        list(ShardDataset(shards, log_interval=None))
+    assert not [r for r in caplog.records if "samples/s" in r.getMessage()]
+
+
+class CachingFileSystem(LocalFileSystem):
+    """Local files served from whole copies kept in memory, as a caching protocol keeps them;
+    ``invalidate_cache(path)`` drops a copy. ``fills`` counts copies made."""
+
+    protocol = "memcached"
+    copies: dict = {}
+    fills: dict = {}
+
+    def _open(self, path, mode="rb", **kwargs):
+        path = self._strip_protocol(path)
+        if path not in self.copies:
+            self.copies[path] = Path(path).read_bytes()
+            self.fills[path] = self.fills.get(path, 0) + 1
+        return io.BytesIO(self.copies[path])
+
+    def invalidate_cache(self, path=None):
+        if path is not None:
+            self.copies.pop(self._strip_protocol(path), None)
+
+
+@pytest.fixture
+def cached_shards(tmp_path):
+    fsspec.register_implementation("memcached", CachingFileSystem, clobber=True)
+    CachingFileSystem.copies.clear()
+    CachingFileSystem.fills.clear()
+    return write_shards(tmp_path, 3, 4)
+
+
+def poison(path: str) -> bytes:
+    """Replace a shard by an HTML page of its size; return the shard's bytes."""
+    data = Path(path).read_bytes()
+    page = b"<html><body>maintenance</body></html>"
+    Path(path).write_bytes(page + b" " * (len(data) - len(page)))
+    return data
+
+
+def test_a_cached_copy_found_malformed_is_dropped_and_read_again_from_storage(cached_shards):
+    urls = [f"memcached://{path}" for path in cached_shards]
+    good = poison(cached_shards[1])
+    for path in cached_shards:  # cache every shard, the poisoned page included
+        CachingFileSystem().open(path).close()
+    Path(cached_shards[1]).write_bytes(good)  # storage recovered; the cache did not notice
+    dataset = ShardDataset(urls, shuffle_shards=False)
+    assert len(keys(dataset)) == 12
+    assert CachingFileSystem.fills[cached_shards[1]] == 2
+    assert CachingFileSystem.fills[cached_shards[0]] == 1
+
+
+def test_a_shard_malformed_twice_in_a_row_goes_to_the_handler(cached_shards, caplog):
+    urls = [f"memcached://{path}" for path in cached_shards]
+    poison(cached_shards[1])
+    with pytest.raises(ShardFormatError, match="shard-0001"):
+        list(ShardDataset(urls, shuffle_shards=False))
+    assert CachingFileSystem.fills[cached_shards[1]] == 2
+    dataset = ShardDataset(urls, shuffle_shards=False, handler="warn")
+    with caplog.at_level(logging.INFO, logger="fsspec_shards"):
+        assert len(keys(dataset)) == 8
+    assert dataset.stats()["shards_failed"] == 1
+    assert "reading it once more from storage" in caplog.text
+
+
+@pytest.mark.parametrize("handler", ["raise", "warn"])
+def test_an_empty_shard_goes_through_the_handler(shards, handler):
+    Path(shards[2]).write_bytes(b"")
+    dataset = ShardDataset(shards, shuffle_shards=False, handler=handler)
+    if handler == "raise":
+        with pytest.raises(ShardFormatError, match="shard-0002"):
+            list(dataset)
+    else:
+        assert len(keys(dataset)) == 25 and dataset.stats()["shards_failed"] == 1
+
+
+def test_max_member_size_bounds_every_member(tmp_path):
+    urls = write_shards(tmp_path, 2, 3, payload_size=4096)
+    with pytest.raises(ShardFormatError, match="exceeds"):
+        list(ShardDataset(urls, max_member_size="1KiB"))
+    with pytest.raises(ShardFormatError, match="exceeds"):
+        ShardDataset(urls, max_member_size=1024, count_samples=True)
+    assert len(list(ShardDataset(urls, max_member_size="4KiB"))) == 6
+    with pytest.raises(ValueError, match="max_member_size"):
+        ShardDataset(urls, max_member_size="lots")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs WdsFileSystem.invalidate_cache(path) to drop the cached copy (branch cache)",
+)
+def test_a_poisoned_wds_cache_entry_leaves_at_the_next_read(tmp_path):
+    paths = write_shards(tmp_path, 3, 4)
+    good = poison(paths[1])
+    stamp = os.stat(paths[1])
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    urls = [f"wds::file://{path}" for path in paths]
+    skipped = ShardDataset(urls, storage_options=options, shuffle_shards=False, handler="skip")
+    assert len(keys(skipped)) == 8  # the page is cached as shard 1, size-correct
+    Path(paths[1]).write_bytes(good)  # storage recovered, same size and time
+    os.utime(paths[1], ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert len(keys(ShardDataset(urls, storage_options=options, shuffle_shards=False))) == 12

@@ -10,8 +10,9 @@ import pytest
 
 from fsspec_shards.iteration.order import (
     Consumer,
-    consumer_shards,
     current_consumer,
+    explicit_split,
+    group_split,
     node_split,
     shard_order,
 )
@@ -55,20 +56,6 @@ def test_pinned_order_does_not_change_between_versions():
     assert shard_order(8, seed=0, epoch=0, shuffle=True) == [0, 2, 3, 6, 5, 1, 7, 4]
     # splitmix64's published first output for state 1.
     assert CounterRNG(1).next_u64() == 0x910A2DEC89025CC1
-
-
-def test_split_gives_every_shard_to_exactly_one_consumer():
-    order = shard_order(23, seed=0, epoch=0, shuffle=True)
-    seen = []
-    for rank in range(2):
-        for worker in range(3):
-            seen += consumer_shards(order, Consumer(rank, 2, worker, 3))
-    assert sorted(seen) == list(range(23))
-
-
-def test_too_few_shards_for_the_consumers_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"3 shard\(s\) cannot be split over 4 consumers"):
-        consumer_shards([0, 1, 2], Consumer(0, 2, 0, 2))
 
 
 def test_node_split_reads_rank_and_world_size_from_the_environment(monkeypatch):
@@ -122,3 +109,46 @@ def test_initialized_torch_distributed_wins_over_the_environment(monkeypatch):
     finally:
         dist.destroy_process_group()
     assert node_split() == (1, 4)
+
+
+class MeshDimension:
+    """The two methods of a one-dimensional torch DeviceMesh that the split uses."""
+
+    ndim = 1
+
+    def __init__(self, rank, size):
+        self.rank, self.count = rank, size
+
+    def get_local_rank(self):
+        return self.rank
+
+    def size(self):
+        return self.count
+
+
+def test_explicit_rank_and_world_size_are_checked():
+    assert explicit_split(None, None) is None
+    assert explicit_split(1, 4) == (1, 4)
+    with pytest.raises(ValueError, match="go together"):
+        explicit_split(1, None)
+    with pytest.raises(ValueError, match="rank=4 must be smaller than world_size=4"):
+        explicit_split(4, 4)
+    with pytest.raises(ValueError, match="either group= or rank="):
+        explicit_split(0, 2, MeshDimension(0, 2))
+
+
+def test_a_device_mesh_dimension_gives_its_local_rank_and_size():
+    assert group_split(MeshDimension(3, 4)) == (3, 4)
+    assert explicit_split(None, None, MeshDimension(1, 2)) == (1, 2)
+    flat = MeshDimension(0, 4)
+    flat.ndim = 2
+    with pytest.raises(ValueError, match="one-dimensional DeviceMesh"):
+        group_split(flat)
+    with pytest.raises(ValueError, match="process group or a DeviceMesh"):
+        group_split(object())
+
+
+def test_an_explicit_split_replaces_the_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert current_consumer(True, True, node=(1, 3)) == Consumer(1, 3, 0, 1)

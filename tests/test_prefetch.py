@@ -76,7 +76,7 @@ def test_prefetch_follows_this_consumers_order(recorded, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     dataset = ShardDataset(urls, seed=5, prefetch=1)
     mine = [
-        url.removeprefix(f"{PROTOCOL}://") for url in dataset.consumer_urls(0, dataset._consumer())
+        url.removeprefix(f"{PROTOCOL}://") for url in dataset.consumer_urls(0, dataset.consumer())
     ]
     list(dataset)
     assert RecordingFileSystem.calls == mine[1:]

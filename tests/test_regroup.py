@@ -135,3 +135,130 @@ def test_a_stateful_dataloader_run_continues_with_more_workers(shards):
     dataset.load_state_dict(remainder_state(ShardDataset(shards, **ARGS), states))
     tail = [s["__key__"] for s in torch_data.DataLoader(dataset, batch_size=None, num_workers=3)]
     assert Counter(head + tail) == Counter(everything)
+
+
+def collate_keys(batch):
+    return [sample["__key__"] for sample in batch]
+
+
+def stateful_run(shards, monkeypatch, world_size, workers, batches, **args):
+    """Each rank reads ``batches[rank]`` batches of 2 through a StatefulDataLoader; returns
+    (keys read, every rank's loader state)."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    read, states = [], []
+    for rank in range(world_size):
+        as_rank(monkeypatch, rank, world_size)
+        loader = stateful.StatefulDataLoader(
+            ShardDataset(shards, **args), batch_size=2, num_workers=workers, collate_fn=collate_keys
+        )
+        iterator = iter(loader)
+        for _ in range(batches[rank]):
+            read += next(iterator)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del iterator
+    return read, states
+
+
+def continue_with(shards, monkeypatch, world_size, old_states, **args):
+    """Every new rank loads the list of old states and reads the rest; keys per rank."""
+    parts = []
+    for rank in range(world_size):
+        as_rank(monkeypatch, rank, world_size)
+        dataset = ShardDataset(shards, **args)
+        dataset.load_state_dict(old_states)
+        parts.append(keys(dataset))
+    return parts
+
+
+def test_a_list_of_2x2_loader_states_continues_as_3x1_with_every_sample_once(shards, monkeypatch):
+    pytest.importorskip("torch")
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = stateful_run(shards, monkeypatch, 2, 2, [3, 5], **ARGS)
+    assert len(head) == 16
+    parts = continue_with(shards, monkeypatch, 3, states, **ARGS)
+    assert all(parts)
+    assert Counter(head + [key for part in parts for key in part]) == Counter(everything)
+
+
+def test_a_list_of_dataset_states_continues_with_a_dataloader_per_new_rank(shards, monkeypatch):
+    torch_data = pytest.importorskip("torch.utils.data")
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = interrupted_run(shards, monkeypatch, 2, [5, 9])
+    tail = []
+    for rank in range(2):
+        as_rank(monkeypatch, rank, 2)
+        dataset = ShardDataset(shards, **ARGS)
+        dataset.load_state_dict(states)
+        loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=2)
+        tail += [sample["__key__"] for sample in loader]
+    assert Counter(head + tail) == Counter(everything)
+
+
+def test_with_counts_the_new_ranks_continue_with_equal_lengths(shards, monkeypatch):
+    counts = {url: n for url, n in zip(shards, [4, 6, 3, 5, 2, 6, 4], strict=True)}
+    args = dict(ARGS, samples_per_shard=counts)
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = [], []
+    for rank in range(2):
+        as_rank(monkeypatch, rank, 2)
+        dataset = ShardDataset(shards, **args)
+        iterator = iter(dataset)
+        head += [next(iterator)["__key__"] for _ in range(4 + 3 * rank)]
+        states.append(dataset.state_dict())
+    parts = continue_with(shards, monkeypatch, 3, states, **args)
+    assert len({len(part) for part in parts}) == 1
+    assert Counter(head + [key for part in parts for key in set(part)]) == Counter(everything)
+
+
+def test_tracker_states_of_every_old_rank_continue_the_epoch(shards, monkeypatch):
+    from fsspec_shards.iteration.resume import DeliveryTracker
+
+    args = dict(ARGS, annotate=True)
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = [], []
+    for rank in range(2):
+        as_rank(monkeypatch, rank, 2)
+        dataset = ShardDataset(shards, **args)
+        tracker = DeliveryTracker(dataset, num_workers=0)
+        iterator = iter(dataset)
+        head += [tracker.update([next(iterator)])[0]["__key__"] for _ in range(3 + 2 * rank)]
+        states.append(tracker.state_dict())
+    parts = continue_with(shards, monkeypatch, 3, states, **args)
+    assert Counter(head + [key for part in parts for key in part]) == Counter(everything)
+
+
+def test_a_list_missing_a_consumer_or_from_other_arguments_is_refused(shards, monkeypatch):
+    _, states = interrupted_run(shards, monkeypatch, 2, [2, 2])
+    with pytest.raises(ValueError, match="each of the 2 consumers"):
+        ShardDataset(shards, **ARGS).load_state_dict(states[:1])
+    with pytest.raises(ValueError, match="seed"):
+        ShardDataset(shards, shuffle_buffer=3, seed=6).load_state_dict(states)
+    with pytest.raises(ValueError, match="different epochs"):
+        ShardDataset(shards, **ARGS).load_state_dict([states[0], dict(states[1], epoch=1)])
+
+
+def test_the_continued_epoch_checkpoints_and_resumes_through_a_stateful_dataloader(
+    shards, monkeypatch
+):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = stateful_run(shards, monkeypatch, 2, 2, [2, 3], **ARGS)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+
+    def loader_over(old_states):
+        dataset = ShardDataset(shards, **ARGS)
+        dataset.load_state_dict(old_states)
+        return stateful.StatefulDataLoader(
+            dataset, batch_size=2, num_workers=3, collate_fn=collate_keys
+        )
+
+    loader = loader_over(states)
+    iterator = iter(loader)
+    middle = [key for _ in range(3) for key in next(iterator)]
+    checkpoint = json.loads(json.dumps(loader.state_dict()))
+    del iterator
+    resumed = loader_over(states)
+    resumed.load_state_dict(checkpoint)
+    tail = [key for batch in resumed for key in batch]
+    assert Counter(head + middle + tail) == Counter(everything)

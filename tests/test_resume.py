@@ -84,6 +84,51 @@ def test_two_interruptions_resume_the_stream_exactly(
         assert seen == expected
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    shuffle_buffer=st.sampled_from([0, 1, 3, 8]),
+    consumer=st.tuples(st.integers(1, 9), st.integers(0, 8)),
+    split=st.sampled_from(["shards", "samples"]),
+    equalize=st.sampled_from(["pad", "truncate", None]),
+    cuts=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+)
+def test_equal_length_and_sample_range_epochs_resume_exactly(
+    counts, shuffle_buffer, consumer, split, equalize, cuts
+):
+    world_size, rank = consumer[0], consumer[1] % consumer[0]
+    if sum(counts) < world_size:
+        counts = counts + [world_size]
+    with tempfile.TemporaryDirectory() as directory:
+        urls = write_shards(Path(directory), len(counts), counts)
+        args = dict(
+            urls=urls,
+            shuffle_buffer=shuffle_buffer,
+            seed=5,
+            samples_per_shard={url: n for url, n in zip(urls, counts, strict=True)},
+            split=split,
+            equalize=equalize,
+            rank=rank,
+            world_size=world_size,
+        )
+        try:
+            expected = uninterrupted(args, 2)
+        except ValueError as exc:  # a consumer without samples cannot be padded
+            assert "no samples to pad" in str(exc)
+            return
+        first, second = sorted(int(cut * len(expected)) for cut in cuts)
+        seen: list = []
+        dataset = ShardDataset(**args)
+        epoch = run_until(dataset, 2, 0, first, seen)
+        if epoch < 2:
+            dataset = resume(args, dataset.state_dict())
+            epoch = run_until(dataset, 2, epoch, second, seen)
+        if epoch < 2:
+            dataset = resume(args, dataset.state_dict())
+            run_until(dataset, 2, epoch, len(expected) + 1, seen)
+        assert seen == expected
+
+
 @pytest.fixture
 def shards(tmp_path):
     return write_shards(tmp_path, 5, [3, 4, 2, 5, 3])
@@ -152,15 +197,19 @@ def test_state_dict_right_after_loading_delivered_counts_resumes_from_those_coun
     assert head + keys(resume(args, loaded.state_dict())) == expected
 
 
-def test_state_is_small_and_holds_references_not_sample_bytes(tmp_path):
-    urls = write_shards(tmp_path, 3, 50, payload_size=4096)
-    dataset = ShardDataset(urls, shuffle_buffer=40)
-    iterator = iter(dataset)
-    for _ in range(60):
-        next(iterator)
-    state = dataset.state_dict()
-    assert len(state["buffer"]) == 39
-    assert len(json.dumps(state)) < 2000
+def test_state_size_does_not_grow_with_the_shuffle_buffer(tmp_path):
+    urls = write_shards(tmp_path, 3, 400, payload_size=256)
+    sizes = {}
+    for shuffle_buffer in (4, 40, 400):
+        dataset = ShardDataset(urls, shuffle_buffer=shuffle_buffer)
+        iterator = iter(dataset)
+        for _ in range(600):
+            next(iterator)
+        state = dataset.state_dict()
+        assert state["read"] - state["delivered"] == shuffle_buffer - 1
+        sizes[shuffle_buffer] = len(json.dumps(state))
+    assert max(sizes.values()) - min(sizes.values()) < 10
+    assert max(sizes.values()) < 600
 
 
 @pytest.mark.parametrize(
@@ -424,3 +473,112 @@ def test_state_from_another_worker_count_is_refused(shards, monkeypatch):
     with pytest.raises(ValueError, match=r"num_workers \(state: 2, dataset: 1\)") as raised:
         ShardDataset(shards).load_state_dict(state)
     assert "worker (state: 1, dataset: 0)" in str(raised.value)
+
+
+# --- a loaded state is validated against the dataset ---------------------------------------
+
+
+def cut_state(args, cut):
+    dataset = ShardDataset(**args)
+    iterator = iter(dataset)
+    for _ in range(cut):
+        next(iterator)
+    return dataset.state_dict()
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"shard": 99}, "shard"),
+        ({"shard": -1}, "shard"),
+        ({"offset": -512}, "offset"),
+        ({"offset": 1000}, "offset"),
+        ({"rng_counter": -1}, "rng_counter"),
+        ({"finished": True}, "finished"),
+        ({"delivered": -3}, "delivered"),
+        ({"read": 3}, "read"),
+        ({"window": [99, 0, 0]}, "window"),
+        ({"window": None}, "window"),
+        ({"remainder": [[99, 0, -1, 0, -1, -1]]}, "remainder"),
+        ({"version": 1}, "version"),
+    ],
+)
+def test_a_tampered_state_is_refused_at_load_naming_the_field(shards, change, field):
+    args = dict(urls=shards, shuffle_buffer=3, seed=1)
+    state = dict(cut_state(args, 7), **change)
+    with pytest.raises(ValueError, match=field):
+        ShardDataset(**args).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"rng_counter": 1}, "rng_counter"),
+        ({"window": "shifted"}, "window"),
+        ({"offset": "past the end"}, "offset"),
+    ],
+)
+def test_a_tampered_state_is_refused_before_any_sample_naming_the_field(shards, change, field):
+    args = dict(urls=shards, shuffle_buffer=3, seed=1, shuffle_shards=False, handler="skip")
+    state = cut_state(args, 6)
+    if change.get("window") == "shifted":
+        change = {"window": [state["window"][0], state["window"][1] + 512, state["window"][2]]}
+    if change.get("offset") == "past the end":
+        change = {"offset": Path(shards[state["shard"]]).stat().st_size + 5120}
+    if "rng_counter" in change:
+        change = {"rng_counter": state["rng_counter"] + 1}
+    resumed = ShardDataset(**args)
+    resumed.load_state_dict(dict(state, **change))
+    with pytest.raises(ValueError, match=field):
+        next(iter(resumed))
+
+
+class SignedLocalFileSystem(LocalFileSystem):
+    """Local files reached by URLs with a signature in the query, as a presigned store."""
+
+    protocol = "signedfile"
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(str(path).split("?", 1)[0].removeprefix("signedfile://"))
+
+
+def signed(paths, signature):
+    query = f"X-Amz-Credential=AKID&X-Amz-Date=2026{signature}&X-Amz-Signature=SIG{signature}"
+    return [f"signedfile://{path}?{query}" for path in paths]
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 4])
+def test_re_signed_urls_resume_exactly_and_another_shard_list_is_refused(shards, shuffle_buffer):
+    fsspec.register_implementation("signedfile", SignedLocalFileSystem, clobber=True)
+    args = dict(urls=signed(shards, "0101"), shuffle_buffer=shuffle_buffer, seed=3)
+    expected = keys(ShardDataset(**args))
+    dataset = ShardDataset(**args)
+    iterator = iter(dataset)
+    head = [next(iterator)["__key__"] for _ in range(8)]
+    state = json.loads(json.dumps(dataset.state_dict()))
+    assert "SIG0101" not in json.dumps(state)
+    re_signed = dict(args, urls=signed(shards, "0202"))
+    assert head + keys(resume(re_signed, state)) == expected
+    with pytest.raises(ValueError, match="urls"):
+        ShardDataset(**dict(args, urls=signed(shards[::-1], "0202"))).load_state_dict(state)
+
+
+def test_samples_show_a_redacted_url_unless_raw_urls_are_asked_for(shards):
+    fsspec.register_implementation("signedfile", SignedLocalFileSystem, clobber=True)
+    urls = signed(shards, "0101")
+    shown = next(iter(ShardDataset(urls, shuffle_shards=False)))["__url__"]
+    assert "shard-0000.tar?" in shown and "SIG0101" not in shown and "REDACTED" in shown
+    raw = next(iter(ShardDataset(urls, shuffle_shards=False, raw_urls=True)))["__url__"]
+    assert raw == urls[0]
+
+
+def test_get_state_and_set_state_are_the_webdataset_names(shards):
+    args = dict(urls=shards, shuffle_buffer=3, seed=2)
+    expected = keys(ShardDataset(**args))
+    dataset = ShardDataset(**args)
+    iterator = iter(dataset)
+    head = [next(iterator)["__key__"] for _ in range(5)]
+    resumed = ShardDataset(**args)
+    resumed.set_state(dataset.get_state())
+    assert head + keys(resumed) == expected

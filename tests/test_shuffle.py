@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsspec_shards.iteration.rng import CounterRNG
-from fsspec_shards.iteration.shuffle import ShuffleBuffer, shuffle_key
+from fsspec_shards.iteration.shuffle import (
+    OldestBuffered,
+    ShuffleBuffer,
+    replay_buffer,
+    shuffle_key,
+)
 
 
 def shuffled(items, size, key=7):
@@ -78,3 +83,53 @@ def _positions(source, consumed):
     for item in source:
         consumed.append(item)
         yield item
+
+
+def buffered_after(size: int, key: int, total: int, delivered: int):
+    """(buffer items, rng counter, source ended) of a real buffer over ``range(total)``
+    after ``delivered`` items came out."""
+    buffer = ShuffleBuffer(size, CounterRNG(key))
+    source_ended = []
+
+    def source():
+        yield from range(total)
+        source_ended.append(True)
+
+    stream = buffer.shuffle(source())
+    for _ in range(delivered):
+        next(stream)
+    read = delivered + len(buffer.items)
+    return list(buffer.items), buffer.rng.counter, bool(source_ended), read
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 16])
+def test_replay_rebuilds_the_buffer_from_the_counts_alone(size):
+    for total in (0, 3, 40):
+        for delivered in range(total + 1):
+            items, counter, drained, read = buffered_after(size, 7, total, delivered)
+            rng = CounterRNG(7)
+            assert replay_buffer(size, rng, read, delivered, drained) == items
+            assert rng.counter == counter
+
+
+def test_replay_refuses_counts_no_stream_gives():
+    with pytest.raises(ValueError, match="do not fit a shuffle buffer"):
+        replay_buffer(4, CounterRNG(1), read=10, delivered=5, drained=False)
+    with pytest.raises(ValueError, match="do not fit a shuffle buffer"):
+        replay_buffer(4, CounterRNG(1), read=10, delivered=3, drained=True)
+    with pytest.raises(ValueError, match="more than the 10 read"):
+        replay_buffer(4, CounterRNG(1), read=10, delivered=11, drained=True)
+
+
+def test_oldest_buffered_follows_the_smallest_read_index_still_held():
+    buffer = ShuffleBuffer(6, CounterRNG(3))
+    oldest = OldestBuffered()
+    for index in range(200):
+        buffer.add(index)
+        oldest.read(index, index)
+        if buffer.full:
+            oldest.delivered(buffer.pop())
+            assert oldest.oldest == min(buffer.items)
+    while buffer.items:
+        oldest.delivered(buffer.pop())
+        assert oldest.oldest == (min(buffer.items) if buffer.items else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,64 @@ def test_stateful_dataloader_state_after_a_finished_epoch_starts_the_next_one(sh
     resumed.load_state_dict(state)
     run_epochs(resumed_dataset, resumed, 1, seen)
     assert seen == expected
+
+
+def test_64_consumers_over_16_shards_get_every_sample_once_and_equal_counts(tmp_path, monkeypatch):
+    counts = [5 + (index * 7) % 13 for index in range(16)]
+    urls = write_shards(tmp_path, 16, counts)
+    sidecar = tmp_path / "counts.json"
+    sidecar.write_text(
+        json.dumps({url.rsplit("/", 1)[-1]: n for url, n in zip(urls, counts, strict=True)})
+    )
+    everything = keys(ShardDataset(urls, split_by_node=False, split_by_worker=False))
+    world_size, workers = 16, 4
+    per_consumer: dict[tuple[int, int], list[str]] = {}
+    padded = 0
+    for rank in range(world_size):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world_size))
+        dataset = ShardDataset(urls, samples_per_shard=str(sidecar), seed=2, annotate=True)
+        loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=workers)
+        for sample in loader:
+            per_consumer.setdefault((rank, sample["__worker__"]), []).append(sample["__key__"])
+        padded += dataset.stats()["padded"]
+    assert len(per_consumer) == world_size * workers
+    length = -(-len(everything) // (world_size * workers))
+    assert {len(part) for part in per_consumer.values()} == {length}
+    delivered = [key for part in per_consumer.values() for key in part]
+    assert set(delivered) == set(everything)
+    assert padded == len(delivered) - len(everything) > 0
+
+
+def test_stats_of_two_workers_are_visible_in_the_main_process(tmp_path):
+    shards = write_shards(tmp_path, 8, [3, 5, 2, 4, 6, 1, 3, 4])
+    Path(shards[3]).write_bytes(Path(shards[3]).read_bytes()[:700])
+    dataset = ShardDataset(shards, seed=1, handler="warn")
+    loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=2)
+    seen = sum(1 for _ in loader)
+    stats = dataset.stats()
+    assert stats["samples"] == seen == sum([3, 5, 2, 6, 1, 3, 4])
+    assert stats["shards_done"] == 7 and stats["shards_failed"] == 1
+    assert sorted(worker["worker"] for worker in stats["workers"]) == [0, 1]
+    assert sum(worker["samples"] for worker in stats["workers"]) == seen
+    assert all(worker["samples_per_second"] > 0 for worker in stats["workers"])
+    assert stats["wait_seconds"] > 0
+    ((url, error),) = stats["failures"]
+    assert url == shards[3] and error.kind == "ShardFormatError" and "shard-0003" in str(error)
+
+
+def test_ranks_sharing_a_stats_directory_see_the_whole_job(tmp_path, monkeypatch):
+    shards = write_shards(tmp_path, 4, [2, 3, 4, 5])
+    run_directory = tmp_path / "run"
+    datasets = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        dataset = ShardDataset(shards, stats_dir=run_directory)
+        workers = 1 if rank < 2 else 0  # the last rank reads in its main process
+        loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=workers)
+        assert sum(1 for _ in loader)
+        datasets.append(dataset)
+    assert datasets[1].stats()["samples"] == 14
+    assert sorted(worker["rank"] for worker in datasets[1].stats()["workers"]) == [0, 1, 2]
+    assert (run_directory.stat().st_mode & 0o777) == 0o700

@@ -1,24 +1,33 @@
-"""Equal epoch lengths for every consumer, from known per-shard sample counts.
+"""Per-shard sample counts: from a mapping, a JSON sidecar, or a header-only scan.
 
-Distributed training needs every rank to take the same number of steps per epoch, but
-consumers read different shards. Given ``{shard name: sample count}`` (a mapping, or a JSON
-sidecar file read through fsspec), :func:`epoch_lengths` computes, for one epoch's shard
-order, what each consumer would yield and the common length: the smallest (``"truncate"``:
-every consumer stops there) or the largest (``"pad"``: shorter consumers continue with a
-second pass over their own shards). Both depend on (seed, epoch) only, so all agree.
+Distributed training needs every rank to take the same number of steps per epoch, and
+consumers that share shards by sample ranges need to know where the ranges fall: both come
+from the sample count of every shard (:mod:`~fsspec_shards.iteration.plan` uses them). The
+counts are ``{shard name: sample count}`` (a mapping, or a JSON sidecar such as
+``fsspec-shards manifest --sample-counts`` writes, read through fsspec) looked up by full URL,
+then by the longest trailing part of the path (the file name at least); or they are counted
+by reading every shard's tar headers (:func:`count_samples`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
 
 from fsspec_shards.redact import redact_text, redact_url
 
-EQUALIZE_MODES = ("truncate", "pad")
+logger = logging.getLogger("fsspec_shards.dataset")
+
+COUNT_THREADS = 8
+
+
+class SampleCountError(ValueError):
+    """A shard holds fewer samples than its count says (a wrong sidecar, or a changed shard)."""
 
 
 def load_sample_counts(
@@ -38,12 +47,25 @@ def load_sample_counts(
     return {str(name): int(count) for name, count in data.items()}
 
 
+def _lookup(counts: Mapping[str, int], url: str) -> int | None:
+    """The count of ``url``: by full URL, else by its longest trailing path in ``counts``."""
+    if url in counts:
+        return counts[url]
+    parts = url.split("?", 1)[0].split("::")[-1].split("/")
+    for first in range(len(parts)):
+        count = counts.get("/".join(parts[first:]))
+        if count is not None:
+            return count
+    return None
+
+
 def shard_sizes(urls: Sequence[str], counts: Mapping[str, int]) -> list[int]:
-    """The sample count of every URL, looked up by full URL, else by file name."""
+    """The sample count of every URL; ValueError naming the URLs without one."""
     sizes, missing = [], []
     for url in urls:
-        name = url.rsplit("/", 1)[-1]
-        count = counts.get(url, counts.get(name))
+        count = _lookup(counts, url)
+        if count is not None and count < 0:
+            raise ValueError(f"negative sample count {count} for {redact_url(url)}")
         if count is None:
             missing.append(redact_url(url))
             count = 0
@@ -56,11 +78,35 @@ def shard_sizes(urls: Sequence[str], counts: Mapping[str, int]) -> list[int]:
     return sizes
 
 
-def epoch_lengths(
-    order: Sequence[int], sizes: Sequence[int], consumers: int, mode: str
-) -> tuple[list[int], int]:
-    """(samples each consumer's shards hold, the common length) for one epoch's order."""
-    if mode not in EQUALIZE_MODES:
-        raise ValueError(f"equalize must be one of {EQUALIZE_MODES} or None, got {mode!r}")
-    totals = [sum(sizes[index] for index in order[c::consumers]) for c in range(consumers)]
-    return totals, (min(totals) if mode == "truncate" else max(totals))
+def count_samples(
+    urls: Sequence[str], scan: Callable[[str], Iterable[Any]], skip_failed: bool
+) -> list[int]:
+    """The sample count of every URL: the samples ``scan(url)`` (a header-only scan) yields,
+    in threads.
+
+    A shard that cannot be read raises, or with ``skip_failed`` counts the samples before the
+    failure (what reading it will yield before the handler leaves the rest out), with a
+    warning naming it.
+    """
+
+    def one(url: str) -> int:
+        count = 0
+        try:
+            for _ in scan(url):
+                count += 1
+        except (OSError, ValueError) as exc:
+            if not skip_failed:
+                raise
+            logger.warning(
+                "counting samples: leaving out the rest of shard %s after %d samples: %s: %s",
+                redact_url(url),
+                count,
+                type(exc).__name__,
+                redact_text(str(exc), url),
+            )
+        return count
+
+    if not urls:
+        return []
+    with ThreadPoolExecutor(max_workers=min(COUNT_THREADS, len(urls))) as pool:
+        return list(pool.map(one, urls))

@@ -1,22 +1,39 @@
 """Continue an interrupted epoch with a different number of workers or ranks.
 
 A consumer's position only means something for the consumer count it was made with. To
-change the count mid-epoch, :func:`remainder_state` takes the states of ALL the old
-consumers and lists the work left in the epoch as segments ``[url index, start, end]``
-(``end`` -1: to the end of the shard): each old consumer's buffered samples (one segment
-each), the rest of its current shard, then its untouched shards. Every new consumer loads
-the same remainder and reads every ``total``-th segment; together they deliver each
-remaining sample exactly once (in another order than the old consumers would have). States
-taken during the remainder resume it exactly, and can be regrouped again.
+change the count mid-epoch, the states of ALL the old consumers (dataset states, torchdata
+StatefulDataLoader states, or plain-DataLoader tracker states) are turned into the work left
+in the epoch: a list of pieces, each a byte range of a shard with its sample count when
+known. Per old consumer: its buffered samples (one piece each, found by the same header scan
+a resume does), the rest of its current segment, then its untouched segments (padding passes
+are not work left: the new consumers pad among themselves). ``ShardDataset.load_state_dict``
+does this for a list of states; :func:`remainder_state` returns it as a state that every
+new consumer loads. The new consumers share the pieces as they share an epoch's shards
+(:mod:`~fsspec_shards.iteration.plan`; by sample ranges, and to equal lengths, when counts
+are known) and deliver each remaining sample exactly once (in another order than the old
+consumers would have). States taken during the remainder resume it exactly, and can be
+regrouped again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsspec_shards.iteration.order import Consumer
-from fsspec_shards.iteration.state import StreamState
+from fsspec_shards.iteration.plan import Piece, Segment
+from fsspec_shards.iteration.resume import DeliveredCounts, is_tracker_state
+from fsspec_shards.iteration.state import (
+    SampleRef,
+    StreamState,
+    check_fingerprint,
+    check_position,
+    remainder_to_list,
+)
+from fsspec_shards.iteration.stream import ConsumerStream
+
+if TYPE_CHECKING:
+    from fsspec_shards.iteration.dataset import ShardDataset
 
 REMAINDER_KIND = "epoch-remainder"
 CONSUMER_FIELDS = ("rank", "world_size", "worker", "num_workers")
@@ -32,50 +49,123 @@ def base_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in fingerprint.items() if key not in CONSUMER_FIELDS}
 
 
-def remainder_state(dataset: Any, states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The work left in an epoch, from the states of every consumer of one run.
+def remainder_state(dataset: ShardDataset, states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The work left in an epoch, from the states of every consumer of one run, as a state
+    that every consumer of the new run loads (``dataset`` is built with the run's arguments).
 
-    ``dataset`` is built with the run's arguments. Raises ValueError when the states are of
-    different epochs or runs, or do not cover every consumer exactly once.
+    Raises ValueError when the states are of different epochs or runs, or do not cover
+    every consumer exactly once.
     """
-    if dataset.equalize is not None:
-        raise ValueError("an equal-length (equalize) epoch cannot be regrouped")
-    parsed = [StreamState.from_dict(state) for state in states]
-    if not parsed:
-        raise ValueError("remainder_state needs the states of every consumer, got none")
-    first = parsed[0]
-    consumers = [Consumer(*(int(s.fingerprint[key]) for key in CONSUMER_FIELDS)) for s in parsed]
-    for state in parsed:
-        if state.epoch != first.epoch or base_fingerprint(state.fingerprint) != base_fingerprint(
-            first.fingerprint
-        ):
-            raise ValueError("the states come from different epochs or differently built runs")
+    epoch, pieces = remainder_pieces(dataset, states)
+    return {
+        "kind": REMAINDER_KIND,
+        "fingerprint": base_fingerprint(dataset.fingerprint(dataset.consumer())),
+        "epoch": epoch,
+        "segments": remainder_to_list(pieces),
+    }
+
+
+def remainder_pieces(
+    dataset: ShardDataset, states: Sequence[Mapping[str, Any]]
+) -> tuple[int, tuple[Piece, ...]]:
+    """(epoch, pieces left) from the states of every consumer of one run."""
+    positions = _positions(_expand(states))
+    if not positions:
+        raise ValueError("the states of every consumer of the interrupted run are needed, got none")
+    expected = base_fingerprint(dataset.fingerprint(dataset.consumer()))
+    epoch = positions[0][2]
+    for _, fingerprint, state_epoch, _ in positions:
+        if state_epoch != epoch:
+            raise ValueError("the states come from different epochs")
+        check_fingerprint(base_fingerprint(fingerprint), expected)
+    consumers = [consumer for consumer, *_ in positions]
     total = consumers[0].total
     if sorted(consumer.index for consumer in consumers) != list(range(total)) or any(
         consumer.total != total for consumer in consumers
     ):
         raise ValueError(
-            f"the states must cover each of the {total} consumers of the run exactly once"
+            f"the states must cover each of the {total} consumers of the run exactly once "
+            f"(got {len(consumers)} states)"
         )
-    url_index = {url: index for index, url in reversed(list(enumerate(dataset.urls)))}
-    segments: list[list[int]] = []
-    for consumer, state in sorted(zip(consumers, parsed, strict=True), key=lambda p: p[0].index):
-        if state.finished:
+    pieces: list[Piece] = []
+    for consumer, _, _, position in sorted(positions, key=lambda item: item[0].index):
+        stream, refs = _resolve(dataset, consumer, epoch, position)
+        pieces += _left_over(dataset, stream, refs)
+    return epoch, tuple(pieces)
+
+
+def _expand(states: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Dataset and tracker states, with StatefulDataLoader states replaced by their workers'."""
+    expanded: list[Mapping[str, Any]] = []
+    for state in states:
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a state must be a dict, got {type(state).__name__}")
+        if "_snapshot" in state or "dataset_state" in state:
+            expanded += loader_dataset_states(state)
+        else:
+            expanded.append(state)
+    return expanded
+
+
+def _positions(states: Sequence[Mapping[str, Any]]) -> list[tuple[Consumer, dict, int, Any]]:
+    """(old consumer, fingerprint, epoch, StreamState or delivered count) per old consumer."""
+    positions = []
+    for data in states:
+        if is_tracker_state(data):
+            counts = DeliveredCounts.from_dict(data)
+            fingerprint = counts.fingerprint
+            rank, world_size = int(fingerprint["rank"]), int(fingerprint["world_size"])
+            for worker, delivered in enumerate(counts.delivered):
+                consumer = Consumer(rank, world_size, worker, len(counts.delivered))
+                positions.append((consumer, fingerprint, counts.epoch, delivered))
             continue
-        plan = dataset.epoch_plan(state.epoch, consumer, state.remainder)
-        for ref in state.buffer:
-            segments.append([url_index[plan.segment(ref.shard).url], ref.offset, ref.end])
-        for index in range(state.shard, plan.shard_limit):
-            segment = plan.segment(index)
-            start = state.offset if index == state.shard and state.offset else segment.start
-            end = -1 if segment.end is None else segment.end
-            segments.append([url_index[segment.url], start, end])
-    return {
-        "kind": REMAINDER_KIND,
-        "fingerprint": base_fingerprint(first.fingerprint),
-        "epoch": first.epoch,
-        "segments": segments,
-    }
+        if is_remainder_state(data):
+            raise ValueError("a remainder state is loaded by itself, not in a list of states")
+        state = StreamState.from_dict(data)
+        try:
+            consumer = Consumer(*(int(state.fingerprint[key]) for key in CONSUMER_FIELDS))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                "invalid ShardDataset state: field 'fingerprint' names no consumer"
+            ) from None
+        positions.append((consumer, state.fingerprint, state.epoch, state))
+    return positions
+
+
+def _resolve(
+    dataset: ShardDataset, consumer: Consumer, epoch: int, position: StreamState | int
+) -> tuple[ConsumerStream, list[SampleRef]]:
+    """The old consumer's stream at its position, and its buffered samples (headers only)."""
+    if isinstance(position, int):
+        stream = dataset.fresh_stream(consumer, epoch)
+        return stream, stream.fast_forward(position, payloads=False)
+    check_fingerprint(position.fingerprint, dataset.fingerprint(consumer))
+    plan = dataset.plan(epoch, consumer, position.remainder)
+    check_position(position, plan, dataset.shuffle_buffer)
+    stream = ConsumerStream(dataset, consumer, plan, position, loaded=True)
+    return stream, stream.restore_position(payloads=False)
+
+
+def _left_over(dataset: ShardDataset, stream: ConsumerStream, refs: list[SampleRef]) -> list[Piece]:
+    """What one old consumer had still to deliver, without its padding."""
+    plan, state = stream.plan, stream.state
+    if state.finished:
+        return []
+    pieces: list[Piece] = [
+        (Segment(plan.segments[ref.shard].shard, ref.offset, ref.end), 1)
+        for ref in sorted(refs, key=lambda ref: ref.index)
+        if not plan.is_padding(ref.shard)
+    ]
+    for index in range(state.shard, len(plan.segments)):
+        segment, samples = plan.segments[index], plan.samples[index]
+        if index == state.shard and state.segment_read:
+            _, end = dataset.byte_range(dataset.urls[segment.shard], segment)
+            rest = None if samples is None else samples - state.segment_read
+            if rest != 0:
+                pieces.append((Segment(segment.shard, state.offset, end), rest))
+        else:
+            pieces.append((segment, samples))
+    return pieces
 
 
 def loader_dataset_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:

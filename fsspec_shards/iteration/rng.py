@@ -51,6 +51,26 @@ class CounterRNG:
             if draw < limit:
                 return draw % bound
 
+    def below_many(self, bound: int, count: int) -> list[int]:
+        """``count`` draws of :meth:`below` with the same ``bound``, in one tight loop (a
+        resume replays a shuffle buffer's draws this way)."""
+        if bound <= 0:
+            raise ValueError(f"bound must be positive, got {bound}")
+        limit = ((1 << 64) // bound) * bound
+        key, counter = self.key, self.counter
+        draws = []
+        append = draws.append
+        while len(draws) < count:
+            counter += 1
+            value = (key + counter * _GAMMA) & _MASK64
+            value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+            value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+            value ^= value >> 31
+            if value < limit:
+                append(value % bound)
+        self.counter = counter
+        return draws
+
     def permutation(self, count: int) -> list[int]:
         """A uniform permutation of ``range(count)`` (Fisher-Yates)."""
         items = list(range(count))

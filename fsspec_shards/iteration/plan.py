@@ -1,0 +1,195 @@
+"""Epoch planning: which samples each consumer reads in one epoch, as pure functions.
+
+An epoch's work is a list of pieces, each a :class:`Segment` of one shard with its sample
+count when known: the whole shards in the epoch's shard order, or what is left of an
+interrupted epoch (:mod:`~fsspec_shards.iteration.regroup`). :func:`plan_epoch` gives one
+consumer its :class:`EpochPlan`:
+
+- ``split="shards"``: consumer ``c`` of ``n`` takes pieces ``c, c + n, ...``.
+- ``split="samples"`` (needs counts): the pieces' samples, concatenated, are cut into ``n``
+  contiguous ranges whose sizes differ by at most one; a range may start or end inside a
+  shard (a segment that skips samples or stops after a count).
+
+Invariants: the consumers' segments together hold every sample of the pieces exactly once;
+with counts known and ``equalize`` set, every consumer's plan has the same ``length``
+(``"pad"``: the largest share, shorter consumers read their own segments again;
+``"truncate"``: the smallest). Everything depends on the arguments only, so every rank and
+worker computes the same plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+EQUALIZE_MODES = ("pad", "truncate")
+SPLIT_MODES = ("shards", "samples")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Samples of shard ``shard`` (an index into the dataset's URLs) to read.
+
+    Reading starts at byte ``start`` (a sample boundary), passes over ``skip`` samples, then
+    reads ``count`` samples, or (``count`` None) every sample before byte ``end`` (None: the
+    shard's end).
+    """
+
+    shard: int
+    start: int = 0
+    end: int | None = None
+    skip: int = 0
+    count: int | None = None
+
+    @property
+    def needs_index(self) -> bool:
+        """Whether the byte range must be found by counting samples (a header scan)."""
+        return self.skip > 0 or self.count is not None
+
+    def part(self, first: int, stop: int, samples: int) -> Segment:
+        """Samples ``[first, stop)`` of this segment, which holds ``samples`` samples."""
+        if first == 0 and stop == samples:
+            return self
+        to_end = stop == samples and self.count is None
+        return Segment(
+            self.shard, self.start, self.end, self.skip + first, None if to_end else stop - first
+        )
+
+    def to_list(self) -> list[int]:
+        """``[shard, start, end, skip, count]``, -1 for an open end or count (JSON)."""
+        return [
+            self.shard,
+            self.start,
+            -1 if self.end is None else self.end,
+            self.skip,
+            -1 if self.count is None else self.count,
+        ]
+
+    @classmethod
+    def from_list(cls, item: Sequence[int]) -> Segment:
+        """Parse :meth:`to_list` output (no range checks: see the dataset's validation)."""
+        shard, start, end, skip, count = (int(value) for value in item)
+        return cls(shard, start, None if end == -1 else end, skip, None if count == -1 else count)
+
+
+Piece = tuple[Segment, "int | None"]
+"""A segment and the number of samples it holds, None when unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """One consumer's epoch: its segments, read ``passes`` times, until ``length`` samples.
+
+    Segment indices run from 0 to :attr:`limit`; index ``i`` reads ``segments[i % len]``.
+    ``samples`` holds each segment's sample count (None: unknown); ``own`` is the samples of
+    one pass when known: what is delivered beyond it is padding.
+    """
+
+    segments: tuple[Segment, ...]
+    samples: tuple[int | None, ...] = ()
+    length: int | None = None
+    passes: int = 1
+    own: int | None = None
+
+    @property
+    def limit(self) -> int:
+        return len(self.segments) * self.passes
+
+    def segment(self, index: int) -> Segment:
+        return self.segments[index % len(self.segments)]
+
+    def is_padding(self, index: int) -> bool:
+        """Whether segment index ``index`` repeats samples (a later pass)."""
+        return index >= len(self.segments)
+
+
+def shard_pieces(order: Sequence[int], sizes: Sequence[int] | None) -> list[Piece]:
+    """Whole shards in ``order``, with their sample counts when ``sizes`` are known."""
+    return [(Segment(index), None if sizes is None else sizes[index]) for index in order]
+
+
+def choose_split(requested: str, pieces: int, consumers: int, counts_known: bool) -> str:
+    """The split to use: ``requested``, or ``"samples"`` when there are fewer pieces than
+    consumers (some would read nothing); ValueError when that needs counts that are unknown."""
+    if requested not in SPLIT_MODES:
+        raise ValueError(f"split must be one of {SPLIT_MODES}, got {requested!r}")
+    if requested == "samples" or pieces >= consumers:
+        if requested == "samples" and not counts_known:
+            raise ValueError(
+                "split='samples' needs the sample count of every shard: pass "
+                "samples_per_shard= (a sidecar from 'fsspec-shards manifest --sample-counts') "
+                "or count_samples=True"
+            )
+        return requested
+    if not counts_known:
+        raise ValueError(
+            f"{pieces} shard(s) cannot be split over {consumers} consumers by shard: some "
+            "would read nothing. Give the sample counts (samples_per_shard=, or "
+            "count_samples=True) so that consumers share shards by sample ranges, or use "
+            "fewer DataLoader workers, or split_by_node/split_by_worker=False"
+        )
+    return "samples"
+
+
+def plan_epoch(
+    pieces: Sequence[Piece],
+    consumer: int,
+    consumers: int,
+    split: str = "shards",
+    equalize: str | None = None,
+) -> EpochPlan:
+    """The plan of consumer ``consumer`` of ``consumers`` over ``pieces``.
+
+    Raises ValueError for a split or equalize mode it does not know, a sample split without
+    counts, and padding a consumer that has no samples.
+    """
+    if split not in SPLIT_MODES:
+        raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
+    if equalize is not None and equalize not in EQUALIZE_MODES:
+        raise ValueError(f"equalize must be one of {EQUALIZE_MODES} or None, got {equalize!r}")
+    counts = [samples for _, samples in pieces]
+    known = all(samples is not None for samples in counts)
+    if split == "samples":
+        if not known:
+            raise ValueError("a sample-level split needs the sample count of every shard")
+        mine, totals = _sample_ranges(pieces, consumer, consumers)
+    else:
+        mine = list(pieces[consumer::consumers])
+        totals = [sum(counts[index::consumers]) for index in range(consumers)] if known else None
+    segments = tuple(segment for segment, _ in mine)
+    samples = tuple(count for _, count in mine)
+    own = None if totals is None else totals[consumer]
+    if equalize is None or totals is None:
+        return EpochPlan(segments, samples, None, 1, own)
+    length = max(totals) if equalize == "pad" else min(totals)
+    if own == 0:
+        if length > 0:
+            raise ValueError(
+                f"consumer {consumer} of {consumers} has no samples to pad to {length}: "
+                "use fewer consumers, split='samples', or equalize='truncate'"
+            )
+        return EpochPlan(segments, samples, 0, 1, 0)
+    passes = -(-length // own) if equalize == "pad" else 1
+    return EpochPlan(segments, samples, length, max(passes, 1), own)
+
+
+def _sample_ranges(
+    pieces: Sequence[Piece], consumer: int, consumers: int
+) -> tuple[list[Piece], list[int]]:
+    """Consumer ``consumer``'s contiguous range of the pieces' samples, and every share."""
+    total = sum(samples for _, samples in pieces)
+    base, extra = divmod(total, consumers)
+    totals = [base + (index < extra) for index in range(consumers)]
+    low = consumer * base + min(consumer, extra)
+    high = low + totals[consumer]
+    segments = []
+    position = 0
+    for segment, samples in pieces:
+        first, stop = max(low, position), min(high, position + samples)
+        if first < stop:
+            part = segment.part(first - position, stop - position, samples)
+            segments.append((part, stop - first))
+        position += samples
+        if position >= high:
+            break
+    return segments, totals

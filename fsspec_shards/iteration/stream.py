@@ -1,0 +1,344 @@
+"""One consumer's sample stream over its epoch plan: reading, shuffling, and rebuilding a
+position after a resume.
+
+A :class:`ConsumerStream` reads the segments of an
+:class:`~fsspec_shards.iteration.plan.EpochPlan` sample by sample, through the shuffle
+buffer when there is one, and keeps its :class:`~fsspec_shards.iteration.state.StreamState`
+current after every sample DELIVERED: :meth:`ConsumerStream.position` costs the same for any
+buffer size. Resuming rebuilds what the state leaves out:
+
+- from a state (:meth:`restore_position`): the buffer's read indices by replaying the RNG
+  (no I/O), where they lie by a header scan from the state's ``window`` to its cursor, their
+  bytes by ranged reads; the cursor is sought to.
+- from a delivered count (:meth:`fast_forward`, the plain DataLoader's tracker): the stream
+  is run on tar headers only up to the count, then the buffered samples are read by range.
+
+Both check that what they find matches the state exactly, else ValueError naming the field.
+The first pass over the plan goes through the shuffle buffer and is drained before any padding
+pass is read, so every sample of the pass is delivered before a repeat. Shard errors and
+sample errors go through the dataset's ``handler``; the counters are published for the main
+process every ``FLUSH_SECONDS`` and when the stream ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
+
+from fsspec_shards.iteration.order import Consumer
+from fsspec_shards.iteration.plan import EpochPlan
+from fsspec_shards.iteration.prefetch import ShardPrefetcher
+from fsspec_shards.iteration.rng import CounterRNG
+from fsspec_shards.iteration.samples import RawSample
+from fsspec_shards.iteration.shuffle import (
+    OldestBuffered,
+    ShuffleBuffer,
+    replay_buffer,
+    shuffle_key,
+)
+from fsspec_shards.iteration.state import SampleRef, StreamState
+from fsspec_shards.iteration.stats import FLUSH_SECONDS
+
+if TYPE_CHECKING:
+    from fsspec_shards.iteration.dataset import ShardDataset
+
+Entry = tuple[SampleRef, RawSample]
+
+
+class ConsumerStream:
+    """The stream of ``consumer`` over ``plan``, from ``state`` (a fresh or loaded position)."""
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        consumer: Consumer,
+        plan: EpochPlan,
+        state: StreamState,
+        loaded: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.consumer = consumer
+        self.plan = plan
+        self.state = state
+        self.epoch = state.epoch
+        self.buffer: ShuffleBuffer[Entry] | None = None
+        self.oldest: OldestBuffered[SampleRef] = OldestBuffered()
+        if dataset.shuffle_buffer:
+            key = shuffle_key(dataset.seed, state.epoch, consumer.rank, consumer.worker)
+            self.buffer = ShuffleBuffer(dataset.shuffle_buffer, CounterRNG(key))
+        self.rebuilt = not loaded
+        """False while a loaded state's cursor is unchecked and its buffer not read back."""
+
+    # --- the position ------------------------------------------------------------------
+
+    def position(self) -> StreamState:
+        """The position after the last delivered sample (O(1): no buffer contents)."""
+        state = self.state
+        if self.rebuilt and self.buffer is not None:
+            state.rng_counter = self.buffer.rng.counter
+            state.window = self.oldest.oldest
+        return state
+
+    def restore_position(self, payloads: bool = True) -> list[SampleRef]:
+        """Rebuild the buffer of a loaded state; its refs. With ``payloads`` their bytes are
+        read back into the buffer, in the order the uninterrupted stream held them."""
+        state, buffer = self.state, self.buffer
+        self._check_cursor()
+        drained = state.shard >= len(self.plan.segments)
+        if buffer is None or state.finished or (drained and not state.buffered):
+            # Nothing buffered and no draw to come: the RNG counter no longer matters.
+            if buffer is not None:
+                buffer.rng.counter = state.rng_counter
+            self.rebuilt = True
+            return []
+        rng = CounterRNG(buffer.rng.key)
+        try:
+            held = replay_buffer(buffer.size, rng, state.read, state.delivered, drained)
+        except ValueError as exc:
+            raise ValueError(
+                f"invalid ShardDataset state: fields 'read'/'delivered': {exc}"
+            ) from None
+        if rng.counter != state.rng_counter:
+            raise ValueError(
+                f"invalid ShardDataset state: field 'rng_counter': {state.rng_counter}, but "
+                f"{state.read} samples read and {state.delivered} delivered make {rng.counter}"
+            )
+        refs = self._scan_window(set(held)) if held else {}
+        ordered = [refs[index] for index in held]
+        buffer.rng.counter = state.rng_counter
+        for ref in sorted(ordered, key=lambda ref: ref.index):
+            self.oldest.read(ref.index, ref)
+        if payloads:
+            buffer.items[:] = self._read_back(ordered)
+        self.rebuilt = True
+        return ordered
+
+    def _check_cursor(self) -> None:
+        """ValueError when the loaded cursor lies outside its segment or past its shard's
+        end (a plain tar's size is known without reading it; a gzip shard's is not)."""
+        state = self.state
+        if not state.offset or state.shard >= self.plan.limit:
+            return
+        segment = self.plan.segment(state.shard)
+        url = self.dataset.urls[segment.shard]
+        try:
+            start, end = self.dataset.byte_range(url, segment)
+            size = self.dataset.plain_size(url)
+        except self.dataset.shard_errors:
+            return  # reading it will meet the same error, and the handler decides
+        if state.offset < start or (end is not None and state.offset > end):
+            raise ValueError(
+                f"invalid ShardDataset state: field 'offset': {state.offset} is outside its "
+                f"segment's bytes {start}..{'end' if end is None else end}"
+            )
+        if size is not None and state.offset > size:
+            raise ValueError(
+                f"invalid ShardDataset state: field 'offset': {state.offset} is past the end "
+                f"of shard {self.dataset.shown_url(url)} ({size} bytes)"
+            )
+
+    def _scan_window(self, wanted: set[int]) -> dict[int, SampleRef]:
+        """Where the buffered samples lie: a header scan from the window to the cursor."""
+        state, window = self.state, self.state.window
+        scan = StreamState(
+            state.fingerprint, state.epoch, window.shard, window.offset, window.index
+        )
+        found: dict[int, SampleRef] = {}
+        source = self._read(scan, None, headers_only=True)
+        try:
+            for ref, _ in source:
+                if ref.index == window.index and ref.offset != window.offset:
+                    break
+                if ref.index in wanted:
+                    found[ref.index] = ref
+                if scan.read == state.read:
+                    break
+        finally:
+            source.close()
+        at_cursor = state.shard >= len(self.plan.segments) or (scan.shard, scan.offset) == (
+            state.shard,
+            state.offset,
+        )
+        if len(found) != len(wanted) or scan.read != state.read or not at_cursor:
+            raise ValueError(
+                "invalid ShardDataset state: field 'window': the samples from "
+                f"{[window.shard, window.offset, window.index]} to the cursor "
+                f"{[state.shard, state.offset]} are not the {state.read - window.index} samples "
+                "the state counts (a tampered state, or the shards changed)"
+            )
+        return found
+
+    def fast_forward(self, count: int, payloads: bool = True) -> list[SampleRef]:
+        """Move past the first ``count`` deliveries reading tar headers only; the buffered
+        refs. With ``payloads`` their bytes are read back into the buffer."""
+        state, buffer = self.state, self.buffer
+        entries = self._entries(None, headers_only=True)
+        try:
+            for _ in range(count):
+                if not self._wants_more() or next(entries, None) is None:
+                    state.finished = True
+                    break
+                state.delivered += 1
+        finally:
+            entries.close()
+        refs = [] if buffer is None else [ref for ref, _ in buffer.items]
+        if buffer is not None and payloads:
+            buffer.items[:] = self._read_back(refs)
+        self.rebuilt = True
+        return refs
+
+    def _read_back(self, refs: list[SampleRef]) -> list[Entry]:
+        """The buffered samples' bytes, by ranged reads, shard by shard; in ``refs`` order."""
+        ranges: dict[int, list[SampleRef]] = {}
+        for ref in refs:
+            ranges.setdefault(ref.shard, []).append(ref)
+        found: dict[SampleRef, RawSample] = {}
+        for index, shard_refs in ranges.items():
+            url = self.dataset.urls[self.plan.segment(index).shard]
+            spans = [(ref.offset, ref.end) for ref in shard_refs]
+            failure = None
+            try:
+                samples = self.dataset.reader.samples_at(url, spans)
+            except self.dataset.shard_errors as exc:
+                failure = exc
+            if failure is not None:
+                self.dataset.shard_failed(url, failure)
+                continue
+            found.update(zip(shard_refs, samples, strict=True))
+        return [(ref, found[ref]) for ref in refs if ref in found]
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _wants_more(self) -> bool:
+        return self.plan.length is None or self.state.delivered < self.plan.length
+
+    def _entries(
+        self, prefetcher: ShardPrefetcher | None, headers_only: bool = False
+    ) -> Iterator[Entry]:
+        """The samples to deliver, in order: the plan's first pass through the shuffle buffer
+        (drained at its end, so that every sample of the pass comes before any padding),
+        then the padding passes as read."""
+        first = self._read(self.state, prefetcher, headers_only, until=len(self.plan.segments))
+        yield from self._shuffled(first) if self.buffer is not None else first
+        yield from self._read(self.state, prefetcher, headers_only)
+
+    def _read(
+        self,
+        state: StreamState,
+        prefetcher: ShardPrefetcher | None,
+        headers_only: bool = False,
+        until: int | None = None,
+    ) -> Iterator[Entry]:
+        """Samples of the plan from ``state``'s cursor on, moving it, up to segment index
+        ``until`` (default: the plan's end); ``state.shard`` indexes the plan's segments. A
+        shard that turns out malformed is read once more (after its cached copy is dropped)
+        before the handler decides."""
+        plan, dataset = self.plan, self.dataset
+        stop = plan.limit if until is None else min(until, plan.limit)
+        while state.shard < stop:
+            index = state.shard
+            segment = plan.segment(index)
+            url = dataset.urls[segment.shard]
+            retried = False
+            while True:
+                failure = None
+                try:
+                    if prefetcher is not None:
+                        prefetch_error = prefetcher.wait(index)
+                        prefetcher.advance(index)
+                        if prefetch_error is not None:
+                            raise prefetch_error
+                    start, end = dataset.byte_range(url, segment)
+                    position = state.offset or start
+                    with closing(dataset.samples(url, position, headers_only)) as samples:
+                        for sample in samples:
+                            if end is not None and sample.offset >= end:
+                                break
+                            ref = SampleRef(index, sample.offset, sample.end, state.read)
+                            state.offset = sample.end
+                            state.read += 1
+                            state.segment_read += 1
+                            yield ref, sample
+                except dataset.shard_errors as exc:
+                    failure = exc
+                # Handled outside the except block, so that a raised error chains nothing.
+                if failure is None:
+                    if not headers_only:
+                        dataset.counters().shards_done += 1
+                elif isinstance(failure, dataset.malformed_errors) and not retried:
+                    retried = dataset.drop_cached(url)
+                    if retried:
+                        continue
+                    dataset.shard_failed(url, failure)
+                else:
+                    dataset.shard_failed(url, failure)
+                break
+            state.shard = index + 1
+            state.offset = 0
+            state.segment_read = 0
+
+    def _shuffled(self, source: Iterator[Entry]) -> Iterator[Entry]:
+        """``source`` through the shuffle buffer, noting which read sample is oldest."""
+        buffer, oldest = self.buffer, self.oldest
+        items, size = buffer.items, buffer.size
+        for entry in source:
+            items.append(entry)
+            oldest.read(entry[0].index, entry[0])
+            if len(items) >= size:
+                entry = buffer.pop()
+                oldest.delivered(entry[0].index)
+                yield entry
+        while buffer.items:
+            entry = buffer.pop()
+            oldest.delivered(entry[0].index)
+            yield entry
+
+    def run(self) -> Iterator[Any]:
+        """Deliver the rest of the epoch: samples through the transforms, with the stats."""
+        state, dataset, plan = self.state, self.dataset, self.plan
+        if state.finished:
+            return
+        stats = dataset.counters()
+        urls = [dataset.urls[plan.segment(index).shard] for index in range(plan.limit)]
+        prefetcher = ShardPrefetcher(urls, dataset.reader.locate, dataset.prefetch)
+        progress = dataset.progress_log(self.consumer, urls)
+        started = time.perf_counter()
+        asked = started
+        check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
+        padding_from = len(plan.segments)
+        try:
+            if not self.rebuilt:
+                self.restore_position()
+            entries = self._entries(prefetcher)
+            while self._wants_more():
+                entry = next(entries, None)
+                if entry is None:
+                    break
+                ref, sample = entry
+                state.delivered += 1
+                stats.bytes_read += sample.end - sample.offset
+                if ref.shard >= padding_from:
+                    stats.padded += 1
+                result = dataset.prepare(sample, self.consumer, state.delivered - 1)
+                if result is None:
+                    continue
+                stats.samples += 1
+                now = time.perf_counter()
+                stats.wait_seconds += now - asked
+                if now >= check_at:
+                    stats.seconds += now - started
+                    started = now
+                    dataset.publish_stats(self.consumer)
+                    progress.maybe_log(stats)
+                    check_at = now + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
+                yield result
+                asked = time.perf_counter()
+            if plan.length is not None and state.delivered < plan.length:
+                dataset.short_epoch(state.epoch, state.delivered, plan.length)
+            state.finished = True
+        finally:
+            prefetcher.close()
+            stats.seconds += time.perf_counter() - started
+            dataset.publish_stats(self.consumer)
