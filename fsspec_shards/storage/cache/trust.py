@@ -53,10 +53,18 @@ class CacheDirectoryError(OSError):
 
 
 class NotACacheError(CacheDirectoryError):
-    """Inspection of a directory that is not a fsspec-shards cache (nothing was created)."""
+    """Inspection of a directory that is not a fsspec-shards cache (nothing was created).
 
-    def __init__(self, path: str, reason: str, fix: str = "", code: int = errno.ENOENT) -> None:
-        super().__init__(path, reason, fix or "nothing to show; nothing was created", code)
+    ``kind`` says why: ``"missing"``, ``"empty"`` (no cache yet), ``"foreign"`` (other
+    files), ``"previous"`` (a cache of the previous layout, adopted at first use).
+    """
+
+    def __init__(self, path: str, reason: str, kind: str, code: int = errno.ENOENT) -> None:
+        self.kind = kind
+        super().__init__(path, reason, "nothing was created", code)
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason, self.kind, self.errno))
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ def prepare(directory: str, *, create: bool = True) -> Prepared:
         info = os.stat(path)
     except FileNotFoundError:
         if not create:
-            raise NotACacheError(path, "does not exist") from None
+            raise NotACacheError(path, "does not exist", "missing") from None
         problem = _create(path)
         if problem:
             return Prepared(path, writable=False, usable=False, problem=problem)
@@ -141,23 +149,18 @@ def _take(path: str) -> None:
 
 
 def _not_a_cache(path: str, marker: dict | None) -> NotACacheError:
+    previous = (
+        "is a cache of an earlier fsspec-shards version: its entries are removed (not "
+        "served) the first time a read uses it"
+    )
     if marker is not None:
-        return NotACacheError(
-            path, "is a cache of an earlier fsspec-shards version that is being upgraded"
-        )
-    try:
-        names = os.listdir(path)
-    except OSError as error:
-        return NotACacheError(path, f"cannot be listed ({os.strerror(error.errno or 0)})")
+        return NotACacheError(path, previous, "previous")
+    names = os.listdir(path)
     if not names:
-        return NotACacheError(path, "is empty: no cache yet")
+        return NotACacheError(path, "is empty: no cache yet", "empty")
     if _is_previous_layout(path, names):
-        return NotACacheError(
-            path,
-            "is a cache of an earlier fsspec-shards version: its entries are removed (not "
-            "served) the first time a read uses it",
-        )
-    return NotACacheError(path, f"is not a fsspec-shards cache (no {layout.MARKER})")
+        return NotACacheError(path, previous, "previous")
+    return NotACacheError(path, f"is not a fsspec-shards cache (no {layout.MARKER})", "foreign")
 
 
 def _check_private(path: str, info: os.stat_result) -> None:
