@@ -7,7 +7,6 @@ import json
 import os
 import sqlite3
 import stat
-import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,10 @@ from fsspec_shards.storage.cache import (
     layout,
     store,
 )
+from tests import cache_objects
 from tests.cache_objects import fill, obj, payload, writer
+
+read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
 OTHER_UID = 12345
 
@@ -397,32 +399,6 @@ def test_an_adoption_cut_short_is_finished_by_the_next_process(tmp_path: Path) -
 
 
 # -- degraded modes: read-only, unusable, corrupt -------------------------------------------
-
-
-@pytest.fixture
-def read_only_view(tmp_path: Path) -> Iterator[callable]:
-    """``view(directory)``: a read-only bind mount of ``directory`` (skips where mounting
-    is not permitted)."""
-    mounts = []
-
-    def view(directory: Path) -> Path:
-        target = tmp_path / f"ro-{len(mounts)}"
-        target.mkdir()
-        for command in (
-            ["mount", "--bind", str(directory), str(target)],
-            ["mount", "-o", "remount,bind,ro", str(target)],
-        ):
-            done = subprocess.run(command, capture_output=True, check=False)
-            if done.returncode != 0:
-                if mounts or command[1] != "--bind":
-                    subprocess.run(["umount", str(target)], check=False)
-                pytest.skip(f"cannot make a read-only mount: {done.stderr.decode().strip()}")
-        mounts.append(target)
-        return target
-
-    yield view
-    for target in reversed(mounts):
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def test_a_read_only_cache_serves_its_entries_and_streams_misses_with_one_warning(

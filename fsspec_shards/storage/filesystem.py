@@ -58,6 +58,7 @@ _BASE_OPTIONS = frozenset(
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
+_SHARED_COUNTERS = ("shared_hits", "shared_misses", "shared_evictions")
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
 # Counters with the cache off, per cache directory and process: fsspec makes one instance per
@@ -89,6 +90,10 @@ class WdsFileSystem(ChainedFileSystem):
     cache_dir, cache_size:
         Where cached files live and the most bytes kept (int or ``"50GB"``); defaults from
         ``FSSPEC_SHARDS_CACHE``/``WDS_CACHE`` and ``FSSPEC_SHARDS_CACHE_SIZE``/``WDS_CACHE_SIZE``.
+    shared_cache_dir, shared_cache_size:
+        A second cache tier on a filesystem all nodes mount, looked up on a local miss before
+        the backend and filled with what is downloaded; defaults from
+        ``FSSPEC_SHARDS_SHARED_CACHE`` and ``FSSPEC_SHARDS_SHARED_CACHE_SIZE``.
     cache:
         False streams reads (retried, size-checked, checksum at the end) and keeps nothing.
     retries:
@@ -119,6 +124,8 @@ class WdsFileSystem(ChainedFileSystem):
         fs: fsspec.AbstractFileSystem | None = None,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
+        shared_cache_dir: str | None = None,
+        shared_cache_size: int | str | None = None,
         cache: bool | str = True,
         retries: int | str = 5,
         verify: str | bool = "auto",
@@ -164,6 +171,13 @@ class WdsFileSystem(ChainedFileSystem):
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
         )
+        shared = shared_cache_dir or config.default_shared_cache_dir()
+        self.shared_cache_dir = os.path.expanduser(str(shared)) if shared else None
+        self.shared_cache_size = (
+            config.default_shared_cache_size()
+            if shared_cache_size is None
+            else _parse_size(shared_cache_size, "shared_cache_size")
+        )
         self.block_size = (
             DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
         )
@@ -186,6 +200,8 @@ class WdsFileSystem(ChainedFileSystem):
         self._backend: fsspec.AbstractFileSystem | None = None
         self._cache = None
         self._cache_pid = -1
+        self._shared = None
+        self._shared_pid = -1
         self._objects: dict[str, ObjectId] = {}
         self._manifest: Manifest | None = None
         with _MEMORY_COUNTERS_LOCK:
@@ -253,6 +269,21 @@ class WdsFileSystem(ChainedFileSystem):
                 self._cache = ShardCache(self.cache_dir, self.cache_size)
                 self._cache_pid = os.getpid()
             return self._cache
+
+    @property
+    def shared_tier(self):
+        """The :class:`SharedTier` (None without ``shared_cache_dir`` or with the cache off)."""
+        if not self.cache_enabled or self.shared_cache_dir is None:
+            return None
+        with self._lock:
+            if self._shared is None or self._shared_pid != os.getpid():
+                from fsspec_shards.storage.cache.shared import SharedTier
+
+                self._shared = SharedTier(
+                    self.shared_cache_dir, self.shared_cache_size, count=self._count
+                )
+                self._shared_pid = os.getpid()
+            return self._shared
 
     @property
     def manifest(self) -> Manifest | None:
@@ -337,7 +368,12 @@ class WdsFileSystem(ChainedFileSystem):
         and the cache's content (cached_files, cached_bytes)."""
         cache = self.shard_cache
         if cache is not None:
-            return cache.stats()
+            stats = cache.stats()
+            if self.shared_cache_dir is not None:
+                for name in _SHARED_COUNTERS:
+                    stats.setdefault(name, 0)
+                stats["shared_cache_dir"] = self.shared_cache_dir
+            return stats
         with _MEMORY_COUNTERS_LOCK:
             stats = dict(self._memory_counters)
         stats.update(cached_files=0, cached_bytes=0)
@@ -417,12 +453,8 @@ class WdsFileSystem(ChainedFileSystem):
             target = self._target(backend_path)
             info = target.stat()
             try:
-                raw = cache.fetch(
-                    obj,
-                    lambda out, target=target, info=info: download(target, out, info),
-                    expected_size=info.get("size"),
-                    since=since,
-                )
+                fill = self._filler(obj, target, info)
+                raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
             except CacheFullError as exc:
                 warnings.warn(f"not caching {obj.shown}: {exc}; streaming it instead", stacklevel=3)
                 return None
@@ -434,6 +466,28 @@ class WdsFileSystem(ChainedFileSystem):
                 continue
             return CachedFile(raw, self, backend_path)
         return None
+
+    def _filler(self, obj: ObjectId, target: Target, info: dict) -> Any:
+        """What fills a local miss: the shared tier when there is one (which downloads from
+        the backend, and keeps a copy, only when it lacks this version), else the backend."""
+        shared = self.shared_tier
+        if shared is None:
+            return lambda out: download(target, out, info)
+
+        def fill(out: BinaryIO) -> dict:
+            identity = backends.object_identity(info)
+            metadata, source = shared.fill(
+                shared.version(obj, identity),
+                out,
+                lambda into: download(target, into, info),
+                size=info.get("size"),
+                expected=target.expected_checksum(info),
+                identity=identity,
+            )
+            self._count("shared_hits" if source == "shared" else "shared_misses")
+            return metadata
+
+        return fill
 
     def _drop_cached(self, backend_paths: Any) -> None:
         """Drop the cached copies of ``backend_paths`` after a write, and stop downloads of
@@ -632,8 +686,17 @@ class WdsFileSystem(ChainedFileSystem):
         (a poisoned entry, e.g. a shard found malformed, is downloaded again next time)."""
         backend_path = None if path is None else self._backend_path(path)
         self.fs.invalidate_cache(backend_path)
-        if backend_path is not None:
-            self._drop_cached(backend_path)
+        if backend_path is None:
+            return
+        self._drop_cached(backend_path)
+        shared = self.shared_tier
+        if shared is not None:
+            try:
+                info = self._retried("info", backend_path)
+            except FileNotFoundError:
+                return
+            identity = backends.object_identity(info)
+            shared.discard(shared.version(self._object(backend_path), identity))
 
     # -- writing: straight to the backend, dropping cached copies ------------------------
 

@@ -9,6 +9,9 @@ Layout (format :data:`FORMAT`)::
     locks/<key>.lock           one download per key across processes (0600, kept)
     locks/space.lock           reservation, publication, eviction, clearing
 
+The shared tier (:mod:`.shared`) has the same marker, ``tmp/`` and ``locks/``, no index,
+and one file per object *version*: ``files/ab/<version>``, ``<version>`` a 64-digit digest.
+
 Invariants:
 
 - ``<key>`` is a 64-digit lowercase hex digest (an ``ObjectId.key``) and ``<token>`` 8 hex
@@ -68,6 +71,17 @@ def is_data_name(name: str, shard_directory: str) -> bool:
     """Whether ``files/<shard_directory>/<name>`` is a name this cache makes."""
     match = _DATA_NAME.fullmatch(name)
     return match is not None and match.group(1)[:2] == shard_directory
+
+
+def shared_data_path(root: str, version: str) -> str:
+    """The shared tier's file of ``version`` (a checked 64-digit digest)."""
+    check_key(version)
+    return os.path.join(root, FILES, version[:2], version)
+
+
+def is_shared_data_name(name: str, shard_directory: str) -> bool:
+    """Whether ``files/<shard_directory>/<name>`` is a name the shared tier makes."""
+    return _KEY.fullmatch(name) is not None and name[:2] == shard_directory
 
 
 def is_shard_directory(name: str) -> bool:

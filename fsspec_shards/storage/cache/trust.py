@@ -14,6 +14,8 @@ Invariants (as ssh's StrictModes):
   marker is written. A marker saying ``"adopting"`` makes the next process finish the job.
 - Inspection (``create=False``) writes nothing, anywhere; a directory that is not a cache
   is a :class:`NotACacheError`.
+- The marker names the tier (``"local"`` or ``"shared"``): a node's local cache is never
+  taken for the shared tier, nor the other way round.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class Prepared:
 _CHOOSE_ANOTHER = "set cache_dir (or FSSPEC_SHARDS_CACHE) to a new or empty directory of your own"
 
 
-def prepare(directory: str, *, create: bool = True) -> Prepared:
-    """Check ``directory`` and, with ``create``, make it (or an empty one) a cache."""
+def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prepared:
+    """Check ``directory`` and, with ``create``, make it (or an empty one) a cache of
+    ``tier`` (``"local"``, or ``"shared"``: the tier all nodes mount)."""
     path = os.path.abspath(os.path.expanduser(str(directory)))
     try:
         info = os.stat(path)
@@ -103,7 +106,15 @@ def prepare(directory: str, *, create: bool = True) -> Prepared:
             return Prepared(
                 path, writable=False, usable=False, problem="cannot be set up: it is read-only"
             )
-        _take(path)
+        marker = _take(path, tier)
+    if marker.get("tier", "local") != tier:
+        raise CacheDirectoryError(
+            path,
+            f"is the {marker.get('tier', 'local')} tier of a cache, not a {tier} one",
+            "give the local cache (cache_dir) and the shared tier (shared_cache_dir) "
+            "directories of their own",
+            errno.EEXIST,
+        )
     _check_contents(path, writable)
     return Prepared(path, writable=writable)
 
@@ -122,30 +133,29 @@ def _create(path: str) -> str:
     return ""
 
 
-def _take(path: str) -> None:
+def _take(path: str, tier: str) -> dict:
     """Under the directory's lock: mark an empty directory, or adopt one of the previous
-    layout, or refuse anything else."""
+    layout, or refuse anything else. Returns the marker."""
     with locks.hold_directory(path):
         marker = _read_marker(path)
         if marker is None:
             names = os.listdir(path)
             if not names:
                 _make_subdirectories(path)
-                _write_marker(path, adopting=False)
-                return
-            if not _is_previous_layout(path, names):
+                return _write_marker(path, tier=tier)
+            if tier != "local" or not _is_previous_layout(path, names):
                 raise CacheDirectoryError(
                     path,
                     f"is not empty and is not a fsspec-shards cache (no {layout.MARKER})",
                     _CHOOSE_ANOTHER,
                     errno.EEXIST,
                 )
-            _write_marker(path, adopting=True)
-            marker = {"adopting": True}
+            marker = _write_marker(path, tier=tier, adopting=True)
         if marker.get("adopting"):
             _adopt_previous_layout(path)
             _make_subdirectories(path)
-            _write_marker(path, adopting=False)
+            marker = _write_marker(path, tier=tier)
+        return marker
 
 
 def _not_a_cache(path: str, marker: dict | None) -> NotACacheError:
@@ -219,9 +229,9 @@ def _read_marker(path: str) -> dict | None:
     return marker
 
 
-def _write_marker(path: str, *, adopting: bool) -> None:
-    """Write the marker atomically (a temp file renamed over it), 0600."""
-    content = {"format": layout.FORMAT, "made_by": "fsspec-shards"}
+def _write_marker(path: str, *, tier: str, adopting: bool = False) -> dict:
+    """Write the marker atomically (a temp file renamed over it), 0600; returns it."""
+    content = {"format": layout.FORMAT, "made_by": "fsspec-shards", "tier": tier}
     if adopting:
         content["adopting"] = True
     temp = os.path.join(path, f".{layout.MARKER}.{secrets.token_hex(4)}")
@@ -235,6 +245,7 @@ def _write_marker(path: str, *, adopting: bool) -> None:
     except BaseException:
         layout.remove_file(temp)
         raise
+    return content
 
 
 def _make_subdirectories(path: str) -> None:
