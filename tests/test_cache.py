@@ -197,9 +197,7 @@ def test_second_download_waits_for_room_held_by_a_reservation(tmp_path: Path) ->
         cache.fetch(obj("s3://bucket/two"), second_download, expected_size=150).close()
 
     first = threading.Thread(
-        target=lambda: cache.fetch(
-            obj("s3://bucket/one"), held_download, expected_size=150
-        ).close()
+        target=lambda: cache.fetch(obj("s3://bucket/one"), held_download, expected_size=150).close()
     )
     first.start()
     assert first_written.wait(60)
@@ -612,3 +610,60 @@ def test_entries_of_another_key_format_are_dropped_with_their_files(tmp_path: Pa
     assert index_rows(again, "SELECT value FROM meta WHERE name = 'key_format'") != [
         ("fsspec-shards-key-v1",)
     ]
+
+
+def _discard_and_publish_in_child(directory: str, gone: str, new: str) -> None:
+    cache = ShardCache(directory, 1000)
+    cache.discard(obj(gone))
+    cache.fetch(obj(new), writer(b"published by the child")).close()
+
+
+def test_a_hit_never_serves_what_another_process_dropped_or_misses_what_it_published(
+    cache: ShardCache,
+) -> None:
+    """Hits answer from memory while the index file is unchanged: any write, in any
+    process, must be seen by the next lookup."""
+    fill(cache, "s3://bucket/gone")
+    for _ in range(3):  # remembered answers: a hit, and a miss
+        assert cache.get(obj("s3://bucket/gone")) is not None
+        assert cache.get(obj("s3://bucket/new")) is None
+    child = multiprocessing.get_context("spawn").Process(
+        target=_discard_and_publish_in_child,
+        args=(cache.directory, "s3://bucket/gone", "s3://bucket/new"),
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert cache.open(obj("s3://bucket/gone")) is None
+    with cache.open(obj("s3://bucket/new")) as handle:
+        assert handle.read() == b"published by the child"
+
+
+def _use_cache_in_child(directory: str, url: str) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    cache = ShardCache(directory, 1000)
+    cache.get(obj("s3://bucket/old"))  # finds the index corrupt: set aside, started empty
+    cache.fetch(obj(url), writer(b"after the rebuild")).close()
+
+
+def test_an_index_rebuilt_by_another_process_is_the_one_this_process_uses_next(
+    cache: ShardCache,
+) -> None:
+    fill(cache, "s3://bucket/old")
+    assert cache.get(obj("s3://bucket/old")) is not None
+    cache.flush()  # nothing pending: this process does not touch the index until the child ran
+    with open(os.path.join(cache.directory, layout.INDEX), "r+b") as index:
+        index.write(b"not a database any more" * 200)
+    child = multiprocessing.get_context("spawn").Process(
+        target=_use_cache_in_child, args=(cache.directory, "s3://bucket/new")
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert cache.open(obj("s3://bucket/old")) is None
+    with cache.open(obj("s3://bucket/new")) as handle:
+        assert handle.read() == b"after the rebuild"
+    fill(cache, "s3://bucket/third")
+    assert sorted(e["url"] for e in cache.entries()) == ["s3://bucket/new", "s3://bucket/third"]

@@ -57,6 +57,7 @@ _SCHEMA = (
 _CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
 _BUSY_TIMEOUT_SECONDS = 120
+_REMEMBERED_LOOKUPS = 65536
 
 # SQLite keeps each process's lock state in memory, and a forked child inherits it: a child
 # forked while another thread is inside a transaction believes that lock held by itself.
@@ -106,6 +107,13 @@ _ROW_COLUMNS = "key, file, size, shown, stored_at, accessed_at, validated_at"
 _LOOKUP = "SELECT file, size FROM entries WHERE key = ?"
 
 
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
 def _is_corrupt(error: BaseException) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     if code is not None:
@@ -143,19 +151,24 @@ class Index:
         self._on_reset = on_reset
         self._local = threading.local()
         self._epoch = 0
+        self._header: tuple[int, int, int] = (-1, -1, -1)  # pid, epoch, descriptor
+        self._remembered: dict[str, tuple[bytes, tuple[str, int] | None]] = {}
 
     # -- connections -------------------------------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
         local = self._local
+        inode = _inode(self.path)
         if getattr(local, "pid", None) == os.getpid() and local.epoch == self._epoch:
-            return local.connection
+            if local.inode == inode:
+                return local.connection
+            self._epoch += 1  # the file was replaced (another process set a corrupt one aside)
         if getattr(local, "pid", None) not in (None, os.getpid()):
             _ABANDONED.append(local.connection)
         elif getattr(local, "connection", None) is not None:
             local.connection.close()
         local.connection = self._connect()
-        local.pid, local.epoch = os.getpid(), self._epoch
+        local.pid, local.epoch, local.inode = os.getpid(), self._epoch, _inode(self.path)
         return local.connection
 
     def _connect(self) -> sqlite3.Connection:
@@ -223,7 +236,9 @@ class Index:
                 with FORK_GUARD:
                     return operation(connection)
             except sqlite3.DatabaseError as error:
-                if _is_read_only(error) and self.writable:
+                if _is_read_only(error):
+                    if not self.writable:
+                        return default  # read-only, and no index to read: an empty cache
                     self.writable = False
                     warn_once(
                         self.directory,
@@ -267,16 +282,19 @@ class Index:
                 "reading without the cache",
             )
             return
-        self._epoch += 1
+        self._epoch += 1  # every thread reconnects
         with self._space_lock():
+            probe = None
             try:
-                connection = self._connect()
-                connection.execute("SELECT count(*) FROM entries").fetchone()
-                connection.close()
+                probe = self._connect()
+                probe.execute("SELECT count(*) FROM entries").fetchone()
                 return  # another process replaced it already
             except sqlite3.DatabaseError as error:
                 if not _is_corrupt(error):
                     raise
+            finally:
+                if probe is not None:
+                    probe.close()
             aside = self.path + ".corrupt"
             os.replace(self.path, aside)
             with_journal = self.path + "-journal"
@@ -288,14 +306,33 @@ class Index:
                 f"cache index {self.path} was corrupt: moved aside to {aside} and started "
                 "empty (the files it described are deleted)",
             )
-            self._epoch += 1
+            self._epoch += 1  # threads that reconnected meanwhile reached the corrupt file
             self._connection()
             self._on_reset()
 
     # -- reading -----------------------------------------------------------------------
 
     def lookup(self, key: str) -> tuple[str, int] | None:
-        """``(file, size)`` recorded for ``key``, or None: the hit path, kept short."""
+        """``(file, size)`` recorded for ``key``, or None: the hit path, kept short.
+
+        Answers are remembered with the database's file change counter (header bytes
+        24-27, which every committed write moves, in any process) read *before* the query;
+        a remembered answer is used only while the counter still reads the same, so a
+        hit costs one ``pread`` instead of a query.
+        """
+        counter = self._change_counter()
+        if counter is not None:
+            remembered = self._remembered.get(key)
+            if remembered is not None and remembered[0] == counter:
+                return remembered[1]
+        found = self._query_lookup(key)
+        if counter is not None:
+            if len(self._remembered) >= _REMEMBERED_LOOKUPS:
+                self._remembered.clear()
+            self._remembered[key] = (counter, found)
+        return found
+
+    def _query_lookup(self, key: str) -> tuple[str, int] | None:
         local = self._local
         if getattr(local, "pid", None) == os.getpid() and local.epoch == self._epoch:
             try:
@@ -304,6 +341,24 @@ class Index:
             except sqlite3.DatabaseError:
                 pass  # handled (corrupt, read-only) by the general path below
         return self._run(lambda c: c.execute(_LOOKUP, (key,)).fetchone(), None)
+
+    def _change_counter(self) -> bytes | None:
+        """The database's file change counter, through a descriptor kept per process and
+        per index file (None when it cannot be read: then every lookup queries)."""
+        pid, epoch, descriptor = self._header
+        if pid != os.getpid() or epoch != self._epoch:
+            try:
+                descriptor = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                return None
+            # The previous descriptor stays open: another thread may be reading through it.
+            self._header = (os.getpid(), self._epoch, descriptor)
+            self._remembered = {}
+        try:
+            counter = os.pread(descriptor, 4, 24)
+        except OSError:
+            return None
+        return counter if len(counter) == 4 else None
 
     def row(self, key: str) -> Row | None:
         found = self._run(

@@ -100,8 +100,7 @@ class ShardCache:
         prepared = trust.prepare(directory, create=create)
         self.directory = prepared.path
         self.size_limit = int(size_limit)
-        self._create = create
-        self._read_only_requested = read_only
+        self._options = (create, read_only)
         self._uid = os.geteuid()
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
@@ -157,7 +156,7 @@ class ShardCache:
             return shared
 
     def __reduce__(self):
-        return (type(self), (self.directory, self.size_limit))
+        return (_reopen, (self.directory, self.size_limit, *self._options))
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, size_limit={self.size_limit})"
@@ -627,6 +626,11 @@ class ShardCache:
 
 def _space_lock_path(directory: str) -> str:
     return os.path.join(directory, layout.LOCKS, layout.SPACE_LOCK)
+
+
+def _reopen(directory: str, size_limit: int, create: bool, read_only: bool) -> ShardCache:
+    """A pickled cache, opened again in the process that unpickles it."""
+    return ShardCache(directory, size_limit, create=create, read_only=read_only)
 
 
 def _describe(info: os.stat_result, size: int, uid: int) -> str:
