@@ -9,7 +9,8 @@ Invariants:
 - One download per key across processes (the key's lock); the bytes of published files
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
   least-recently-used files (access times batched per process: :mod:`.usage`).
-- A hit is one index read, an ``open`` and an ``fstat``: no write transaction. A hit's file
+- A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
+  ``open`` and an ``fstat``: no write transaction. A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
   makes for the key (:func:`~.layout.data_file_path`), opened without following symlinks;
   anything else is a miss, and the entry is dropped (the file is left where it is if the
