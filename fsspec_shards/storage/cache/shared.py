@@ -276,7 +276,7 @@ def _copy(source: int, target: int, size: int) -> None:
     it can)."""
     copied = 0
     try:
-        while copied < size:
+        while copied < size and hasattr(os, "copy_file_range"):  # Linux
             done = os.copy_file_range(source, target, size - copied, copied, copied)
             if done == 0:
                 break
