@@ -435,7 +435,8 @@ class WdsFileSystem(ChainedFileSystem):
 
         The write generation is read before the backend is asked for the file's size and
         identity, so a write through ``wds`` in between makes the cache refuse the download
-        (asked again, up to three times) rather than publish the old version.
+        rather than publish the old version: the backend is asked again, and after three
+        such races the file is streamed uncached.
         """
         from fsspec_shards.storage.cache import (
             CacheFullError,
@@ -448,7 +449,7 @@ class WdsFileSystem(ChainedFileSystem):
         if handle is not None:
             return handle
         cache = self.shard_cache
-        for attempt in range(_WRITE_RACE_ATTEMPTS):
+        for _ in range(_WRITE_RACE_ATTEMPTS):
             since = cache.generation(obj)
             target = self._target(backend_path)
             info = target.stat()
@@ -461,8 +462,6 @@ class WdsFileSystem(ChainedFileSystem):
             except ReadOnlyCacheError:
                 return None
             except WrittenWhileReadingError:
-                if attempt == _WRITE_RACE_ATTEMPTS - 1:
-                    raise
                 continue
             return CachedFile(raw, self, backend_path)
         return None
