@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -435,3 +436,35 @@ def test_wds_reads_stay_correct_when_the_cache_disk_fills_up(
     for entry in cache.entries():
         [data] = [data for path, data in blobs.items() if entry["url"].endswith(path)]
         assert Path(entry["path"]).read_bytes() == data
+
+
+def test_touches_reach_other_processes_within_the_batching_window(tmp_path: Path) -> None:
+    """No explicit flush: the background timer writes this process's touches within about
+    a second, and then other processes evict exactly the files not touched."""
+    directory, size = str(tmp_path / "cache"), 16 * 1024
+    limit = 4 * size
+    cache = ShardCache(directory, limit)
+    known = [f"s3://bucket/known-{i}.tar" for i in range(4)]
+    for name in known:
+        cache.fetch(obj(name), slow_writer(name, size, 1, 0), expected_size=size).close()
+    cache.flush()
+    touched = [known[0], known[2]]
+    for name in touched:
+        assert cache.get(obj(name)) is not None
+    index = os.path.join(directory, "index.db")
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    while True:  # wait, without flushing, until the order on disk shows the touches
+        connection = sqlite3.connect(index)
+        order = [
+            row[0] for row in connection.execute("SELECT shown FROM entries ORDER BY accessed_at")
+        ]
+        connection.close()
+        if order[-2:] == touched:
+            break
+        assert time.monotonic() < deadline, f"touches never written: {order}"
+        time.sleep(0.1)
+    new = [f"s3://other/new-{i}.tar" for i in range(2)]
+    writer = SPAWN.Process(target=fetch_each, args=(directory, limit, new, size))
+    writer.start()
+    join_all([writer])
+    assert sorted(e["url"] for e in cache.entries()) == sorted(touched + new)
