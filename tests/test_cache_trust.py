@@ -99,6 +99,16 @@ def test_a_directory_with_other_files_is_refused_and_left_untouched(tmp_path: Pa
     assert tree(directory) == before
 
 
+def test_a_file_given_as_the_cache_directory_is_refused_and_kept(tmp_path: Path) -> None:
+    plain = tmp_path / "notes.txt"
+    plain.write_text("mine")
+    with pytest.raises(CacheDirectoryError, match="is not a directory"):
+        ShardCache(str(plain), 1000)
+    with pytest.raises(NotACacheError, match="is not a directory"):
+        ShardCache.existing(str(plain))
+    assert plain.read_text() == "mine"
+
+
 def test_a_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     fill(cache, "s3://bucket/a")

@@ -96,6 +96,10 @@ def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prep
         if problem:
             return Prepared(path, writable=False, usable=False, problem=problem)
         info = os.stat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        if not create:
+            raise NotACacheError(path, "is not a directory", "foreign", errno.ENOTDIR)
+        raise CacheDirectoryError(path, "is not a directory", _CHOOSE_ANOTHER, errno.ENOTDIR)
     _check_private(path, info)
     marker = _read_marker(path)
     writable = os.access(path, os.W_OK)
