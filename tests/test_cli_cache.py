@@ -105,3 +105,66 @@ def test_a_cache_owned_by_another_user_is_named_with_the_reason(filled_cache: Pa
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert str(filled_cache) in line and f"owned by uid {OTHER_UID}" in line
+
+
+SECRET_PARAMETERS = [
+    "X-Amz-Signature",
+    "X-Amz-Credential",
+    "X-Amz-Security-Token",
+    "X-Goog-Signature",
+    "X-Goog-Credential",
+    "GoogleAccessId",
+    "AWSAccessKeyId",
+    "Signature",
+    "Policy",
+    "Key-Pair-Id",
+    "Expires",
+    "sig",
+    "sv",
+    "se",
+    "sp",
+    "token",
+    "access_token",
+    "auth",
+    "auth_token",
+    "jwt",
+    "hdnts",
+    "client_secret",
+    "private_token",
+    "code",
+    "passwd",
+    "password",
+    "sas",
+    "session",
+    "key",
+]
+
+
+def test_no_secret_of_any_signed_url_reaches_cache_ls_or_any_file_of_the_cache(
+    tmp_path: Path,
+) -> None:
+    from fsspec_shards.storage.cache import ShardCache
+    from fsspec_shards.storage.identity import object_id
+
+    http = fsspec.filesystem("https")
+    cache = ShardCache(str(tmp_path / "cache"), 10**6)
+    secrets = []
+    for number, name in enumerate(SECRET_PARAMETERS):
+        secret = f"S3CR3T{number:02d}x"
+        secrets.append(secret)
+        url = f"https://user:PW{secret}@host.example/b/shard-{number}.tar?{name}={secret}"
+        with cache.fetch(
+            object_id(http, url), lambda f, url=url: f.write(b"x") and {"source": url}
+        ):
+            pass
+    cache.flush()
+    listing = run_cli("cache", "ls", "--cache-dir", cache.directory, env_cache=tmp_path / "x")
+    info = run_cli("cache", "info", "--cache-dir", cache.directory, env_cache=tmp_path / "x")
+    assert listing.returncode == 0 and len(listing.stdout.splitlines()) == len(SECRET_PARAMETERS)
+    shown = listing.stdout + listing.stderr + info.stdout + info.stderr
+    names = [str(p) for p in Path(cache.directory).rglob("*")]
+    contents = b"".join(p.read_bytes() for p in Path(cache.directory).rglob("*") if p.is_file())
+    for secret in secrets:
+        assert secret not in shown, secret
+        assert not any(secret in name for name in names), secret
+        assert secret.encode() not in contents, secret
