@@ -1,41 +1,45 @@
-"""Unit tests of ShardCache: counting, LRU eviction, size cap, failure clean-up, self-healing."""
+"""Unit tests of ShardCache: counting, LRU eviction, size cap, failure clean-up, self-healing,
+hits without write transactions, and write generations."""
 
 from __future__ import annotations
 
-import hashlib
+import multiprocessing
 import os
+import sqlite3
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.cache import CacheFullError, ShardCache, cache_key
-
-
-def payload(name: str, size: int) -> bytes:
-    """Deterministic bytes for an object name."""
-    seed = hashlib.sha256(name.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
-
-
-def writer(data: bytes, metadata: dict | None = None):
-    """A download callback that writes ``data`` and returns ``metadata``."""
-
-    def download(file) -> dict:
-        file.write(data)
-        return dict(metadata or {"checksum": "sha256:" + hashlib.sha256(data).hexdigest()})
-
-    return download
-
-
-def fill(cache: ShardCache, url: str, size: int = 100) -> str:
-    return cache.fetch(url, writer(payload(url, size)), expected_size=size)
+from fsspec_shards.storage.cache import (
+    CacheFullError,
+    ShardCache,
+    WrittenWhileReadingError,
+    layout,
+    usage,
+)
+from tests.cache_objects import fill, obj, payload, writer
 
 
 def cached_urls(cache: ShardCache) -> list[str]:
     return [entry["url"] for entry in cache.entries()]
+
+
+def index_header_change_counter(cache: ShardCache) -> bytes:
+    """SQLite's file change counter (header bytes 24-27): it moves with every write."""
+    with open(os.path.join(cache.directory, layout.INDEX), "rb") as file:
+        return file.read(28)[24:28]
+
+
+def index_rows(cache: ShardCache, sql: str, *args) -> list[tuple]:
+    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
+    try:
+        return connection.execute(sql, args).fetchall()
+    finally:
+        connection.close()
 
 
 @pytest.fixture
@@ -43,33 +47,99 @@ def cache(tmp_path: Path) -> ShardCache:
     return ShardCache(str(tmp_path / "cache"), 1000)
 
 
+@pytest.fixture
+def slow_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batched usage waits an hour: only explicit flushes (and exits) write it."""
+    monkeypatch.setattr(usage, "FLUSH_INTERVAL_SECONDS", 3600.0)
+
+
 def test_fetch_returns_whole_file_and_counts_a_miss_then_hits(cache: ShardCache) -> None:
     url = "s3://bucket/a.tar"
     path = fill(cache, url)
     assert Path(path).read_bytes() == payload(url, 100)
-    assert cache.get(url) == path
-    assert cache.fetch(url, writer(b"never written")) == path
+    assert cache.get(obj(url)) == path
+    with cache.fetch(obj(url), writer(b"never written")) as handle:
+        assert handle.name == path and handle.read() == payload(url, 100)
     stats = cache.stats()
     assert (stats["misses"], stats["hits"]) == (1, 2)
     assert (stats["cached_files"], stats["cached_bytes"]) == (1, 100)
 
 
-def test_get_of_uncached_url_returns_none_and_counts_nothing(cache: ShardCache) -> None:
-    assert cache.get("s3://bucket/absent") is None
+def test_get_of_uncached_object_returns_none_and_counts_nothing(cache: ShardCache) -> None:
+    assert cache.get(obj("s3://bucket/absent")) is None
     assert cache.stats()["misses"] == 0 and cache.stats()["hits"] == 0
 
 
 def test_least_recently_used_file_is_evicted_first_and_touching_protects_it(
-    tmp_path: Path,
+    tmp_path: Path, slow_flushes: None
 ) -> None:
     cache = ShardCache(str(tmp_path / "c"), 300)
     for name in ("a", "b", "c"):
         fill(cache, f"s3://bucket/{name}")
-    assert cache.get("s3://bucket/a") is not None
-    fill(cache, "s3://bucket/d")
+    assert cache.get(obj("s3://bucket/a")) is not None  # batched, not yet written
+    fill(cache, "s3://bucket/d")  # its eviction writes this process's batch first
     assert cached_urls(cache) == ["s3://bucket/c", "s3://bucket/a", "s3://bucket/d"]
-    assert cache.get("s3://bucket/b") is None
+    assert cache.get(obj("s3://bucket/b")) is None
     assert cache.stats()["evictions"] == 1
+
+
+def test_hits_write_nothing_to_the_index_until_the_batch_is_flushed(
+    cache: ShardCache, slow_flushes: None
+) -> None:
+    url = "s3://bucket/a.tar"
+    fill(cache, url)
+    cache.flush()
+    before = index_header_change_counter(cache)
+    [(accessed_before,)] = index_rows(cache, "SELECT accessed_at FROM entries")
+    for _ in range(200):
+        with cache.open(obj(url)) as handle:
+            assert handle.read(4) == payload(url, 4)
+    assert index_header_change_counter(cache) == before
+    cache.flush()
+    assert index_header_change_counter(cache) != before
+    [(accessed_after,)] = index_rows(cache, "SELECT accessed_at FROM entries")
+    assert accessed_after > accessed_before
+    assert index_rows(cache, "SELECT value FROM counters WHERE name = 'hits'") == [(200,)]
+
+
+def test_batched_hits_reach_the_index_within_the_flush_interval(
+    cache: ShardCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(usage, "FLUSH_INTERVAL_SECONDS", 0.2)
+    url = "s3://bucket/a.tar"
+    fill(cache, url)
+    cache.get(obj(url))
+    deadline = time.monotonic() + 60
+    while index_rows(cache, "SELECT value FROM counters WHERE name = 'hits'") != [(1,)]:
+        assert time.monotonic() < deadline, "the timer never wrote the batch"
+        time.sleep(0.05)
+
+
+def _hit_in_child(directory: str, url: str, results) -> None:
+    cache = ShardCache(directory, 1000)
+    results.put(cache.get(obj(url)) is not None)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_hits_of_a_child_process_are_written_when_it_exits(
+    cache: ShardCache, slow_flushes: None, start_method: str
+) -> None:
+    """A forked worker exits without atexit handlers (multiprocessing's own exit runs)."""
+    url = "s3://bucket/a.tar"
+    fill(cache, url)
+    context = multiprocessing.get_context(start_method)
+    results = context.Queue()
+    children = [
+        context.Process(target=_hit_in_child, args=(cache.directory, url, results))
+        for _ in range(3)
+    ]
+    for child in children:
+        child.start()
+    assert [results.get(timeout=120) for _ in children] == [True] * 3
+    for child in children:
+        child.join(120)
+        assert child.exitcode == 0
+    assert cache.stats()["hits"] == 3
 
 
 def test_evicted_file_is_deleted_from_disk(tmp_path: Path) -> None:
@@ -94,7 +164,7 @@ def test_cap_holds_counting_bytes_reserved_by_downloads_in_flight(tmp_path: Path
         file.write(payload("big", 200))
         return {}
 
-    cache.fetch("s3://bucket/big", slow_download, expected_size=200)
+    cache.fetch(obj("s3://bucket/big"), slow_download, expected_size=200).close()
     assert observed == [(100, ["s3://bucket/c"])]
     assert cache.stats()["cached_bytes"] == 300
 
@@ -124,10 +194,10 @@ def test_second_download_waits_for_room_held_by_a_reservation(tmp_path: Path) ->
 
     def second() -> None:
         # Needs 150 bytes while 150 are reserved: waits for the first to publish, then evicts it.
-        cache.fetch("s3://bucket/two", second_download, expected_size=150)
+        cache.fetch(obj("s3://bucket/two"), second_download, expected_size=150).close()
 
     first = threading.Thread(
-        target=lambda: cache.fetch("s3://bucket/one", held_download, expected_size=150)
+        target=lambda: cache.fetch(obj("s3://bucket/one"), held_download, expected_size=150).close()
     )
     first.start()
     assert first_written.wait(60)
@@ -148,7 +218,7 @@ def test_object_larger_than_the_cache_raises_cache_full_without_downloading(
 ) -> None:
     calls = []
     with pytest.raises(CacheFullError) as raised:
-        cache.fetch("s3://bucket/huge", lambda f: calls.append(f) or {}, expected_size=1001)
+        cache.fetch(obj("s3://bucket/huge"), lambda f: calls.append(f) or {}, expected_size=1001)
     assert isinstance(raised.value, OSError) and raised.value.errno == 28
     assert calls == [] and "s3://bucket/huge" in str(raised.value)
 
@@ -162,8 +232,8 @@ def test_download_exception_propagates_unchanged_and_leaves_nothing(cache: Shard
         raise BackendDown("reset")
 
     with pytest.raises(BackendDown):
-        cache.fetch("s3://bucket/a", failing, expected_size=100)
-    assert cache.get("s3://bucket/a") is None
+        cache.fetch(obj("s3://bucket/a"), failing, expected_size=100)
+    assert cache.get(obj("s3://bucket/a")) is None
     assert os.listdir(Path(cache.directory) / "tmp") == []
     assert cache.stats()["cached_files"] == 0
     assert fill(cache, "s3://bucket/a")
@@ -173,17 +243,17 @@ def test_size_different_from_expected_is_an_integrity_error_and_not_cached(
     cache: ShardCache,
 ) -> None:
     with pytest.raises(IntegrityError):
-        cache.fetch("s3://bucket/a", writer(b"short"), expected_size=100)
-    assert cache.get("s3://bucket/a") is None
+        cache.fetch(obj("s3://bucket/a"), writer(b"short"), expected_size=100)
+    assert cache.get(obj("s3://bucket/a")) is None
     assert cache.stats()["integrity_failures"] == 1
     assert os.listdir(Path(cache.directory) / "tmp") == []
 
 
 def test_stale_temp_file_of_a_dead_download_is_removed(cache: ShardCache) -> None:
-    key = cache_key("s3://bucket/a")
+    key = obj("s3://bucket/a").key
     tmp = Path(cache.directory) / "tmp"
     (tmp / f"{key}.999999.deadbeef.100.part").write_bytes(b"partial")
-    other = cache_key("s3://bucket/other")
+    other = obj("s3://bucket/other").key
     (tmp / f"{other}.999999.deadbeef.900.part").write_bytes(b"partial")
     # The stale 900-byte reservation of "other" must not keep this 100-byte file out.
     path = fill(cache, "s3://bucket/a")
@@ -191,20 +261,23 @@ def test_stale_temp_file_of_a_dead_download_is_removed(cache: ShardCache) -> Non
     assert os.listdir(tmp) == []
 
 
-@pytest.mark.parametrize("damage", ["missing", "short"])
-def test_entry_whose_file_is_missing_or_short_is_a_miss_and_heals(
+@pytest.mark.parametrize("damage", ["missing", "short", "directory"])
+def test_entry_whose_file_is_missing_short_or_not_a_file_is_a_miss_and_heals(
     cache: ShardCache, damage: str
 ) -> None:
     url = "s3://bucket/a"
     path = Path(fill(cache, url))
-    if damage == "missing":
-        path.unlink()
-    else:
-        path.chmod(0o600)
+    path.unlink()
+    if damage == "short":
         path.write_bytes(b"short")
-    assert cache.get(url) is None
+    elif damage == "directory":
+        path.mkdir()
+    assert cache.open(obj(url)) is None
     assert cache.stats()["cached_files"] == 0
     assert Path(fill(cache, url)).read_bytes() == payload(url, 100)
+    assert cache.get(obj(url)) is not None
+    if damage == "directory":
+        assert path.is_dir()  # not a file the cache made: left where it is
 
 
 def test_clear_removes_files_entries_and_counters(cache: ShardCache) -> None:
@@ -244,77 +317,163 @@ def test_counters_are_shared_by_two_instances_on_one_directory(tmp_path: Path) -
     one.incr("retries")
     two.incr("retries")
     fill(one, "s3://bucket/a")
-    assert two.get("s3://bucket/a") is not None
+    assert two.get(obj("s3://bucket/a")) is not None
     assert one.stats()["retries"] == 2 and one.stats()["hits"] == 1
 
 
-def test_same_basename_in_two_buckets_or_protocols_does_not_collide(cache: ShardCache) -> None:
+def test_objects_are_kept_apart_by_their_keys(cache: ShardCache) -> None:
     urls = ["s3://one/train-0000.tar", "s3://two/train-0000.tar", "gs://one/train-0000.tar"]
     for url in urls:
         fill(cache, url)
     for url in urls:
-        assert Path(cache.get(url)).read_bytes() == payload(url, 100)
+        assert Path(cache.get(obj(url))).read_bytes() == payload(url, 100)
 
 
-def test_signed_urls_of_one_object_share_a_key_and_no_secret_is_stored(cache: ShardCache) -> None:
-    signed = "https://host/bucket/a.tar?X-Amz-Signature=SECRETSIG&X-Amz-Credential=SECRETCRED"
-    resigned = "https://host/bucket/a.tar?X-Amz-Signature=OTHERSIG&X-Amz-Credential=SECRETCRED"
-    fill(cache, signed)
-    cache.fetch(
-        "https://user:SECRETPW@host/bucket/b.tar",
-        writer(b"b", {"source": signed, "identity": "etag-1"}),
-    )
-    assert cache.get(resigned) is not None
+def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
+    from fsspec_shards.storage.identity import ObjectId
+
+    with pytest.raises(ValueError, match="not a cache key"):
+        cache.fetch(ObjectId("../../etc/passwd", "x"), writer(b"x"))
+
+
+def test_no_secret_reaches_any_file_under_the_cache(cache: ShardCache) -> None:
+    import fsspec
+
+    from fsspec_shards.storage.identity import object_id
+
+    http = fsspec.filesystem("https")
+    signed = "https://user:SECRETPW@host/bucket/a.tar?X-Amz-Signature=SECRETSIG&token=SECRETTOK"
+    identity = object_id(http, signed)
+    cache.fetch(identity, writer(b"b", {"source": signed, "identity": "etag-1"})).close()
+    cache.flush()
+    assert "REDACTED" in cache.entries()[0]["url"]
+    recorded = repr(cache.entries()) + repr(cache.metadata(identity)) + repr(cache.stats())
     names = [n for _, dirs, files in os.walk(cache.directory) for n in dirs + files]
-    recorded = repr(cache.entries()) + repr(cache.metadata("https://host/bucket/b.tar"))
-    database = b"".join(p.read_bytes() for p in Path(cache.directory).rglob("cache.db*"))
-    for secret in ("SECRETSIG", "SECRETCRED", "SECRETPW"):
+    contents = b"".join(p.read_bytes() for p in Path(cache.directory).rglob("*") if p.is_file())
+    for secret in ("SECRETSIG", "SECRETTOK", "SECRETPW"):
         assert not any(secret in n for n in names)
         assert secret not in recorded
-        assert secret.encode() not in database
+        assert secret.encode() not in contents
 
 
 def test_metadata_returns_download_result_with_times_and_validation(cache: ShardCache) -> None:
     url = "s3://bucket/a"
-    cache.fetch(url, writer(b"x" * 5, {"identity": "etag-7", "checksum": "md5:00"}))
-    meta = cache.metadata(url)
+    cache.fetch(obj(url), writer(b"x" * 5, {"identity": "etag-7", "checksum": "md5:00"})).close()
+    meta = cache.metadata(obj(url))
     assert meta["identity"] == "etag-7" and meta["checksum"] == "md5:00" and meta["size"] == 5
     assert meta["validated_at"] == meta["stored_at"]
-    cache.touch_validated(url)
-    assert cache.metadata(url)["validated_at"] > meta["stored_at"]
-    assert cache.metadata("s3://bucket/none") is None
+    time.sleep(0.01)
+    cache.touch_validated(obj(url))
+    assert cache.metadata(obj(url))["validated_at"] > meta["stored_at"]
+    assert cache.metadata(obj("s3://bucket/none")) is None
 
 
 def test_discard_drops_entry_and_file(cache: ShardCache) -> None:
     path = fill(cache, "s3://bucket/a")
-    cache.discard("s3://bucket/a")
-    assert cache.get("s3://bucket/a") is None and not os.path.exists(path)
+    cache.discard(obj("s3://bucket/a"))
+    assert cache.get(obj("s3://bucket/a")) is None and not os.path.exists(path)
+
+
+def test_a_fetch_whose_object_was_written_since_it_looked_does_not_download(
+    cache: ShardCache,
+) -> None:
+    url = "s3://bucket/a"
+    since = cache.generation(obj(url))
+    cache.discard(obj(url))  # a write through wds
+    calls = []
+    with pytest.raises(WrittenWhileReadingError, match="s3://bucket/a"):
+        cache.fetch(obj(url), lambda f: calls.append(f) or {}, since=since)
+    assert calls == []
+    with cache.fetch(obj(url), writer(b"new"), since=cache.generation(obj(url))) as handle:
+        assert handle.read() == b"new"
+    assert cache.get(obj(url)) is not None
+
+
+def test_a_write_during_a_download_keeps_it_from_being_published(cache: ShardCache) -> None:
+    url = "s3://bucket/a"
+
+    def download_then_written(file) -> dict:
+        file.write(b"old version")
+        cache.discard(obj(url))  # the write lands while the download is in flight
+        return {}
+
+    with cache.fetch(obj(url), download_then_written) as handle:
+        assert handle.read() == b"old version"  # the reader gets what it downloaded
+    assert cache.get(obj(url)) is None
+    assert cache.stats()["cached_files"] == 0
+    assert list((Path(cache.directory) / "files").rglob("*.*")) == []
+    assert os.listdir(Path(cache.directory) / "tmp") == []
+
+
+def test_no_interleaving_of_writes_and_downloads_leaves_an_old_version_cached(
+    cache: ShardCache,
+) -> None:
+    """Readers fetch while a writer bumps the version over and over; after the last write,
+    the cached copy (if any) is the last version."""
+    url = "s3://bucket/racy"
+    version = [0]
+    stop = threading.Event()
+    errors = []
+
+    def read() -> None:
+        while not stop.is_set():
+            since = cache.generation(obj(url))
+            data = f"version {version[0]}".encode()  # what the backend says right now
+            try:
+                cache.fetch(obj(url), writer(data), since=since).close()
+            except WrittenWhileReadingError:
+                pass
+            except BaseException as error:  # noqa: BLE001 - reported to the test
+                errors.append(error)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for thread in readers:
+        thread.start()
+    for number in range(1, 60):
+        version[0] = number  # the backend changes ...
+        cache.discard(obj(url))  # ... then the write drops the cached copy
+        time.sleep(0.002)
+    stop.set()
+    for thread in readers:
+        thread.join(60)
+    assert errors == []
+    handle = cache.open(obj(url))
+    if handle is not None:
+        with handle:
+            assert handle.read() == b"version 59"
 
 
 def test_open_file_stays_readable_after_eviction(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "c"), 200)
     url = "s3://bucket/a"
     fill(cache, url)
-    with cache.open(url) as reader:
+    with cache.open(obj(url)) as reader:
         head = reader.read(10)
         fill(cache, "s3://bucket/b")
         fill(cache, "s3://bucket/c")
-        assert cache.get(url) is None
+        assert cache.get(obj(url)) is None
         assert head + reader.read() == payload(url, 100)
 
 
 def test_open_returns_a_readable_handle_or_none(cache: ShardCache) -> None:
-    assert cache.open("s3://bucket/a") is None
+    assert cache.open(obj("s3://bucket/a")) is None
     fill(cache, "s3://bucket/a")
-    with cache.open("s3://bucket/a") as reader:
+    with cache.open(obj("s3://bucket/a")) as reader:
         assert reader.read() == payload("s3://bucket/a", 100)
 
 
-def test_cache_directory_and_files_are_private(tmp_path: Path) -> None:
+def test_cache_directory_and_its_files_are_private(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "new" / "cache"), 1000)
     path = fill(cache, "s3://bucket/a")
-    assert stat.S_IMODE(os.stat(cache.directory).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
+    root = Path(cache.directory)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o400
+    for name in (layout.INDEX, layout.MARKER):
+        assert stat.S_IMODE((root / name).stat().st_mode) == 0o600, name
+    for lock in (root / "locks").iterdir():
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o600, lock
+    for sub in layout.SUBDIRECTORIES:
+        assert stat.S_IMODE((root / sub).stat().st_mode) == 0o700, sub
 
 
 def test_cache_pickles_to_the_same_directory(cache: ShardCache) -> None:
@@ -322,10 +481,10 @@ def test_cache_pickles_to_the_same_directory(cache: ShardCache) -> None:
 
     fill(cache, "s3://bucket/a")
     clone = pickle.loads(pickle.dumps(cache))
-    assert clone.get("s3://bucket/a") == cache.get("s3://bucket/a")
+    assert clone.get(obj("s3://bucket/a")) == cache.get(obj("s3://bucket/a"))
 
 
-def test_threads_fetching_one_url_download_it_once(cache: ShardCache) -> None:
+def test_threads_fetching_one_object_download_it_once(cache: ShardCache) -> None:
     calls = []
     barrier = threading.Barrier(6)
 
@@ -338,7 +497,8 @@ def test_threads_fetching_one_url_download_it_once(cache: ShardCache) -> None:
 
     def reader() -> None:
         barrier.wait(60)
-        results.append(Path(cache.fetch("s3://bucket/shared", download, 100)).read_bytes())
+        with cache.fetch(obj("s3://bucket/shared"), download, 100) as handle:
+            results.append(handle.read())
 
     threads = [threading.Thread(target=reader) for _ in range(6)]
     for thread in threads:
@@ -362,16 +522,13 @@ def test_a_child_forked_while_a_thread_writes_the_index_can_use_the_cache(
 ) -> None:
     """DataLoader workers fork while a prefetch thread updates the cache: sqlite's lock state
     of a write in flight must not be inherited (the child saw "database is locked" forever)."""
-    import multiprocessing
-
     inside = threading.Event()
 
-    def write_slowly() -> None:
-        with cache._index.transact(retry=True):
-            inside.set()
-            threading.Event().wait(2.0)
+    def hold_a_write(connection) -> None:
+        inside.set()
+        threading.Event().wait(2.0)
 
-    writer_thread = threading.Thread(target=write_slowly)
+    writer_thread = threading.Thread(target=lambda: cache._index._write(hold_a_write))
     writer_thread.start()
     assert inside.wait(60)
     context = multiprocessing.get_context("fork")
@@ -383,13 +540,13 @@ def test_a_child_forked_while_a_thread_writes_the_index_can_use_the_cache(
     finally:
         child.join(60)
         writer_thread.join(60)
-    assert cache.get("s3://bucket/child") is not None
+    assert cache.get(obj("s3://bucket/child")) is not None
 
 
 def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
     cache: ShardCache,
 ) -> None:
-    key = cache_key("s3://bucket/a")
+    key = obj("s3://bucket/a").key
     orphan = Path(cache.directory) / "files" / key[:2] / f"{key}.deadbeef"
     orphan.parent.mkdir(parents=True, exist_ok=True)
     orphan.write_bytes(payload("s3://bucket/a", 100))
@@ -432,7 +589,81 @@ def test_download_of_unknown_size_larger_than_the_cache_raises_once_and_evicts_n
         return {}
 
     with pytest.raises(CacheFullError):
-        cache.fetch("s3://bucket/big", too_big)
+        cache.fetch(obj("s3://bucket/big"), too_big)
     assert calls == [1]
-    assert cache.get("s3://bucket/kept") == kept
+    assert cache.get(obj("s3://bucket/kept")) == kept
     assert os.listdir(Path(cache.directory) / "tmp") == []
+
+
+def test_entries_of_another_key_format_are_dropped_with_their_files(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 1000)
+    path = fill(cache, "s3://bucket/a")
+    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
+    connection.execute("UPDATE meta SET value = 'fsspec-shards-key-v1' WHERE name = 'key_format'")
+    connection.commit()
+    connection.close()
+    from fsspec_shards.storage.cache import store
+
+    store._SHARED.clear()  # as a new process would
+    again = ShardCache(str(tmp_path / "c"), 1000)
+    assert again.entries() == [] and not os.path.exists(path)
+    assert index_rows(again, "SELECT value FROM meta WHERE name = 'key_format'") != [
+        ("fsspec-shards-key-v1",)
+    ]
+
+
+def _discard_and_publish_in_child(directory: str, gone: str, new: str) -> None:
+    cache = ShardCache(directory, 1000)
+    cache.discard(obj(gone))
+    cache.fetch(obj(new), writer(b"published by the child")).close()
+
+
+def test_a_hit_never_serves_what_another_process_dropped_or_misses_what_it_published(
+    cache: ShardCache,
+) -> None:
+    """Hits answer from memory while the index file is unchanged: any write, in any
+    process, must be seen by the next lookup."""
+    fill(cache, "s3://bucket/gone")
+    for _ in range(3):  # remembered answers: a hit, and a miss
+        assert cache.get(obj("s3://bucket/gone")) is not None
+        assert cache.get(obj("s3://bucket/new")) is None
+    child = multiprocessing.get_context("spawn").Process(
+        target=_discard_and_publish_in_child,
+        args=(cache.directory, "s3://bucket/gone", "s3://bucket/new"),
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert cache.open(obj("s3://bucket/gone")) is None
+    with cache.open(obj("s3://bucket/new")) as handle:
+        assert handle.read() == b"published by the child"
+
+
+def _use_cache_in_child(directory: str, url: str) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    cache = ShardCache(directory, 1000)
+    cache.get(obj("s3://bucket/old"))  # finds the index corrupt: set aside, started empty
+    cache.fetch(obj(url), writer(b"after the rebuild")).close()
+
+
+def test_an_index_rebuilt_by_another_process_is_the_one_this_process_uses_next(
+    cache: ShardCache,
+) -> None:
+    fill(cache, "s3://bucket/old")
+    assert cache.get(obj("s3://bucket/old")) is not None
+    cache.flush()  # nothing pending: this process does not touch the index until the child ran
+    with open(os.path.join(cache.directory, layout.INDEX), "r+b") as index:
+        index.write(b"not a database any more" * 200)
+    child = multiprocessing.get_context("spawn").Process(
+        target=_use_cache_in_child, args=(cache.directory, "s3://bucket/new")
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert cache.open(obj("s3://bucket/old")) is None
+    with cache.open(obj("s3://bucket/new")) as handle:
+        assert handle.read() == b"after the rebuild"
+    fill(cache, "s3://bucket/third")
+    assert sorted(e["url"] for e in cache.entries()) == ["s3://bucket/new", "s3://bucket/third"]

@@ -189,7 +189,7 @@ def test_a_flipped_byte_is_caught_by_the_sums_file_and_fetched_again(tmp_path):
     fs = _wds(fs=backend, cache_dir=str(tmp_path / "c2"), backoff=0.001, checksums=sums)
     assert fs.cat_file(path) == DATA
     assert fs.cache_stats()["integrity_failures"] == 1
-    metadata = fs.shard_cache.metadata(fs._url(path))
+    metadata = fs.shard_cache.metadata(fs._object(path))
     assert metadata["checksum"] == "sha256:" + hashlib.sha256(DATA).hexdigest()
 
 

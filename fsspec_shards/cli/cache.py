@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from fsspec_shards.cli.errors import EXIT_OK
+from fsspec_shards.cli.errors import EXIT_OK, UsageError
 from fsspec_shards.cli.options import SharedOptions, size_argument
 from fsspec_shards.cli.report import STAT_KEYS, format_bytes, print_json
 from fsspec_shards.config import default_cache_dir, default_cache_size
@@ -41,15 +41,23 @@ def cache_directory(args: argparse.Namespace) -> str:
     return os.path.abspath(os.path.expanduser(args.cache_dir or default_cache_dir()))
 
 
-def open_cache(args: argparse.Namespace):
-    """The ShardCache of --cache-dir (or the default), or None when there is none yet."""
-    from fsspec_shards.storage.cache import ShardCache
+def open_cache(args: argparse.Namespace, *, writable: bool = False):
+    """The existing cache of --cache-dir (or the default), read-only unless ``writable``;
+    None when there is none yet. Never creates one; a directory that is not a cache (or
+    not a safe one) is a usage error naming it."""
+    from fsspec_shards.storage.cache import CacheDirectoryError, NotACacheError, ShardCache
 
     directory = cache_directory(args)
-    if not os.path.isdir(directory):
-        return None
     size = size_argument(args.cache_size) if args.cache_size else default_cache_size()
-    return ShardCache(directory, size)
+    try:
+        return ShardCache.existing(directory, size, writable=writable)
+    except NotACacheError as error:
+        if error.kind in ("missing", "empty"):
+            return None
+        problem = str(error)
+    except CacheDirectoryError as error:
+        problem = str(error)
+    raise UsageError(problem)
 
 
 INFO_KEYS = ("cached_files", "cached_bytes", "size_limit", *STAT_KEYS, "evictions")
@@ -83,7 +91,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    cache = open_cache(args)
+    cache = open_cache(args, writable=True)
     before = cache.stats() if cache is not None else {}
     if cache is not None:
         cache.clear()

@@ -24,7 +24,6 @@ from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
 from fsspec_shards.errors import IntegrityError, strip_secrets
-from fsspec_shards.redact import redact_url
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -57,6 +56,9 @@ _BASE_OPTIONS = frozenset(
     }
 )
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
+_WRITE_RACE_ATTEMPTS = 3
+_REMEMBERED_OBJECTS = 65536
+_SHARED_COUNTERS = ("shared_hits", "shared_misses", "shared_evictions")
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
 # Counters with the cache off, per cache directory and process: fsspec makes one instance per
@@ -88,6 +90,10 @@ class WdsFileSystem(ChainedFileSystem):
     cache_dir, cache_size:
         Where cached files live and the most bytes kept (int or ``"50GB"``); defaults from
         ``FSSPEC_SHARDS_CACHE``/``WDS_CACHE`` and ``FSSPEC_SHARDS_CACHE_SIZE``/``WDS_CACHE_SIZE``.
+    shared_cache_dir, shared_cache_size:
+        A second cache tier on a filesystem all nodes mount, looked up on a local miss before
+        the backend and filled with what is downloaded; defaults from
+        ``FSSPEC_SHARDS_SHARED_CACHE`` and ``FSSPEC_SHARDS_SHARED_CACHE_SIZE``.
     cache:
         False streams reads (retried, size-checked, checksum at the end) and keeps nothing.
     retries:
@@ -118,6 +124,8 @@ class WdsFileSystem(ChainedFileSystem):
         fs: fsspec.AbstractFileSystem | None = None,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
+        shared_cache_dir: str | None = None,
+        shared_cache_size: int | str | None = None,
         cache: bool | str = True,
         retries: int | str = 5,
         verify: str | bool = "auto",
@@ -163,6 +171,13 @@ class WdsFileSystem(ChainedFileSystem):
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
         )
+        shared = shared_cache_dir or config.default_shared_cache_dir()
+        self.shared_cache_dir = os.path.expanduser(str(shared)) if shared else None
+        self.shared_cache_size = (
+            config.default_shared_cache_size()
+            if shared_cache_size is None
+            else _parse_size(shared_cache_size, "shared_cache_size")
+        )
         self.block_size = (
             DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
         )
@@ -185,6 +200,9 @@ class WdsFileSystem(ChainedFileSystem):
         self._backend: fsspec.AbstractFileSystem | None = None
         self._cache = None
         self._cache_pid = -1
+        self._shared = None
+        self._shared_pid = -1
+        self._objects: dict[str, ObjectId] = {}
         self._manifest: Manifest | None = None
         with _MEMORY_COUNTERS_LOCK:
             self._memory_counters = _MEMORY_COUNTERS.setdefault(
@@ -253,6 +271,21 @@ class WdsFileSystem(ChainedFileSystem):
             return self._cache
 
     @property
+    def shared_tier(self):
+        """The :class:`SharedTier` (None without ``shared_cache_dir`` or with the cache off)."""
+        if not self.cache_enabled or self.shared_cache_dir is None:
+            return None
+        with self._lock:
+            if self._shared is None or self._shared_pid != os.getpid():
+                from fsspec_shards.storage.cache.shared import SharedTier
+
+                self._shared = SharedTier(
+                    self.shared_cache_dir, self.shared_cache_size, count=self._count
+                )
+                self._shared_pid = os.getpid()
+            return self._shared
+
+    @property
     def manifest(self) -> Manifest | None:
         """The ``checksums`` option, loaded on first use."""
         if self._checksums_source is None:
@@ -280,8 +313,16 @@ class WdsFileSystem(ChainedFileSystem):
         return self.fs._strip_protocol(path)
 
     def _object(self, backend_path: str) -> ObjectId:
-        """Which object ``backend_path`` names on this backend: its cache key and display text."""
-        return object_id(self.fs, backend_path)
+        """Which object ``backend_path`` names on this backend: its cache key and display
+        text. Remembered per instance (its backend, and so the location, never changes):
+        a cache hit should not pay for hashing the URL again."""
+        found = self._objects.get(backend_path)
+        if found is None:
+            found = object_id(self.fs, backend_path)
+            if len(self._objects) >= _REMEMBERED_OBJECTS:
+                self._objects.clear()
+            self._objects[backend_path] = found
+        return found
 
     def _url(self, backend_path: str) -> str:
         """The full backend URL of a path, without secrets: the cache key and the shown name."""
@@ -327,7 +368,12 @@ class WdsFileSystem(ChainedFileSystem):
         and the cache's content (cached_files, cached_bytes)."""
         cache = self.shard_cache
         if cache is not None:
-            return cache.stats()
+            stats = cache.stats()
+            if self.shared_cache_dir is not None:
+                for name in _SHARED_COUNTERS:
+                    stats.setdefault(name, 0)
+                stats["shared_cache_dir"] = self.shared_cache_dir
+            return stats
         with _MEMORY_COUNTERS_LOCK:
             stats = dict(self._memory_counters)
         stats.update(cached_files=0, cached_bytes=0)
@@ -343,31 +389,34 @@ class WdsFileSystem(ChainedFileSystem):
                 self._memory_counters.update(dict.fromkeys(COUNTERS, 0))
 
     def prefetch(self, path: str) -> str | None:
-        """Make sure ``path`` is in the cache; its local path (None with the cache off)."""
+        """Make sure ``path`` is in the cache; its local path (None when it is not cached:
+        the cache is off, read-only or too small, or the file was written meanwhile)."""
         if not self.cache_enabled:
             return None
         backend_path = self._backend_path(path)
+        obj = self._object(backend_path)
         if not self.check_stale:
-            local = self.shard_cache.get(self._url(backend_path), count=False)
+            local = self.shard_cache.get(obj, count=False)
             if local is not None:
                 return local
-        handle = self._open_cached(backend_path)
+        handle = self._open_cached(backend_path, obj)
         if handle is None:
             return None
         handle.close()
-        return handle.name
+        return self.shard_cache.get(obj, count=False)
 
-    def _cached_handle(self, backend_path: str) -> BinaryIO | None:
+    def _cached_handle(self, backend_path: str, obj: ObjectId | None = None) -> CachedFile | None:
         """The cached copy opened for reading, or None; drops it first if it went stale."""
         cache = self.shard_cache
-        url = self._url(backend_path)
-        if self.check_stale and not self._still_fresh(cache, url, backend_path):
-            cache.discard(url)
+        obj = obj or self._object(backend_path)
+        if self.check_stale and not self._still_fresh(cache, obj, backend_path):
+            cache.discard(obj)
             return None
-        return cache.open(url)
+        raw = cache.open(obj)
+        return None if raw is None else CachedFile(raw, self, backend_path)
 
-    def _still_fresh(self, cache: Any, url: str, backend_path: str) -> bool:
-        metadata = cache.metadata(url)
+    def _still_fresh(self, cache: Any, obj: ObjectId, backend_path: str) -> bool:
+        metadata = cache.metadata(obj)
         if metadata is None:
             return True
         validated = metadata.get("validated_at") or 0
@@ -375,46 +424,78 @@ class WdsFileSystem(ChainedFileSystem):
             return True
         current = backends.object_identity(self._retried("info", backend_path))
         if current != metadata.get("identity"):
-            logger.info("cached copy of %s is stale: downloading again", redact_url(url))
+            logger.info("cached copy of %s is stale: downloading again", obj.shown)
             return False
-        cache.touch_validated(url)
+        cache.touch_validated(obj)
         return True
 
-    def _open_cached(self, backend_path: str) -> BinaryIO | None:
+    def _open_cached(self, backend_path: str, obj: ObjectId | None = None) -> CachedFile | None:
         """The whole verified file from the cache, downloading it on a miss; None when it
-        cannot be cached (larger than the cache, or no room)."""
-        from fsspec_shards.storage.cache import CacheFullError
+        cannot be cached (larger than the cache, no room, a read-only cache).
 
-        handle = self._cached_handle(backend_path)
+        The write generation is read before the backend is asked for the file's size and
+        identity, so a write through ``wds`` in between makes the cache refuse the download
+        rather than publish the old version: the backend is asked again, and after three
+        such races the file is streamed uncached.
+        """
+        from fsspec_shards.storage.cache import (
+            CacheFullError,
+            ReadOnlyCacheError,
+            WrittenWhileReadingError,
+        )
+
+        obj = obj or self._object(backend_path)
+        handle = self._cached_handle(backend_path, obj)
         if handle is not None:
             return handle
-        target = self._target(backend_path)
-        info = target.stat()
-        size = info.get("size")
         cache = self.shard_cache
-        for _ in range(3):
+        for _ in range(_WRITE_RACE_ATTEMPTS):
+            since = cache.generation(obj)
+            target = self._target(backend_path)
+            info = target.stat()
             try:
-                local = cache.fetch(
-                    target.url, lambda out: download(target, out, info), expected_size=size
-                )
+                fill = self._filler(obj, target, info)
+                raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
             except CacheFullError as exc:
-                warnings.warn(
-                    f"not caching {redact_url(target.url)}: {exc}; streaming it instead",
-                    stacklevel=3,
-                )
+                warnings.warn(f"not caching {obj.shown}: {exc}; streaming it instead", stacklevel=3)
                 return None
-            try:
-                return open(local, "rb")
-            except FileNotFoundError:  # evicted by another process in between
+            except ReadOnlyCacheError:
+                return None
+            except WrittenWhileReadingError:
                 continue
+            return CachedFile(raw, self, backend_path)
         return None
 
+    def _filler(self, obj: ObjectId, target: Target, info: dict) -> Any:
+        """What fills a local miss: the shared tier when there is one (which downloads from
+        the backend, and keeps a copy, only when it lacks this version), else the backend."""
+        shared = self.shared_tier
+        if shared is None:
+            return lambda out: download(target, out, info)
+
+        def fill(out: BinaryIO) -> dict:
+            identity = backends.object_identity(info)
+            metadata, source = shared.fill(
+                shared.version(obj, identity),
+                out,
+                lambda into: download(target, into, info),
+                size=info.get("size"),
+                expected=target.expected_checksum(info),
+                identity=identity,
+            )
+            self._count("shared_hits" if source == "shared" else "shared_misses")
+            return metadata
+
+        return fill
+
     def _drop_cached(self, backend_paths: Any) -> None:
+        """Drop the cached copies of ``backend_paths`` after a write, and stop downloads of
+        them in flight (in any process) from publishing."""
         if not self.cache_enabled or not os.path.isdir(self.cache_dir):
             return  # no cache directory: nothing was ever cached there
         cache = self.shard_cache
         for path in backend_paths if isinstance(backend_paths, list) else [backend_paths]:
-            cache.discard(self._url(path))
+            cache.discard(self._object(path))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -437,7 +518,7 @@ class WdsFileSystem(ChainedFileSystem):
         if self.cache_enabled:
             handle = self._open_cached(backend_path)
             if handle is not None:
-                return CachedFile(handle, self, backend_path)
+                return handle
         target = self._target(backend_path)
         info = target.stat()
         if info.get("size") is None:  # no ranged reads without a size: spool it whole
@@ -600,7 +681,21 @@ class WdsFileSystem(ChainedFileSystem):
         return self._retried("created", self._backend_path(path))
 
     def invalidate_cache(self, path: str | None = None) -> None:
-        self.fs.invalidate_cache(None if path is None else self._backend_path(path))
+        """Forget the backend's listings and, for a path, the cached copy of that path too
+        (a poisoned entry, e.g. a shard found malformed, is downloaded again next time)."""
+        backend_path = None if path is None else self._backend_path(path)
+        self.fs.invalidate_cache(backend_path)
+        if backend_path is None:
+            return
+        self._drop_cached(backend_path)
+        shared = self.shared_tier
+        if shared is not None:
+            try:
+                info = self._retried("info", backend_path)
+            except FileNotFoundError:
+                return
+            identity = backends.object_identity(info)
+            shared.discard(shared.version(self._object(backend_path), identity))
 
     # -- writing: straight to the backend, dropping cached copies ------------------------
 
@@ -732,8 +827,8 @@ class CachedFile(io.BufferedReader):
     """The cached copy of a file, open for reading. It pickles as "open this path again at
     this position", as fsspec's own files do (dask ships open files to its workers)."""
 
-    def __init__(self, handle: io.BufferedReader, wds: WdsFileSystem, path: str) -> None:
-        super().__init__(handle.detach())
+    def __init__(self, raw: io.FileIO, wds: WdsFileSystem, path: str) -> None:
+        super().__init__(raw)
         self.fs = wds
         self.path = path
 

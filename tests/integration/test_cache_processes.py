@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from filelock import FileLock
 
-from fsspec_shards.storage.cache import CacheFullError, ShardCache
+from fsspec_shards.storage.cache import CacheFullError, ShardCache, locks
+from tests.cache_objects import obj
 
 if TYPE_CHECKING:  # spawned workers import this module: keep it light
     from tests.integration import servers
@@ -62,7 +63,7 @@ def disk_bytes(directory: str) -> int:
     """Bytes of published and in-flight files, as one snapshot: the cache's space lock
     (held while it reserves, publishes and evicts) keeps files from moving while we count."""
     total = 0
-    with FileLock(os.path.join(directory, "locks", "space.lock")):
+    with locks.hold(os.path.join(directory, "locks", "space.lock")):
         for sub in ("files", "tmp"):
             for root, _, names in os.walk(os.path.join(directory, sub)):
                 for name in names:
@@ -87,7 +88,8 @@ def fetch_in_a_thread(cache: ShardCache, url: str, size: int) -> tuple[threading
         return download(file)
 
     def run() -> None:
-        outcome["path"] = cache.fetch(url, take_over, expected_size=size)
+        with cache.fetch(obj(url), take_over, expected_size=size) as handle:
+            outcome["path"] = handle.name
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -106,8 +108,8 @@ def join_all(processes: list) -> None:
 def fetch_once(directory, limit, url, size, counter, barrier, results) -> None:
     cache = ShardCache(directory, limit)
     barrier.wait(JOIN_TIMEOUT)
-    path = cache.fetch(url, slow_writer(url, size, 8, 0.02, counter), expected_size=size)
-    results.put(digest(Path(path).read_bytes()))
+    with cache.fetch(obj(url), slow_writer(url, size, 8, 0.02, counter), size) as handle:
+        results.put(digest(handle.read()))
 
 
 def read_through_wds(url, options, barrier, results) -> None:
@@ -126,7 +128,7 @@ def fetch_then_linger(directory, limit, url, size, started) -> None:
         Path(started).touch()
         return download(file)
 
-    cache.fetch(url, announced, expected_size=size)
+    cache.fetch(obj(url), announced, expected_size=size).close()
     time.sleep(JOIN_TIMEOUT)
 
 
@@ -136,14 +138,9 @@ def read_randomly(directory, limit, names, size, seed, rounds, results) -> None:
     worst = calls = 0
     for _ in range(rounds):
         name = chooser.choice(names)
-        while True:
-            calls += 1
-            path = cache.fetch(name, slow_writer(name, size, 2, 0.001), expected_size=size)
-            try:
-                data = Path(path).read_bytes()
-                break
-            except FileNotFoundError:
-                continue
+        calls += 1
+        with cache.fetch(obj(name), slow_writer(name, size, 2, 0.001), size) as handle:
+            data = handle.read()
         assert data == payload(name, size), name
         worst = max(worst, disk_bytes(directory), cache.stats()["cached_bytes"])
     results.put((worst, calls))
@@ -152,12 +149,12 @@ def read_randomly(directory, limit, names, size, seed, rounds, results) -> None:
 def fetch_each(directory, limit, names, size) -> None:
     cache = ShardCache(directory, limit)
     for name in names:
-        cache.fetch(name, slow_writer(name, size, 2, 0.001), expected_size=size)
+        cache.fetch(obj(name), slow_writer(name, size, 2, 0.001), expected_size=size).close()
 
 
 def read_across_eviction(directory, limit, url, half_read, go_on, results) -> None:
     cache = ShardCache(directory, limit)
-    with cache.open(url) as reader:
+    with cache.open(obj(url)) as reader:
         head = reader.read(1000)
         half_read.set()
         assert go_on.wait(JOIN_TIMEOUT)
@@ -289,8 +286,10 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
         waiter, outcome = fetch_in_a_thread(cache, url, size)
         kill_at = time.monotonic() + trial * 0.015
         while time.monotonic() < kill_at:
-            seen = cache.get(url)
-            assert seen is None or Path(seen).read_bytes() == expected
+            seen = cache.open(obj(url))
+            if seen is not None:
+                with seen:
+                    assert seen.read() == expected
             time.sleep(0.005)
         os.kill(process.pid, signal.SIGKILL)
         process.join(JOIN_TIMEOUT)
@@ -301,7 +300,7 @@ def test_sigkill_at_any_instant_never_leaves_a_partial_entry(tmp_path: Path) -> 
         outcomes.append("taken over" if outcome["downloaded"] else "published")
         assert os.listdir(os.path.join(directory, "tmp")) == []
         assert published_files(directory) == {e["path"] for e in cache.entries()}
-        cache.discard(url)
+        cache.discard(obj(url))
     assert outcomes[0] == "taken over"
     assert cache.stats()["cached_files"] == 0
 
@@ -330,11 +329,12 @@ def test_four_random_readers_keep_the_cap_and_evict_least_recently_used(tmp_path
     # new ones: exactly the seven untouched files must go.
     known = names[:10]
     for name in known:
-        cache.fetch(name, slow_writer(name, size, 1, 0), expected_size=size)
+        cache.fetch(obj(name), slow_writer(name, size, 1, 0), expected_size=size).close()
     assert sorted(e["url"] for e in cache.entries()) == sorted(known)
     touched = [known[2], known[5], known[7]]
     for name in touched:
-        assert cache.get(name) is not None
+        assert cache.get(obj(name)) is not None
+    cache.flush()  # touches are batched per process: make them visible to the writers now
     new = [f"s3://other/new-{i}.tar" for i in range(7)]
     writers = [
         SPAWN.Process(target=fetch_each, args=(directory, limit, new[i::4], size)) for i in range(4)
@@ -352,7 +352,8 @@ def test_reader_in_another_process_keeps_reading_while_its_file_is_evicted(
     directory, size = str(tmp_path / "cache"), 64 * 1024
     cache = ShardCache(directory, 2 * size)
     url = "s3://bucket/open.tar"
-    path = cache.fetch(url, slow_writer(url, size, 1, 0), expected_size=size)
+    with cache.fetch(obj(url), slow_writer(url, size, 1, 0), expected_size=size) as handle:
+        path = handle.name
     half_read, go_on, results = SPAWN.Event(), SPAWN.Event(), SPAWN.Queue()
     reader = SPAWN.Process(
         target=read_across_eviction, args=(directory, 2 * size, url, half_read, go_on, results)
@@ -360,8 +361,8 @@ def test_reader_in_another_process_keeps_reading_while_its_file_is_evicted(
     reader.start()
     assert half_read.wait(JOIN_TIMEOUT)
     for other in ("s3://bucket/x.tar", "s3://bucket/y.tar"):
-        cache.fetch(other, slow_writer(other, size, 1, 0), expected_size=size)
-    assert cache.get(url) is None and not os.path.exists(path)
+        cache.fetch(obj(other), slow_writer(other, size, 1, 0), expected_size=size).close()
+    assert cache.get(obj(url)) is None and not os.path.exists(path)
     go_on.set()
     assert results.get(timeout=JOIN_TIMEOUT) == digest(payload(url, size))
     join_all([reader])
@@ -392,21 +393,22 @@ def test_full_disk_evicts_and_retries_then_raises_cache_full_leaving_nothing_bro
     cache = ShardCache(str(tiny_disk / "cache"), 64 * mib)
     counter = str(tiny_disk.parent / "downloads")
     for name in ("a", "b", "c"):
-        cache.fetch(f"s3://bucket/{name}", slow_writer(name, mib, 4, 0, counter), mib)
+        download = slow_writer(name, mib, 4, 0, counter)
+        cache.fetch(obj(f"s3://bucket/{name}"), download, mib).close()
     # A fourth MiB does not fit on the 4 MiB disk: the oldest file goes and the download reruns.
-    path = cache.fetch("s3://bucket/d", slow_writer("d", mib, 4, 0, counter), mib)
-    assert Path(path).read_bytes() == payload("d", mib)
+    with cache.fetch(obj("s3://bucket/d"), slow_writer("d", mib, 4, 0, counter), mib) as handle:
+        assert handle.read() == payload("d", mib)
     assert os.path.getsize(counter) == 5
-    assert cache.get("s3://bucket/a") is None and cache.stats()["evictions"] >= 1
+    assert cache.get(obj("s3://bucket/a")) is None and cache.stats()["evictions"] >= 1
 
     with pytest.raises(CacheFullError):
-        cache.fetch("s3://bucket/huge", slow_writer("huge", 6 * mib, 6, 0), 6 * mib)
+        cache.fetch(obj("s3://bucket/huge"), slow_writer("huge", 6 * mib, 6, 0), 6 * mib)
     assert os.listdir(os.path.join(cache.directory, "tmp")) == []
     for entry in cache.entries():
         assert os.path.getsize(entry["path"]) == entry["size"]
     assert published_files(cache.directory) == {e["path"] for e in cache.entries()}
-    path = cache.fetch("s3://bucket/e", slow_writer("e", mib, 4, 0), mib)
-    assert Path(path).read_bytes() == payload("e", mib)
+    with cache.fetch(obj("s3://bucket/e"), slow_writer("e", mib, 4, 0), mib) as handle:
+        assert handle.read() == payload("e", mib)
 
 
 def test_wds_reads_stay_correct_when_the_cache_disk_fills_up(
@@ -434,3 +436,35 @@ def test_wds_reads_stay_correct_when_the_cache_disk_fills_up(
     for entry in cache.entries():
         [data] = [data for path, data in blobs.items() if entry["url"].endswith(path)]
         assert Path(entry["path"]).read_bytes() == data
+
+
+def test_touches_reach_other_processes_within_the_batching_window(tmp_path: Path) -> None:
+    """No explicit flush: the background timer writes this process's touches within about
+    a second, and then other processes evict exactly the files not touched."""
+    directory, size = str(tmp_path / "cache"), 16 * 1024
+    limit = 4 * size
+    cache = ShardCache(directory, limit)
+    known = [f"s3://bucket/known-{i}.tar" for i in range(4)]
+    for name in known:
+        cache.fetch(obj(name), slow_writer(name, size, 1, 0), expected_size=size).close()
+    cache.flush()
+    touched = [known[0], known[2]]
+    for name in touched:
+        assert cache.get(obj(name)) is not None
+    index = os.path.join(directory, "index.db")
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    while True:  # wait, without flushing, until the order on disk shows the touches
+        connection = sqlite3.connect(index)
+        order = [
+            row[0] for row in connection.execute("SELECT shown FROM entries ORDER BY accessed_at")
+        ]
+        connection.close()
+        if order[-2:] == touched:
+            break
+        assert time.monotonic() < deadline, f"touches never written: {order}"
+        time.sleep(0.1)
+    new = [f"s3://other/new-{i}.tar" for i in range(2)]
+    writer = SPAWN.Process(target=fetch_each, args=(directory, limit, new, size))
+    writer.start()
+    join_all([writer])
+    assert sorted(e["url"] for e in cache.entries()) == sorted(touched + new)

@@ -1,0 +1,143 @@
+"""The names inside a cache directory: which files the cache makes, and where.
+
+Layout (format :data:`FORMAT`)::
+
+    fsspec-shards-cache.json   marker: says the directory is a cache, and its format
+    index.db                   SQLite index: entries, write generations, counters (0600)
+    files/ab/<key>.<token>     cached bytes (0400), published by rename, never rewritten
+    tmp/<key>.<pid>.<token>.<reserved>.part   downloads in flight and the bytes they reserve
+    locks/<key>.lock           one download per key across processes (0600, kept)
+    locks/space.lock           reservation, publication, eviction, clearing
+
+The shared tier (:mod:`.shared`) has the same marker, ``tmp/`` and ``locks/``, no index,
+and one file per object *version*: ``files/ab/<version>``, ``<version>`` a 64-digit digest.
+
+Invariants:
+
+- ``<key>`` is a 64-digit lowercase hex digest (an ``ObjectId.key``) and ``<token>`` 8 hex
+  digits. The cache deletes only files whose names match these patterns, in the
+  subdirectory the pattern belongs to: whatever else is there, it did not make.
+- A data file's name is a function of its directory and key (:func:`data_file_path`
+  rebuilds the path from validated parts), so no text read from the index can lead outside
+  ``files/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+
+FORMAT = 2
+"""Layout format written into the marker. Format 1 was the diskcache-based layout (no
+marker, ``cache.db`` + ``state/``), which :mod:`.trust` recognises and adopts."""
+
+MARKER = "fsspec-shards-cache.json"
+INDEX = "index.db"
+FILES, TMP, LOCKS = "files", "tmp", "locks"
+SUBDIRECTORIES = (FILES, TMP, LOCKS)
+SPACE_LOCK = "space.lock"
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+_DATA_NAME = re.compile(r"([0-9a-f]{64})\.[0-9a-f]{8}")
+_DATA_FILE = re.compile(r"files/([0-9a-f]{2})/(([0-9a-f]{64})\.[0-9a-f]{8})")
+_TEMP_NAME = re.compile(r"([0-9a-f]{64})\.[0-9]+\.[0-9a-f]{8}\.([0-9]+)\.part")
+_SHARD_DIRECTORY = re.compile(r"[0-9a-f]{2}")
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a cache key (64 lowercase hex digits), else ValueError."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(f"not a cache key: {key!r}")
+    return key
+
+
+def new_data_file(key: str) -> str:
+    """A fresh relative name for the data file of ``key``: ``files/ab/<key>.<token>``."""
+    return f"{FILES}/{key[:2]}/{key}.{secrets.token_hex(4)}"
+
+
+def data_file_path(root: str, key: str, recorded: str) -> str | None:
+    """The absolute path of ``recorded`` (an index row's file) if it is a name this cache
+    makes for ``key``; None for anything else (another key's file, ``..``, absolute paths)."""
+    match = _DATA_FILE.fullmatch(recorded) if isinstance(recorded, str) else None
+    if match is None or match.group(3) != key or match.group(1) != key[:2]:
+        return None
+    return os.path.join(root, FILES, match.group(1), match.group(2))
+
+
+def is_data_name(name: str, shard_directory: str) -> bool:
+    """Whether ``files/<shard_directory>/<name>`` is a name this cache makes."""
+    match = _DATA_NAME.fullmatch(name)
+    return match is not None and match.group(1)[:2] == shard_directory
+
+
+def shared_data_path(root: str, version: str) -> str:
+    """The shared tier's file of ``version`` (a checked 64-digit digest)."""
+    check_key(version)
+    return os.path.join(root, FILES, version[:2], version)
+
+
+def is_shared_data_name(name: str, shard_directory: str) -> bool:
+    """Whether ``files/<shard_directory>/<name>`` is a name the shared tier makes."""
+    return _KEY.fullmatch(name) is not None and name[:2] == shard_directory
+
+
+def is_shard_directory(name: str) -> bool:
+    """Whether ``files/<name>`` is one of the cache's 256 data subdirectories."""
+    return _SHARD_DIRECTORY.fullmatch(name) is not None
+
+
+def new_temp_name(key: str, reserved: int) -> str:
+    """A temp file name recording its key, owner pid and the bytes it reserves."""
+    return f"{key}.{os.getpid()}.{secrets.token_hex(4)}.{reserved}.part"
+
+
+def parse_temp_name(name: str) -> tuple[str, int] | None:
+    """``(key, reserved bytes)`` of a temp file name this cache makes, else None."""
+    match = _TEMP_NAME.fullmatch(name)
+    return None if match is None else (match.group(1), int(match.group(2)))
+
+
+def key_lock_name(key: str) -> str:
+    return f"{key}.lock"
+
+
+def remove_file(path: str) -> bool:
+    """Unlink ``path`` if it is a regular file or a symlink (never what a link points to,
+    never a directory); whether it was removed."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def is_real_directory(path: str) -> bool:
+    """A directory, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def list_directory(path: str) -> list[str]:
+    """Names in ``path`` if it is a real directory, else none."""
+    try:
+        return os.listdir(path) if is_real_directory(path) else []
+    except FileNotFoundError:
+        return []
+
+
+def remove_empty_directory(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass

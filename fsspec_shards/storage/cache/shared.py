@@ -1,0 +1,302 @@
+"""The shared cache tier: whole, verified files on a filesystem every node mounts.
+
+A node's local cache (:class:`~.store.ShardCache`) looks here on a miss before it asks the
+backend, and publishes here what it downloads, so a cluster downloads each shard once.
+
+Invariants:
+
+- One file per object *version*: ``files/ab/<version>``, where ``<version>`` digests the
+  object's key and its identity (ETag / generation / version id, else modification time;
+  always the size). A replaced object has a new name; there is no index to keep consistent
+  across hosts, and no file is ever rewritten.
+- Whole and verified, or absent: a file is copied into ``tmp/``, fsynced, made read-only
+  and renamed into place (atomic on local and network filesystems), so a reader on any host
+  sees the whole file or nothing, also when a publisher is killed at any instant.
+- A copy out of the tier is checked like a download: the size always, the checksum whenever
+  one is known. A copy that fails is deleted and the object downloaded from the backend.
+- One download per version across hosts where the filesystem's locks reach across hosts
+  (``flock`` on ``locks/<version>.lock``); where they do not, two hosts may each download
+  (each copy is still whole).
+- Its own size cap and least-recently-used order (a hit refreshes the file's modification
+  time): at most once every :data:`SCAN_INTERVAL_SECONDS` per process, a publication scans
+  the tier and deletes the least recently used files until it fits, and temp files older
+  than :data:`STALE_TEMP_SECONDS`. Between scans it may overshoot by what the cluster
+  publishes meanwhile.
+- The same trust rules as the local cache (:mod:`.trust`, marker tier ``"shared"``), and
+  only names the tier makes are ever deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, BinaryIO
+
+from fsspec_shards.storage.cache import layout, trust
+from fsspec_shards.storage.cache.notices import warn_once
+from fsspec_shards.storage.identity import ObjectId
+from fsspec_shards.storage.integrity import StreamingHasher
+
+logger = logging.getLogger("fsspec_shards.storage.cache")
+
+SCAN_INTERVAL_SECONDS = 30.0
+STALE_TEMP_SECONDS = 3600.0
+_CHUNK = 4 * 1024 * 1024
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL, errno.EROFS, errno.EACCES)
+Counter = Callable[[str, int], None]
+
+
+class SharedTier:
+    """The shared tier in ``directory``, holding at most ``size_limit`` bytes.
+
+    ``count(name, amount)`` receives ``shared_evictions`` and ``integrity_failures``.
+    """
+
+    def __init__(self, directory: str, size_limit: int, count: Counter | None = None) -> None:
+        prepared = trust.prepare(directory, create=True, tier="shared")
+        self.directory = prepared.path
+        self.size_limit = int(size_limit)
+        self.usable = prepared.usable
+        self.writable = prepared.usable and prepared.writable
+        self._count = count or (lambda name, amount: None)
+        self._uid = os.geteuid()
+        self._last_scan = float("-inf")
+        if not self.usable:
+            warn_once(
+                self.directory,
+                "unusable",
+                f"shared cache tier {self.directory} {prepared.problem}: not used",
+            )
+        elif not self.writable:
+            warn_once(
+                self.directory,
+                "read-only",
+                f"shared cache tier {self.directory} is read-only: its files are used, "
+                "nothing is added",
+            )
+
+    def __repr__(self) -> str:
+        return f"SharedTier({self.directory!r}, size_limit={self.size_limit})"
+
+    @staticmethod
+    def version(obj: ObjectId, identity: str) -> str:
+        """The name of ``obj`` as it is now (``identity``: the backend's version of it)."""
+        return hashlib.sha256(f"{obj.key}\0{identity}".encode()).hexdigest()
+
+    def fill(
+        self,
+        version: str,
+        out: BinaryIO,
+        download: Callable[[BinaryIO], dict],
+        *,
+        size: int | None,
+        expected: Any,
+        identity: str,
+    ) -> tuple[dict, str]:
+        """Fill ``out`` with ``version``: copied from this tier (``"shared"``) when it holds
+        a copy that checks out (``size``, ``expected`` checksum), else by ``download(out)``
+        from the backend and then published here (``"backend"``). Returns the metadata a
+        download returns, and where the bytes came from."""
+        with self._lock(version):
+            copied = self._copy_out(version, out, size, expected, identity)
+            if copied is not None:
+                return copied, "shared"
+            metadata = download(out)
+            self.publish(version, out)
+            return metadata, "backend"
+
+    def publish(self, version: str, source: BinaryIO) -> bool:
+        """Copy the whole, verified file ``source`` into the tier as ``version``; whether the
+        tier holds it now. Failures (a full or read-only shared disk) are logged, not raised:
+        the reader has its bytes either way."""
+        if not self.writable:
+            return False
+        final = layout.shared_data_path(self.directory, version)
+        if os.path.lexists(final):
+            return True
+        source.flush()
+        size = os.fstat(source.fileno()).st_size
+        temp = os.path.join(self.directory, layout.TMP, layout.new_temp_name(version, 0))
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            descriptor = os.open(temp, flags, 0o600)
+            try:
+                _copy(source.fileno(), descriptor, size)
+                os.fsync(descriptor)
+                os.fchmod(descriptor, 0o400)
+            finally:
+                os.close(descriptor)
+            os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+            os.rename(temp, final)
+            _fsync_directory(os.path.dirname(final))
+        except OSError as error:
+            layout.remove_file(temp)
+            logger.warning(
+                "could not add a file to the shared cache tier %s: %s", self.directory, error
+            )
+            return False
+        self._evict_if_due()
+        return True
+
+    def discard(self, version: str) -> None:
+        """Delete the tier's copy of ``version`` (found bad, or invalidated)."""
+        if self.writable:
+            layout.remove_file(layout.shared_data_path(self.directory, version))
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _copy_out(
+        self, version: str, out: BinaryIO, size: int | None, expected: Any, identity: str
+    ) -> dict | None:
+        if not self.usable:
+            return None
+        path = layout.shared_data_path(self.directory, version)
+        try:
+            descriptor = os.open(path, _OPEN_FLAGS)
+        except OSError:  # absent; or a symlink, never followed
+            return None
+        try:
+            info = os.fstat(descriptor)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != self._uid:
+                return None
+            if size is not None and info.st_size != size:
+                logger.warning("shared cache tier: %s has the wrong size; ignoring it", path)
+                self._count("integrity_failures", 1)
+                self.discard(version)
+                return None
+            out.seek(0)
+            out.truncate()
+            hasher = StreamingHasher(expected.algorithm) if expected else None
+            while data := os.read(descriptor, _CHUNK):
+                out.write(data)
+                if hasher is not None:
+                    hasher.update(data)
+        except OSError as error:  # e.g. evicted by another host mid-copy (ESTALE on NFS)
+            logger.info("shared cache tier: could not copy %s: %s", path, error)
+            return None
+        finally:
+            os.close(descriptor)
+        if hasher is not None and hasher.checksum() != expected:
+            logger.warning("shared cache tier: %s fails its checksum; downloading again", path)
+            self._count("integrity_failures", 1)
+            self.discard(version)
+            return None
+        self._refresh(path)
+        return {"size": info.st_size, "identity": identity, "checksum": expected and str(expected)}
+
+    @contextmanager
+    def _lock(self, version: str) -> Iterator[None]:
+        """Hold the version's lock where the filesystem can lock; go on without elsewhere."""
+        if not self.writable:
+            yield
+            return
+        path = os.path.join(self.directory, layout.LOCKS, layout.key_lock_name(version))
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            if error.errno not in _NO_LOCKS:
+                raise
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+                locked = True
+            except OSError as error:
+                if error.errno not in _NO_LOCKS:
+                    raise
+                locked = False
+            try:
+                yield
+            finally:
+                if locked:
+                    fcntl.flock(descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(descriptor)
+
+    def _refresh(self, path: str) -> None:
+        """A hit: the file is now the most recently used (its modification time)."""
+        if self.writable:
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+
+    def _evict_if_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_scan < SCAN_INTERVAL_SECONDS:
+            return
+        self._last_scan = now
+        files = os.path.join(self.directory, layout.FILES)
+        found = []
+        for shard in layout.list_directory(files):
+            if not layout.is_shard_directory(shard):
+                continue
+            for name in layout.list_directory(os.path.join(files, shard)):
+                if layout.is_shared_data_name(name, shard):
+                    path = os.path.join(files, shard, name)
+                    try:
+                        info = os.lstat(path)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(info.st_mode):
+                        found.append((info.st_mtime, info.st_size, path))
+        self._remove_stale_temp_files()
+        total = sum(size for _, size, _ in found)
+        for _, size, path in sorted(found):
+            if total <= self.size_limit:
+                break
+            if layout.remove_file(path):
+                self._count("shared_evictions", 1)
+            total -= size
+
+    def _remove_stale_temp_files(self) -> None:
+        temp = os.path.join(self.directory, layout.TMP)
+        for name in layout.list_directory(temp):
+            if layout.parse_temp_name(name) is None:
+                continue
+            path = os.path.join(temp, name)
+            try:
+                if time.time() - os.lstat(path).st_mtime > STALE_TEMP_SECONDS:
+                    layout.remove_file(path)
+            except FileNotFoundError:
+                pass
+
+
+def _copy(source: int, target: int, size: int) -> None:
+    """Copy ``size`` bytes from the start of ``source`` to ``target`` (in the kernel where
+    it can)."""
+    copied = 0
+    try:
+        while copied < size and hasattr(os, "copy_file_range"):  # Linux
+            done = os.copy_file_range(source, target, size - copied, copied, copied)
+            if done == 0:
+                break
+            copied += done
+    except OSError as error:
+        if error.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    while copied < size:
+        data = os.pread(source, min(_CHUNK, size - copied), copied)
+        if not data:
+            break
+        os.pwrite(target, data, copied)
+        copied += len(data)
+    if copied != size:
+        raise OSError(errno.EIO, f"copied {copied} of {size} bytes")
+
+
+def _fsync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

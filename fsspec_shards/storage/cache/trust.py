@@ -1,0 +1,324 @@
+"""Which directories the cache trusts, and how it makes one its own.
+
+Invariants (as ssh's StrictModes):
+
+- A new cache directory is created 0700 and gets a marker file
+  (:data:`~.layout.MARKER`, with the layout format) once its subdirectories exist.
+- An existing directory is used only if it is empty or carries the marker, is owned by the
+  current user, and is not writable by group or others; the same holds for the marker,
+  the subdirectories and the index file, none of which may be a symlink. Anything else is
+  a :class:`CacheDirectoryError` naming the path, the reason and the fix.
+- A directory made by the previous layout (no marker; diskcache's ``cache.db``, ``files/``,
+  ``tmp/``, ``locks/``, ``state/`` and nothing else) is adopted: its cached files (names that
+  layout made) and its index are deleted, so nothing it cached is ever served, and the
+  marker is written. A marker saying ``"adopting"`` makes the next process finish the job.
+- Inspection (``create=False``) writes nothing, anywhere; a directory that is not a cache
+  is a :class:`NotACacheError`.
+- The marker names the tier (``"local"`` or ``"shared"``): a node's local cache is never
+  taken for the shared tier, nor the other way round.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import sqlite3
+import stat
+from dataclasses import dataclass
+from urllib.request import pathname2url
+
+from fsspec_shards.storage.cache import layout, locks
+
+_PREVIOUS_NAMES = frozenset(
+    {"cache.db", "cache.db-wal", "cache.db-shm", "files", "tmp", "locks", "state"}
+)
+_PREVIOUS_STATE = ("counters", "validated")
+_SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class CacheDirectoryError(OSError):
+    """A cache directory the cache will not use: names the path, the reason and the fix."""
+
+    def __init__(self, path: str, reason: str, fix: str, code: int = errno.EPERM) -> None:
+        self.path, self.reason, self.fix = path, reason, fix
+        super().__init__(code, f"cache: {path} {reason}; {fix}")
+        self.filename = path
+
+    def __str__(self) -> str:
+        return self.args[1]
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason, self.fix, self.errno))
+
+
+class NotACacheError(CacheDirectoryError):
+    """Inspection of a directory that is not a fsspec-shards cache (nothing was created).
+
+    ``kind`` says why: ``"missing"``, ``"empty"`` (no cache yet), ``"foreign"`` (other
+    files), ``"previous"`` (a cache of the previous layout, adopted at first use).
+    """
+
+    def __init__(self, path: str, reason: str, kind: str, code: int = errno.ENOENT) -> None:
+        self.kind = kind
+        super().__init__(path, reason, "nothing was created", code)
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason, self.kind, self.errno))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A cache directory ready for use: ``writable`` False means read-only; ``usable`` False
+    means there is no cache at all (every read streams), ``problem`` says why."""
+
+    path: str
+    writable: bool
+    usable: bool = True
+    problem: str = ""
+
+
+_CHOOSE_ANOTHER = "set cache_dir (or FSSPEC_SHARDS_CACHE) to a new or empty directory of your own"
+
+
+def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prepared:
+    """Check ``directory`` and, with ``create``, make it (or an empty one) a cache of
+    ``tier`` (``"local"``, or ``"shared"``: the tier all nodes mount)."""
+    path = os.path.abspath(os.path.expanduser(str(directory)))
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if not create:
+            raise NotACacheError(path, "does not exist", "missing") from None
+        problem = _create(path)
+        if problem:
+            return Prepared(path, writable=False, usable=False, problem=problem)
+        info = os.stat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        if not create:
+            raise NotACacheError(path, "is not a directory", "foreign", errno.ENOTDIR)
+        raise CacheDirectoryError(path, "is not a directory", _CHOOSE_ANOTHER, errno.ENOTDIR)
+    _check_private(path, info)
+    marker = _read_marker(path)
+    writable = os.access(path, os.W_OK)
+    if marker is None or marker.get("adopting"):
+        if not create:
+            raise _not_a_cache(path, marker)
+        if not writable:
+            return Prepared(
+                path, writable=False, usable=False, problem="cannot be set up: it is read-only"
+            )
+        marker = _take(path, tier)
+    if marker.get("tier", "local") != tier:
+        raise CacheDirectoryError(
+            path,
+            f"is the {marker.get('tier', 'local')} tier of a cache, not a {tier} one",
+            "give the local cache (cache_dir) and the shared tier (shared_cache_dir) "
+            "directories of their own",
+            errno.EEXIST,
+        )
+    _check_contents(path, writable)
+    return Prepared(path, writable=writable)
+
+
+def _create(path: str) -> str:
+    """Create ``path`` 0700 (its parents as the umask says); a reason if that is impossible."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        if error.errno in _UNWRITABLE:
+            return f"cannot be created ({os.strerror(error.errno)})"
+        raise
+    return ""
+
+
+def _take(path: str, tier: str) -> dict:
+    """Under the directory's lock: mark an empty directory, or adopt one of the previous
+    layout, or refuse anything else. Returns the marker."""
+    with locks.hold_directory(path):
+        marker = _read_marker(path)
+        if marker is None:
+            names = os.listdir(path)
+            if not names:
+                _make_subdirectories(path)
+                return _write_marker(path, tier=tier)
+            if tier != "local" or not _is_previous_layout(path, names):
+                raise CacheDirectoryError(
+                    path,
+                    f"is not empty and is not a fsspec-shards cache (no {layout.MARKER})",
+                    _CHOOSE_ANOTHER,
+                    errno.EEXIST,
+                )
+            marker = _write_marker(path, tier=tier, adopting=True)
+        if marker.get("adopting"):
+            _adopt_previous_layout(path)
+            _make_subdirectories(path)
+            marker = _write_marker(path, tier=tier)
+        return marker
+
+
+def _not_a_cache(path: str, marker: dict | None) -> NotACacheError:
+    previous = (
+        "is a cache of an earlier fsspec-shards version: its entries are removed (not "
+        "served) the first time a read uses it"
+    )
+    if marker is not None:
+        return NotACacheError(path, previous, "previous")
+    names = os.listdir(path)
+    if not names:
+        return NotACacheError(path, "is empty: no cache yet", "empty")
+    if _is_previous_layout(path, names):
+        return NotACacheError(path, previous, "previous")
+    return NotACacheError(path, f"is not a fsspec-shards cache (no {layout.MARKER})", "foreign")
+
+
+def _check_private(path: str, info: os.stat_result) -> None:
+    """``path`` (stat ``info``) is owned by the current user and writable by nobody else."""
+    if info.st_uid != os.geteuid():
+        raise CacheDirectoryError(
+            path,
+            f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})",
+            _CHOOSE_ANOTHER,
+        )
+    if info.st_mode & 0o022:
+        raise CacheDirectoryError(
+            path,
+            f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})",
+            f"run 'chmod go-w {path}' if you trust its contents, or {_CHOOSE_ANOTHER}",
+        )
+
+
+def _check_entry(path: str, kind: str) -> os.stat_result | None:
+    """lstat of a file the cache keeps: None if absent; an error if it is a symlink, not of
+    ``kind`` ("directory" or "file"), foreign or writable by others."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    wanted = stat.S_ISDIR if kind == "directory" else stat.S_ISREG
+    if not wanted(info.st_mode):
+        what = "a symlink" if stat.S_ISLNK(info.st_mode) else f"not a {kind}"
+        raise CacheDirectoryError(
+            path, f"is {what}", f"remove it (the cache makes it again), or {_CHOOSE_ANOTHER}"
+        )
+    _check_private(path, info)
+    return info
+
+
+def _read_marker(path: str) -> dict | None:
+    marker_path = os.path.join(path, layout.MARKER)
+    if _check_entry(marker_path, "file") is None:
+        return None
+    try:
+        descriptor = os.open(marker_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            marker = json.loads(file.read(4096))
+        version = marker["format"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CacheDirectoryError(
+            marker_path, "is damaged", f"remove the directory, or {_CHOOSE_ANOTHER}"
+        ) from None
+    if version != layout.FORMAT:
+        raise CacheDirectoryError(
+            path,
+            f"holds a cache of layout format {version!r}, this version of fsspec-shards "
+            f"reads format {layout.FORMAT}",
+            f"use the fsspec-shards version that made it, or {_CHOOSE_ANOTHER}",
+        )
+    return marker
+
+
+def _write_marker(path: str, *, tier: str, adopting: bool = False) -> dict:
+    """Write the marker atomically (a temp file renamed over it), 0600; returns it."""
+    content = {"format": layout.FORMAT, "made_by": "fsspec-shards", "tier": tier}
+    if adopting:
+        content["adopting"] = True
+    temp = os.path.join(path, f".{layout.MARKER}.{secrets.token_hex(4)}")
+    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            json.dump(content, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, os.path.join(path, layout.MARKER))
+    except BaseException:
+        layout.remove_file(temp)
+        raise
+    return content
+
+
+def _make_subdirectories(path: str) -> None:
+    for name in layout.SUBDIRECTORIES:
+        try:
+            os.mkdir(os.path.join(path, name), 0o700)
+        except FileExistsError:
+            pass
+
+
+def _check_contents(path: str, writable: bool) -> None:
+    """Subdirectories and index private and real (no symlinks); missing ones made."""
+    for name in layout.SUBDIRECTORIES:
+        subdirectory = os.path.join(path, name)
+        if _check_entry(subdirectory, "directory") is None and writable:
+            try:
+                os.mkdir(subdirectory, 0o700)
+            except FileExistsError:
+                _check_entry(subdirectory, "directory")
+    index = os.path.join(path, layout.INDEX)
+    for suffix in _SQLITE_SUFFIXES[1:]:
+        _check_entry(index + suffix, "file")
+    info = _check_entry(index, "file")
+    if info is not None and info.st_mode & 0o077 and writable:
+        os.chmod(index, 0o600)
+
+
+def _is_previous_layout(path: str, names: list[str]) -> bool:
+    """Whether ``path`` holds the previous (diskcache) layout and nothing else."""
+    if "cache.db" not in names or not set(names) <= _PREVIOUS_NAMES:
+        return False
+    database = os.path.join(path, "cache.db")
+    info = os.lstat(database)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        return False
+    try:
+        connection = sqlite3.connect(f"file:{pathname2url(database)}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError:
+        return False
+    return {"Cache", "Settings"} <= tables
+
+
+def _adopt_previous_layout(path: str) -> None:
+    """Delete what the previous layout cached (its data files, temp files, indexes).
+
+    Only names that layout made are deleted (``files/ab/<key>.<token>``,
+    ``tmp/<key>.<pid>.<token>.<bytes>.part``, the diskcache databases); lock files stay.
+    """
+    files = os.path.join(path, layout.FILES)
+    for shard in layout.list_directory(files):
+        shard_path = os.path.join(files, shard)
+        if layout.is_shard_directory(shard) and layout.is_real_directory(shard_path):
+            for name in layout.list_directory(shard_path):
+                if layout.is_data_name(name, shard):
+                    layout.remove_file(os.path.join(shard_path, name))
+    temp = os.path.join(path, layout.TMP)
+    for name in layout.list_directory(temp):
+        if layout.parse_temp_name(name) is not None:
+            layout.remove_file(os.path.join(temp, name))
+    state = os.path.join(path, "state")
+    if layout.is_real_directory(state):
+        for name in _PREVIOUS_STATE:
+            for suffix in _SQLITE_SUFFIXES:
+                layout.remove_file(os.path.join(state, name, "cache.db" + suffix))
+            layout.remove_empty_directory(os.path.join(state, name))
+        layout.remove_empty_directory(state)
+    for suffix in _SQLITE_SUFFIXES:
+        layout.remove_file(os.path.join(path, "cache.db" + suffix))

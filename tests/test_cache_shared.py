@@ -1,0 +1,209 @@
+"""The shared cache tier, through ``wds`` on local files: lookups before the backend,
+publication, checks on the way out, its own cap and LRU, trust and degraded modes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from fsspec_shards.storage.cache import CacheDirectoryError, CacheWarning, ShardCache, layout
+from fsspec_shards.storage.cache import shared as shared_module
+from fsspec_shards.storage.cache.shared import SharedTier
+from tests import cache_objects
+from tests.cache_objects import obj, payload
+
+read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
+
+
+def shared_files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (directory / "files").rglob("*") if p.is_file()}
+
+
+def wds(tmp_path: Path, host: str, shared: Path, **options) -> fsspec.AbstractFileSystem:
+    """A "host": its own local cache, the common shared tier."""
+    return fsspec.filesystem(
+        "wds",
+        target_protocol="file",
+        cache_dir=str(tmp_path / f"local-{host}"),
+        shared_cache_dir=str(shared),
+        skip_instance_cache=True,
+        **options,
+    )
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    directory = tmp_path / "source"
+    directory.mkdir()
+    for index in range(3):
+        (directory / f"shard-{index}.tar").write_bytes(payload(f"shard-{index}", 50_000))
+    return directory
+
+
+def test_a_second_host_reads_from_the_shared_tier_not_the_backend(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    one, two = wds(tmp_path, "one", shared), wds(tmp_path, "two", shared)
+    for index in range(3):
+        path = str(source / f"shard-{index}.tar")
+        assert one.cat_file(path) == payload(f"shard-{index}", 50_000)
+        assert two.cat_file(path) == payload(f"shard-{index}", 50_000)
+    first, second = one.cache_stats(), two.cache_stats()
+    assert (first["shared_misses"], first["shared_hits"], first["bytes_downloaded"]) == (
+        3,
+        0,
+        150_000,
+    )
+    assert (second["shared_misses"], second["shared_hits"], second["bytes_downloaded"]) == (
+        3 - 3,
+        3,
+        0,
+    )
+    assert second["misses"] == 3 and second["cached_files"] == 3  # now in two's local tier too
+    assert sorted(shared_files(shared).values()) == sorted(
+        payload(f"shard-{i}", 50_000) for i in range(3)
+    )
+    marker = json.loads((shared / layout.MARKER).read_text())
+    assert marker["tier"] == "shared" and marker["format"] == layout.FORMAT
+
+
+def test_a_replaced_object_gets_a_new_shared_copy_and_the_old_one_is_never_served(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    wds(tmp_path, "one", shared).cat_file(str(path))
+    path.write_bytes(b"the new version of the shard")
+    two = wds(tmp_path, "two", shared)
+    assert two.cat_file(str(path)) == b"the new version of the shard"
+    assert two.cache_stats()["shared_hits"] == 0
+    assert b"the new version of the shard" in shared_files(shared).values()
+
+
+def test_a_shared_copy_that_fails_its_checksum_is_replaced_from_the_backend(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    good = path.read_bytes()
+    checksums = {str(path): "sha256:" + hashlib.sha256(good).hexdigest()}
+    wds(tmp_path, "one", shared, checksums=checksums).cat_file(str(path))
+    [copy] = [p for p in (shared / "files").rglob("*") if p.is_file()]
+    copy.chmod(0o600)
+    damaged = bytearray(copy.read_bytes())
+    damaged[100] ^= 0xFF
+    copy.write_bytes(bytes(damaged))  # same size: only the checksum can tell
+    two = wds(tmp_path, "two", shared, checksums=checksums)
+    assert two.cat_file(str(path)) == good
+    stats = two.cache_stats()
+    assert (stats["shared_hits"], stats["bytes_downloaded"], stats["integrity_failures"]) == (
+        0,
+        len(good),
+        1,
+    )
+    assert shared_files(shared) == {copy.name: good}
+
+
+def test_a_shared_copy_of_the_wrong_size_is_ignored(tmp_path: Path, source: Path) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    wds(tmp_path, "one", shared).cat_file(str(path))
+    [copy] = [p for p in (shared / "files").rglob("*") if p.is_file()]
+    copy.chmod(0o600)
+    copy.write_bytes(b"short")
+    assert wds(tmp_path, "two", shared).cat_file(str(path)) == path.read_bytes()
+    assert shared_files(shared) == {copy.name: path.read_bytes()}
+
+
+def test_the_shared_tier_keeps_its_own_cap_evicting_least_recently_used(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared_module, "SCAN_INTERVAL_SECONDS", 0.0)
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared, shared_cache_size=120_000)
+    one.cat_file(str(source / "shard-0.tar"))
+    one.cat_file(str(source / "shard-1.tar"))
+    old = time.time() - 1000
+    for number, copy in enumerate(sorted((shared / "files").rglob("*/*"), key=os.path.getmtime)):
+        os.utime(copy, (old + number, old + number))
+    wds(tmp_path, "two", shared).cat_file(str(source / "shard-0.tar"))  # a hit refreshes it
+    one.cat_file(str(source / "shard-2.tar"))  # 150 KB would not fit: the LRU one goes
+    assert sorted(shared_files(shared).values()) == sorted(
+        [payload("shard-0", 50_000), payload("shard-2", 50_000)]
+    )
+    assert one.cache_stats()["shared_evictions"] == 1
+
+
+def test_eviction_and_stale_temp_clean_up_delete_only_names_the_tier_makes(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared_module, "SCAN_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr(shared_module, "STALE_TEMP_SECONDS", 60.0)
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared, shared_cache_size=60_000)
+    one.cat_file(str(source / "shard-0.tar"))
+    foreign = [shared / "files" / "README", shared / "tmp" / "notes.part"]
+    for path in foreign:
+        path.write_bytes(b"x" * 100_000)
+    stale = shared / "tmp" / f"{obj('dead').key}.1.deadbeef.0.part"
+    fresh = shared / "tmp" / f"{obj('alive').key}.2.deadbeef.0.part"
+    for path in (stale, fresh):
+        path.write_bytes(b"partial")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    one.cat_file(str(source / "shard-1.tar"))
+    assert all(path.exists() for path in foreign) and fresh.exists() and not stale.exists()
+    assert list(shared_files(shared).values()).count(payload("shard-0", 50_000)) == 0
+
+
+def test_invalidate_cache_drops_the_shared_copy_too(tmp_path: Path, source: Path) -> None:
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared)
+    path = str(source / "shard-0.tar")
+    one.cat_file(path)
+    assert len(shared_files(shared)) == 1
+    one.invalidate_cache(path)
+    assert shared_files(shared) == {}
+    assert one.cat_file(path) == payload("shard-0", 50_000)
+    assert one.cache_stats()["bytes_downloaded"] == 2 * 50_000
+
+
+def test_a_local_cache_is_never_taken_for_the_shared_tier_nor_the_other_way(
+    tmp_path: Path,
+) -> None:
+    local = ShardCache(str(tmp_path / "local"), 1000)
+    with pytest.raises(CacheDirectoryError, match="local tier"):
+        SharedTier(local.directory, 1000)
+    tier = SharedTier(str(tmp_path / "shared"), 1000)
+    with pytest.raises(CacheDirectoryError, match="shared tier"):
+        ShardCache(tier.directory, 1000)
+
+
+def test_a_shared_tier_owned_by_another_user_is_refused(tmp_path: Path, source: Path) -> None:
+    shared = tmp_path / "shared"
+    SharedTier(str(shared), 1000)
+    os.chown(shared, 12345, 12345)
+    with pytest.raises(CacheDirectoryError, match="owned by uid 12345"):
+        wds(tmp_path, "one", shared).cat_file(str(source / "shard-0.tar"))
+
+
+def test_a_read_only_shared_tier_is_read_and_never_written(
+    tmp_path: Path, source: Path, read_only_view
+) -> None:
+    shared = tmp_path / "shared"
+    wds(tmp_path, "one", shared).cat_file(str(source / "shard-0.tar"))
+    before = shared_files(shared)
+    fs = wds(tmp_path, "two", read_only_view(shared))
+    with pytest.warns(CacheWarning, match="read-only") as caught:
+        assert fs.cat_file(str(source / "shard-0.tar")) == payload("shard-0", 50_000)
+        assert fs.cat_file(str(source / "shard-1.tar")) == payload("shard-1", 50_000)
+    assert len([w for w in caught if issubclass(w.category, CacheWarning)]) == 1
+    stats = fs.cache_stats()
+    assert (stats["shared_hits"], stats["shared_misses"]) == (1, 1)
+    assert shared_files(shared) == before

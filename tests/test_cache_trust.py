@@ -1,0 +1,531 @@
+"""The cache's trust boundary and its degraded modes, with real other users, real planted
+index rows, real read-only mounts and real corrupt files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from fsspec_shards.storage.cache import (
+    CacheDirectoryError,
+    CacheWarning,
+    NotACacheError,
+    ReadOnlyCacheError,
+    ShardCache,
+    layout,
+    store,
+)
+from tests import cache_objects
+from tests.cache_objects import fill, obj, payload, writer
+
+read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
+
+OTHER_UID = 12345
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state() -> Iterator[None]:
+    """Each test opens its caches as a new process would (no shared index from before)."""
+    store._SHARED.clear()
+    yield
+    store._SHARED.clear()
+
+
+def tree(directory: Path) -> dict[str, bytes | None]:
+    """Every path under ``directory`` with its bytes (None for directories)."""
+    return {
+        str(p.relative_to(directory)): (None if p.is_dir() else p.read_bytes())
+        for p in sorted(directory.rglob("*"))
+    }
+
+
+def plant_row(cache: ShardCache, url: str, file: str, size: int, accessed_at: float = 0) -> None:
+    """Insert an index row the way another program would: straight into the database."""
+    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
+    connection.execute(
+        "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (obj(url).key, file, size, url, 0, accessed_at, 0, "{}"),
+    )
+    connection.commit()
+    connection.close()
+
+
+def index_keys(cache: ShardCache) -> list[str]:
+    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
+    try:
+        return [row[0] for row in connection.execute("SELECT key FROM entries")]
+    finally:
+        connection.close()
+
+
+# -- a new cache, and which existing directories are used -------------------------------------
+
+
+def test_a_new_cache_directory_is_private_and_marked_with_its_format(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "parent" / "cache"), 1000)
+    root = Path(cache.directory)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    marker = json.loads((root / layout.MARKER).read_text())
+    assert marker["format"] == layout.FORMAT and "adopting" not in marker
+
+
+def test_an_empty_existing_directory_is_taken_and_marked(tmp_path: Path) -> None:
+    directory = tmp_path / "empty"
+    directory.mkdir(mode=0o755)
+    fill(ShardCache(str(directory), 1000), "s3://bucket/a")
+    assert (directory / layout.MARKER).is_file()
+
+
+def test_a_directory_with_other_files_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    directory = tmp_path / "photos"
+    (directory / "files").mkdir(parents=True)
+    (directory / "files" / "holiday.jpg").write_bytes(b"jpeg")
+    (directory / "tmp").mkdir()
+    (directory / "tmp" / "draft.part").write_bytes(b"draft")
+    before = tree(directory)
+    with pytest.raises(CacheDirectoryError) as raised:
+        ShardCache(str(directory), 1000)
+    message = str(raised.value)
+    assert str(directory) in message and "not a fsspec-shards cache" in message
+    assert "cache_dir" in message  # how to fix it
+    assert tree(directory) == before
+
+
+def test_a_file_given_as_the_cache_directory_is_refused_and_kept(tmp_path: Path) -> None:
+    plain = tmp_path / "notes.txt"
+    plain.write_text("mine")
+    with pytest.raises(CacheDirectoryError, match="is not a directory"):
+        ShardCache(str(plain), 1000)
+    with pytest.raises(NotACacheError, match="is not a directory"):
+        ShardCache.existing(str(plain))
+    assert plain.read_text() == "mine"
+
+
+def test_a_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    fill(cache, "s3://bucket/a")
+    store._SHARED.clear()
+    os.chown(cache.directory, OTHER_UID, OTHER_UID)
+    with pytest.raises(CacheDirectoryError) as raised:
+        ShardCache(cache.directory, 1000)
+    assert f"owned by uid {OTHER_UID}" in str(raised.value)
+    assert cache.directory in str(raised.value)
+
+
+def test_a_directory_another_user_planted_empty_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "planted"
+    directory.mkdir(mode=0o777)
+    os.chmod(directory, 0o777)
+    os.chown(directory, OTHER_UID, OTHER_UID)
+    with pytest.raises(CacheDirectoryError, match=f"owned by uid {OTHER_UID}"):
+        ShardCache(str(directory), 1000)
+    assert list(directory.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777])
+def test_a_directory_writable_by_group_or_others_is_refused(tmp_path: Path, mode: int) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    os.chmod(cache.directory, mode)
+    with pytest.raises(CacheDirectoryError) as raised:
+        ShardCache(cache.directory, 1000)
+    assert "writable by group or others" in str(raised.value)
+    assert f"chmod go-w {cache.directory}" in str(raised.value)
+
+
+def test_a_files_directory_planted_by_another_user_is_refused(tmp_path: Path) -> None:
+    """The attack of the issue: another user's 0777 files/ lets them swap cached bytes."""
+    directory = tmp_path / "cache"
+    ShardCache(str(directory), 1000)
+    store._SHARED.clear()
+    files = directory / "files"
+    files.rmdir()
+    files.mkdir()
+    os.chmod(files, 0o777)
+    os.chown(files, OTHER_UID, OTHER_UID)
+    with pytest.raises(CacheDirectoryError) as raised:
+        ShardCache(str(directory), 1000)
+    assert str(files) in str(raised.value)
+
+
+def test_a_subdirectory_replaced_by_a_symlink_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    ShardCache(str(directory), 1000)
+    store._SHARED.clear()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (directory / "tmp").rmdir()
+    (directory / "tmp").symlink_to(elsewhere)
+    with pytest.raises(CacheDirectoryError, match="is a symlink"):
+        ShardCache(str(directory), 1000)
+
+
+def test_a_data_subdirectory_that_is_a_symlink_is_never_followed(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    url = "s3://bucket/a"
+    path = Path(fill(cache, url))
+    store._SHARED.clear()
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    (outside / path.name).write_bytes(payload(url, 100))
+    path.unlink()
+    path.parent.rmdir()
+    path.parent.symlink_to(outside)
+    cache = ShardCache(cache.directory, 1000)
+    with pytest.warns(CacheWarning, match="not a file this cache made"):
+        assert cache.open(obj(url)) is None
+    cache.clear()
+    assert (outside / path.name).read_bytes() == payload(url, 100)
+
+
+def test_an_index_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    store._SHARED.clear()
+    os.chown(os.path.join(cache.directory, layout.INDEX), OTHER_UID, OTHER_UID)
+    with pytest.raises(CacheDirectoryError, match=layout.INDEX):
+        ShardCache(cache.directory, 1000)
+
+
+def test_an_index_made_readable_by_others_is_made_private_again(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    index = Path(cache.directory) / layout.INDEX
+    os.chmod(index, 0o644)
+    ShardCache(cache.directory, 1000)
+    assert stat.S_IMODE(index.stat().st_mode) == 0o600
+
+
+def test_a_cache_of_a_newer_format_is_refused(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    marker = Path(cache.directory) / layout.MARKER
+    marker.write_text(json.dumps({"format": layout.FORMAT + 1}))
+    with pytest.raises(CacheDirectoryError, match="layout format"):
+        ShardCache(cache.directory, 1000)
+
+
+# -- the index names only the cache's own files -------------------------------------------
+
+
+def test_a_planted_index_row_naming_a_file_outside_is_ignored_never_opened_or_deleted(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "home" / "victim" / "secret.txt"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"the victim's own file")
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    url = "s3://bucket/a"
+    relative = os.path.relpath(victim, Path(cache.directory) / "files" / "ab")
+    plant_row(cache, url, f"files/ab/{relative}", victim.stat().st_size)
+    plant_row(cache, "s3://bucket/b", str(victim), victim.stat().st_size)
+    with pytest.warns(CacheWarning) as caught:
+        assert cache.open(obj(url)) is None
+        assert cache.open(obj("s3://bucket/b")) is None
+    assert all(cache.directory in str(w.message) for w in caught)
+    assert any("not a file this cache made" in str(w.message) for w in caught)
+    assert index_keys(cache) == []  # the rows are dropped, the file is not touched
+    assert victim.read_bytes() == b"the victim's own file"
+    assert Path(fill(cache, url)).read_bytes() == payload(url, 100)  # and the key works again
+
+
+def test_eviction_discard_and_clear_never_delete_what_a_planted_row_names(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me")
+    cache = ShardCache(str(tmp_path / "cache"), 250)
+    plant_row(cache, "s3://bucket/evicted", f"files/../../{victim.name}", 100, accessed_at=0)
+    plant_row(cache, "s3://bucket/discarded", f"files/../../{victim.name}", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        fill(cache, "s3://bucket/a")
+        fill(cache, "s3://bucket/b")  # needs room: evicts the planted least-recent row
+        cache.discard(obj("s3://bucket/discarded"))
+        plant_row(cache, "s3://bucket/cleared", str(victim), 1)
+        cache.clear()
+    assert victim.read_bytes() == b"keep me"
+    assert index_keys(cache) == []
+
+
+def test_a_row_naming_another_keys_file_is_not_served(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    other = Path(fill(cache, "s3://bucket/other"))
+    plant_row(cache, "s3://bucket/a", str(other.relative_to(cache.directory)), 100)
+    with pytest.warns(CacheWarning, match="not a file this cache made"):
+        assert cache.open(obj("s3://bucket/a")) is None
+    assert other.read_bytes() == payload("s3://bucket/other", 100)
+
+
+def test_a_cached_file_swapped_for_a_symlink_is_a_miss(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    url = "s3://bucket/a"
+    path = Path(fill(cache, url))
+    planted = tmp_path / "planted"
+    planted.write_bytes(b"x" * 100)
+    path.unlink()
+    path.symlink_to(planted)
+    assert cache.open(obj(url)) is None
+    assert planted.read_bytes() == b"x" * 100
+    assert Path(fill(cache, url)).read_bytes() == payload(url, 100)
+
+
+def test_a_cached_file_owned_by_another_user_is_a_miss(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    url = "s3://bucket/a"
+    os.chown(fill(cache, url), OTHER_UID, OTHER_UID)
+    assert cache.open(obj(url)) is None
+
+
+# -- the cache deletes only files it made --------------------------------------------------
+
+
+def test_clear_and_stale_temp_clean_up_delete_only_names_the_cache_makes(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    ours = [Path(fill(cache, f"s3://bucket/{n}")) for n in "ab"]
+    root = Path(cache.directory)
+    foreign = [
+        root / "files" / "notes.txt",
+        root / "files" / ours[0].parent.name / "keep.bin",
+        root / "tmp" / "draft.part",
+        root / "tmp" / "unrelated.txt",
+    ]
+    for path in foreign:
+        path.write_bytes(b"not the cache's")
+    stale = root / "tmp" / f"{obj('s3://bucket/dead').key}.999999.deadbeef.10.part"
+    stale.write_bytes(b"partial")
+    fill(cache, "s3://bucket/c")  # reserving room sweeps stale temp files
+    assert not stale.exists()
+    cache.clear()
+    assert not any(path.exists() for path in ours)
+    assert all(path.read_bytes() == b"not the cache's" for path in foreign)
+
+
+def test_the_first_read_keeps_temp_files_the_cache_did_not_make(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    ShardCache(str(directory), 1000)
+    precious = directory / "tmp" / "precious.part"
+    precious.write_bytes(b"mine")
+    store._SHARED.clear()
+    fill(ShardCache(str(directory), 1000), "s3://bucket/a")
+    assert precious.read_bytes() == b"mine"
+
+
+# -- inspection creates nothing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "foreign"])
+def test_inspecting_a_directory_that_is_not_a_cache_says_so_and_creates_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    directory = tmp_path / "plain"
+    if kind != "missing":
+        directory.mkdir()
+    if kind == "foreign":
+        (directory / "data.csv").write_text("a,b\n")
+    before = tree(tmp_path)
+    with pytest.raises(NotACacheError) as raised:
+        ShardCache.existing(str(directory))
+    assert str(directory) in str(raised.value)
+    assert isinstance(raised.value, OSError)
+    assert tree(tmp_path) == before
+
+
+def test_inspecting_a_cache_reads_it_and_writes_nothing(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    fill(cache, "s3://bucket/a")
+    cache.flush()
+    store._SHARED.clear()
+    before = tree(Path(cache.directory))
+    inspected = ShardCache.existing(cache.directory)
+    assert [e["url"] for e in inspected.entries()] == ["s3://bucket/a"]
+    assert inspected.stats()["cached_files"] == 1
+    assert inspected.get(obj("s3://bucket/a")) is not None
+    with pytest.raises(ReadOnlyCacheError):
+        inspected.clear()
+    inspected.flush()
+    assert tree(Path(cache.directory)) == before
+
+
+# -- a cache of the previous layout -------------------------------------------------------
+
+
+def make_previous_layout(directory: Path) -> dict[str, Path]:
+    """A cache as the diskcache-based version left it: index, files, temp, state, locks."""
+    import diskcache
+
+    directory.mkdir(mode=0o700)
+    key = "ab" + "0" * 62
+    data = directory / "files" / "ab" / f"{key}.0badf00d"
+    data.parent.mkdir(parents=True, mode=0o700)
+    data.write_bytes(b"bytes the old version cached")
+    index = diskcache.Cache(str(directory))
+    index.set(key, json.dumps({"url": "s3://bucket/old", "file": f"files/ab/{data.name}"}))
+    index.close()
+    for name in ("counters", "validated"):
+        state = diskcache.Cache(str(directory / "state" / name))
+        state.set("hits", 3)
+        state.close()
+    (directory / "tmp").mkdir(mode=0o700)
+    temp = directory / "tmp" / f"{key}.123.deadbeef.10.part"
+    temp.write_bytes(b"partial")
+    (directory / "locks").mkdir(mode=0o700)
+    lock = directory / "locks" / f"{key}.lock"
+    lock.write_bytes(b"")
+    foreign = directory / "files" / "ab" / "user-notes.txt"
+    foreign.write_bytes(b"not the cache's")
+    return {"data": data, "temp": temp, "lock": lock, "foreign": foreign}
+
+
+def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entries(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "old"
+    paths = make_previous_layout(directory)
+    with pytest.raises(NotACacheError, match="earlier fsspec-shards version"):
+        ShardCache.existing(str(directory))
+    cache = ShardCache(str(directory), 1000)
+    assert json.loads((directory / layout.MARKER).read_text())["format"] == layout.FORMAT
+    assert not paths["data"].exists() and not paths["temp"].exists()
+    assert not (directory / "cache.db").exists() and not (directory / "state").exists()
+    assert paths["lock"].exists() and paths["foreign"].read_bytes() == b"not the cache's"
+    assert cache.entries() == [] and cache.stats()["hits"] == 0
+    assert Path(fill(cache, "s3://bucket/old")).read_bytes() == payload("s3://bucket/old", 100)
+
+
+def test_an_adoption_cut_short_is_finished_by_the_next_process(tmp_path: Path) -> None:
+    directory = tmp_path / "old"
+    paths = make_previous_layout(directory)
+    (directory / layout.MARKER).write_text(json.dumps({"format": layout.FORMAT, "adopting": True}))
+    os.chmod(directory / layout.MARKER, 0o600)
+    cache = ShardCache(str(directory), 1000)
+    assert "adopting" not in json.loads((directory / layout.MARKER).read_text())
+    assert not paths["data"].exists() and not (directory / "cache.db").exists()
+    assert cache.entries() == []
+
+
+# -- degraded modes: read-only, unusable, corrupt -------------------------------------------
+
+
+def test_a_read_only_cache_serves_its_entries_and_streams_misses_with_one_warning(
+    tmp_path: Path, read_only_view
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    cached, missing = source / "cached.bin", source / "missing.bin"
+    cached.write_bytes(payload("cached", 5000))
+    missing.write_bytes(payload("missing", 7000))
+    options = {"target_protocol": "file", "skip_instance_cache": True}
+    writable = fsspec.filesystem("wds", cache_dir=str(tmp_path / "cache"), **options)
+    assert writable.cat_file(str(cached)) == payload("cached", 5000)
+    writable.shard_cache.flush()
+    store._SHARED.clear()
+    view = read_only_view(tmp_path / "cache")
+    before = tree(tmp_path / "cache")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fs = fsspec.filesystem("wds", cache_dir=str(view), **options)
+        for _ in range(3):
+            with fs.open(str(cached), "rb") as handle:
+                assert handle.read() == payload("cached", 5000)
+                assert handle.name.startswith(str(view))  # served from the cache
+            assert fs.cat_file(str(missing)) == payload("missing", 7000)
+            with fs.open(str(missing), "rb") as handle:
+                assert handle.read() == payload("missing", 7000)
+        fs.pipe_file(str(cached), b"new bytes")  # a write cannot drop the read-only copy ...
+        assert fs.cat_file(str(cached)) == b"new bytes"  # ... but this process stops serving it
+        stats = fs.cache_stats()
+    cache_warnings = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert [str(view) in str(w.message) for w in cache_warnings] == [True, True]
+    assert "read-only" in str(cache_warnings[0].message)
+    assert stats["hits"] == 3 and stats["cached_files"] == 1
+    assert tree(tmp_path / "cache") == before
+
+
+def test_a_cache_directory_that_cannot_be_created_streams_everything_with_one_warning(
+    tmp_path: Path, read_only_view
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "a.bin").write_bytes(payload("a", 3000))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    view = read_only_view(empty)
+    fs = fsspec.filesystem(
+        "wds", target_protocol="file", cache_dir=str(view / "cache"), skip_instance_cache=True
+    )
+    with pytest.warns(CacheWarning, match="cannot be created") as caught:
+        for _ in range(3):
+            assert fs.cat_file(str(source / "a.bin")) == payload("a", 3000)
+    assert len([w for w in caught if issubclass(w.category, CacheWarning)]) == 1
+    assert fs.cache_stats()["bytes_downloaded"] == 3 * 3000
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_corrupt_index_is_moved_aside_and_the_cache_starts_empty(
+    tmp_path: Path, damage: str
+) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    old = Path(fill(cache, "s3://bucket/a"))
+    store._SHARED.clear()
+    index = Path(cache.directory) / layout.INDEX
+    if damage == "garbage":
+        index.write_bytes(b"this is not a database" * 100)
+    else:
+        content = index.read_bytes()
+        index.write_bytes(content[:100] + b"\0" * (len(content) - 100))
+    with pytest.warns(CacheWarning) as caught:
+        cache = ShardCache(cache.directory, 1000)
+        assert cache.open(obj("s3://bucket/a")) is None
+    assert any(str(index) in str(w.message) for w in caught)
+    assert (Path(cache.directory) / "index.db.corrupt").exists()
+    assert not old.exists()  # the files the lost index described are gone with it
+    assert Path(fill(cache, "s3://bucket/a")).read_bytes() == payload("s3://bucket/a", 100)
+    assert cache.stats()["cached_files"] == 1
+
+
+def test_an_index_corrupted_while_in_use_is_replaced_at_the_next_operation(
+    tmp_path: Path,
+) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    fill(cache, "s3://bucket/a")
+    Path(cache.directory, layout.INDEX).write_bytes(b"\xff" * 8192)
+    with pytest.warns(CacheWarning, match="corrupt"):
+        assert cache.open(obj("s3://bucket/a")) is None
+    assert Path(fill(cache, "s3://bucket/b")).read_bytes() == payload("s3://bucket/b", 100)
+
+
+def test_a_corrupt_index_on_a_read_only_cache_streams_with_a_warning(
+    tmp_path: Path, read_only_view
+) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    fill(cache, "s3://bucket/a")
+    store._SHARED.clear()
+    Path(cache.directory, layout.INDEX).write_bytes(b"not a database" * 500)
+    view = read_only_view(Path(cache.directory))
+    with pytest.warns(CacheWarning) as caught:
+        broken = ShardCache(str(view), 1000)
+        assert broken.open(obj("s3://bucket/a")) is None
+        with pytest.raises(ReadOnlyCacheError):
+            broken.fetch(obj("s3://bucket/a"), writer(b"x"))
+    assert any("corrupt" in str(w.message) and str(view) in str(w.message) for w in caught)
+
+
+def test_a_read_only_cache_without_an_index_is_an_empty_one(tmp_path: Path, read_only_view) -> None:
+    source = tmp_path / "a.bin"
+    source.write_bytes(payload("a", 2000))
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    os.remove(os.path.join(cache.directory, layout.INDEX))
+    store._SHARED.clear()
+    view = read_only_view(Path(cache.directory))
+    fs = fsspec.filesystem(
+        "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
+    )
+    with pytest.warns(CacheWarning, match="read-only"):
+        assert fs.cat_file(str(source)) == payload("a", 2000)
+    assert fs.cache_stats()["cached_files"] == 0
