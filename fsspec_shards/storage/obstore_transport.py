@@ -170,10 +170,10 @@ class StoreSpec:
     """
 
     kind: str  # "s3" | "gcs" | "azure" | "http"
-    config: Mapping[str, Any] = field(default_factory=dict)
-    client: Mapping[str, Any] = field(default_factory=dict)
-    credentials: Callable[[], Any] | None = None
-    secrets: tuple[str, ...] = ()
+    config: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    client: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    credentials: Callable[[], Any] | None = field(default=None, repr=False)
+    secrets: tuple[str, ...] = field(default=(), repr=False)
     shown: str = ""
     bucket_region: bool = False  # AWS with no region known: ask the bucket for its region
 
