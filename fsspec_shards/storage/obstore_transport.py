@@ -782,7 +782,9 @@ class RangeNotSupported(OSError):
     """The server ignores Range requests (obstore refuses such answers)."""
 
 
-_TRANSIENT_KINDS = {"Connect", "Request", "Interrupted", "Decode", "Unknown"}
+# object_store's HttpErrorKind values of failures worth retrying (Timeout is handled apart;
+# Unknown covers a request that could not even be built: not worth retrying).
+_TRANSIENT_KINDS = {"Connect", "Request", "Interrupted", "Decode"}
 
 
 # --------------------------------------------------------------------------- the transport
@@ -926,6 +928,8 @@ class ObstoreTransport:
         if spec.credentials is not None:
             common["credential_provider"] = spec.credentials
         if spec.kind == "http":
+            if origin.startswith("http://"):
+                client["allow_http"] = True
             return HTTPStore.from_url(origin, **common)
         config = dict(spec.config)
         if spec.kind == "s3":
@@ -982,6 +986,8 @@ class ObstoreTransport:
             kind = kind_match.group(1) if kind_match else None
             if kind == "Timeout":
                 error = TimeoutError(errno.ETIMEDOUT, f"no progress: {message}")
+            elif kind == "Connect":
+                error = ConnectionError(errno.ECONNREFUSED, f"cannot connect: {message}")
             elif kind in _TRANSIENT_KINDS:
                 error = ConnectionResetError(errno.ECONNRESET, f"connection failed: {message}")
             else:
