@@ -11,10 +11,12 @@ the plain GET of the same bytes (and to ``simplecache::``). The readers:
 - s3fs ``open`` + ``read``; fsspec ``simplecache::`` cold
 - ``wds::`` cold with ``verify=False`` and with ``verify="auto"`` + SHA256SUMS (the download
   path of today, over the fsspec backend)
+- no network: the same bytes written from memory to a file and fsynced, the disk's ceiling
 - the obstore transport alone (``storage/obstore_transport.py``) filling a file as the cache
   does (written, sha256 checked, fsynced): hashing inline in the receiving thread; hashing on
-  a worker thread; several ranges in flight written with ``os.pwrite`` into a preallocated
-  file while a worker hashes the finished ranges in order.
+  a worker thread; writing and hashing on a worker thread; several ranges in flight written
+  with ``os.pwrite`` into a preallocated file while a worker hashes the finished ranges in
+  order.
 
     python benchmarks/bench_cold.py [--rounds 5] [--objects 4] [--mib 64]
 """
@@ -266,6 +268,37 @@ def transport_hash_thread(setup: Setup) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def transport_write_thread(setup: Setup) -> None:
+    """One GET per object; the receiving thread only receives, a worker writes and hashes
+    (the network read never waits for the disk)."""
+    transport = _transport(setup)
+    directory = setup.fresh_dir("writer")
+    try:
+        for key in setup.keys:
+            pieces: queue.Queue = queue.Queue(maxsize=256)
+            hasher = hashlib.sha256()
+            out = open(os.path.join(directory, "part"), "wb")  # noqa: SIM115
+
+            def write_pieces(pieces=pieces, hasher=hasher, out=out) -> None:
+                while (piece := pieces.get()) is not None:
+                    out.write(piece)
+                    hasher.update(piece)
+
+            worker = threading.Thread(target=write_pieces)
+            worker.start()
+            try:
+                transport.stream(key, 0, setup.sizes[key], pieces.put, TIMEOUT)
+            finally:
+                pieces.put(None)
+                worker.join()
+                out.flush()
+                os.fsync(out.fileno())
+                out.close()
+            _check(setup, key, hasher.hexdigest())
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def transport_parallel(setup: Setup) -> None:
     """Ranges of RANGE_BYTES, RANGES_IN_FLIGHT at a time, written with ``os.pwrite`` into a
     preallocated file; a worker hashes the finished ranges in order (read back with
@@ -326,8 +359,25 @@ def _fill_in_ranges(
     return hasher.hexdigest()
 
 
+def local_write_fsync(setup: Setup) -> None:
+    """No network: the same number of bytes written from memory and fsynced, the ceiling
+    the disk sets for any cache fill."""
+    data = bytes(max(setup.sizes.values()))
+    directory = setup.fresh_dir("disk")
+    try:
+        for key in setup.keys:
+            with open(os.path.join(directory, "part"), "wb") as out:
+                for start in range(0, setup.sizes[key], MiB):
+                    out.write(data[start : start + MiB])
+                out.flush()
+                os.fsync(out.fileno())
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 READERS: dict[str, Callable[[Setup], None]] = {
     "plain_get": plain_get,
+    "local_write_fsync": local_write_fsync,
     "obstore_get": obstore_get,
     "s3fs_read": s3fs_read,
     "simplecache_cold": simplecache_cold,
@@ -335,6 +385,7 @@ READERS: dict[str, Callable[[Setup], None]] = {
     "wds_cold_verify_auto_sha256sums": wds_cold("auto"),
     "transport_file_sha256_inline": transport_inline,
     "transport_file_sha256_thread": transport_hash_thread,
+    "transport_file_write_thread": transport_write_thread,
     "transport_file_4_ranges_pwrite": transport_parallel,
 }
 
