@@ -569,3 +569,9 @@ def test_paths_split_into_store_and_key(protocol, options, path, located):
     transport = ObstoreTransport(protocol, _spec(protocol, options))
     assert transport.unserved_reason(path) is None
     assert transport._locate(path) == located
+
+
+def test_equal_options_share_stores_and_other_keys_do_not():
+    options = {"key": "AKID", "secret": "one", **S3_ENDPOINT}
+    assert _spec("s3", options).key == _spec("s3", dict(options)).key
+    assert _spec("s3", options).key != _spec("s3", {**options, "secret": "two"}).key

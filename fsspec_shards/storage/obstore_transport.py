@@ -48,7 +48,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -179,15 +179,10 @@ class StoreSpec:
 
     @property
     def key(self) -> str:
-        """A digest naming this configuration (for the store cache; shows no secret)."""
-        text = repr(
-            (
-                self.kind,
-                sorted(self.config.items()),
-                sorted(self.client.items()),
-                id(self.credentials),
-            )
-        )
+        """A digest naming this configuration (for the store cache; shows no secret): equal
+        options give equal keys, so transports made from them share stores."""
+        provider = getattr(self.credentials, "cache_key", None) or id(self.credentials)
+        text = repr((self.kind, sorted(self.config.items()), sorted(self.client.items()), provider))
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -386,6 +381,7 @@ class _StaticCredentials:
 
     def __init__(self, credential: dict[str, Any]) -> None:
         self._credential = credential
+        self.cache_key = hashlib.sha256(repr(sorted(credential.items())).encode()).hexdigest()
 
     def __call__(self) -> dict[str, Any]:
         return dict(self._credential)
@@ -401,12 +397,11 @@ class _BotocoreCredentials:
 
     TTL = timedelta(minutes=5)
 
-    def __init__(self, credentials: Any) -> None:
+    def __init__(self, credentials: Any, profile: str | None) -> None:
         self._credentials = credentials
+        self.cache_key = f"botocore profile={profile}"
 
     def __call__(self) -> dict[str, Any]:
-        from datetime import timezone
-
         frozen = self._credentials.get_frozen_credentials()
         return {
             "access_key_id": frozen.access_key,
@@ -439,7 +434,7 @@ def _botocore_credentials(options: _Options, profile: str | None) -> tuple[Any, 
             "profile" if profile else "key",
             "no key given and botocore's credential chain found none",
         )
-    return _BotocoreCredentials(credentials), region
+    return _BotocoreCredentials(credentials, profile), region
 
 
 def _map_gcs(options: _Options) -> StoreSpec:

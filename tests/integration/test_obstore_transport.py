@@ -435,3 +435,25 @@ def test_the_store_cache_is_emptied_in_a_forked_child(s3_backend):
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 10) == b"0"
+
+
+def test_an_s3_version_id_selects_that_version(s3_backend):
+    """A version named in the path (s3fs's ``?versionId=``) or required by ``expect`` is
+    the one served, also after the object was overwritten."""
+    fs = s3_backend.filesystem()
+    bucket = f"versioned-{servers.unique_prefix()}"
+    fs.mkdir(bucket)
+    fs.call_s3(
+        "put_bucket_versioning", Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
+    )
+    fs.pipe_file(f"{bucket}/{NAME}", DATA)
+    transport = choose_transport("s3", s3_backend.storage_options, "obstore")
+    first = transport.info(f"{bucket}/{NAME}", TIMEOUT)
+    assert first.version
+    fs.pipe_file(f"{bucket}/{NAME}", OTHER)
+    data, facts = _read(transport, f"{bucket}/{NAME}?versionId={first.version}", 0, SIZE)
+    assert data == DATA and facts.version == first.version
+    assert transport.info(f"{bucket}/{NAME}?versionId={first.version}", TIMEOUT) == first
+    data, _ = _read(transport, f"{bucket}/{NAME}", 5, 50, expect=first)
+    assert data == DATA[5:50]
+    assert transport.info(f"{bucket}/{NAME}", TIMEOUT).size == len(OTHER)
