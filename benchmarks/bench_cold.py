@@ -1,14 +1,18 @@
-"""Benchmark cold downloads from a local S3 server: what each reader gets out of it.
+"""Benchmark cold downloads from local servers: what each reader gets out of them.
 
 moto's S3 server runs in a process of its own on loopback (so its work does not share our
-interpreter) and holds a few objects of 64 MiB and their SHA256SUMS. Every round, every
-reader reads every object cold (fresh cache directories), in an order that rotates from
-round to round; the table gives the median MB/s and the median of the per-round ratios to
-the plain GET of the same bytes (and to ``simplecache::``). The readers:
+interpreter) and holds a few objects of 64 MiB and their SHA256SUMS; then nginx serves the
+same as files (moto copies the whole object for every ranged GET, about 0.1 s per 64 MiB,
+so readers that make several requests per object pay a cost real S3 does not; nginx
+serves ranges with sendfile). On each server, every round, every reader reads every object
+cold (fresh cache directories), in an order that rotates from round to round; the table
+gives the median MB/s and the median of the per-round ratios to the plain GET of the same
+bytes (and to ``simplecache::``). The readers:
 
-- plain GET: one ``urllib`` stream of a presigned URL, bytes read and dropped: the line rate
+- plain GET: one ``urllib`` stream (of a presigned URL on S3), bytes read and dropped: the
+  line rate
 - obstore ``get``: one streamed GET through the Rust client, bytes dropped
-- s3fs ``open`` + ``read``; fsspec ``simplecache::`` cold
+- the fsspec backend's ``open`` + ``read`` (s3fs, fsspec's http); ``simplecache::`` cold
 - ``wds::`` cold with ``verify=False`` and with ``verify="auto"`` + SHA256SUMS (the download
   path of today, over the fsspec backend)
 - no network: the same bytes written from memory to a file and fsynced, the disk's ceiling
@@ -18,7 +22,7 @@ the plain GET of the same bytes (and to ``simplecache::``). The readers:
   with ``os.pwrite`` into a preallocated file while a worker hashes the finished ranges in
   order.
 
-    python benchmarks/bench_cold.py [--rounds 5] [--objects 4] [--mib 64]
+    python benchmarks/bench_cold.py [--rounds 5] [--objects 4] [--mib 64] [--servers moto nginx]
 """
 
 from __future__ import annotations
@@ -62,26 +66,28 @@ TIMEOUT = 60.0
 
 @dataclass(frozen=True)
 class Setup:
-    """The server and the objects every reader reads."""
+    """The server and the objects every reader reads: each as an fsspec URL, the backend
+    path the transport takes, and a URL a plain HTTP client can GET (presigned for S3)."""
 
-    endpoint: str
-    keys: tuple[str, ...]
+    server: str
+    protocol: str
+    options: dict
+    urls: tuple[str, ...]
+    paths: tuple[str, ...]
+    plain_urls: tuple[str, ...]
     sizes: dict[str, int]
     digests: dict[str, str]
+    sums_url: str
     workdir: str
 
     @property
-    def options(self) -> dict:
-        return {
-            "key": KEY,
-            "secret": SECRET,
-            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
-            "skip_instance_cache": True,
-        }
+    def objects(self) -> Iterator[tuple[str, str, int, str]]:
+        """(fsspec URL, backend path, size, sha256) of every object."""
+        for url, path in zip(self.urls, self.paths, strict=True):
+            yield url, path, self.sizes[url], self.digests[url]
 
     def fresh_dir(self, name: str) -> str:
-        path = tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir)
-        return path
+        return tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir)
 
 
 @contextlib.contextmanager
@@ -104,39 +110,91 @@ def moto_process(workdir: str) -> Iterator[str]:
         log.close()
 
 
-def upload(endpoint: str, objects: int, mib: int, workdir: str) -> Setup:
-    fs = fsspec.filesystem("s3", key=KEY, secret=SECRET, client_kwargs={"endpoint_url": endpoint})
-    fs.mkdir(BUCKET)
+def _objects(objects: int, mib: int) -> Iterator[tuple[str, bytes]]:
     rng = random.Random(7)
-    keys, sizes, digests = [], {}, {}
     for number in range(objects):
-        key = f"{BUCKET}/cold/shard-{number:04d}.tar"
-        data = rng.randbytes(mib * MiB)
-        fs.pipe_file(key, data)
-        keys.append(key)
-        sizes[key] = len(data)
-        digests[key] = hashlib.sha256(data).hexdigest()
-    sums = "".join(f"{digests[k]}  {k.rsplit('/', 1)[1]}\n" for k in keys)
-    fs.pipe_file(f"{BUCKET}/cold/SHA256SUMS", sums.encode())
-    return Setup(endpoint, tuple(keys), sizes, digests, workdir)
+        yield f"shard-{number:04d}.tar", rng.randbytes(mib * MiB)
+
+
+def _sums(named: dict[str, str]) -> bytes:
+    return "".join(f"{digest}  {name}\n" for name, digest in named.items()).encode()
+
+
+def s3_setup(endpoint: str, objects: int, mib: int, workdir: str) -> Setup:
+    """The objects in a bucket of the S3 server at ``endpoint``."""
+    import botocore.session
+
+    options = {
+        "key": KEY,
+        "secret": SECRET,
+        "client_kwargs": {"endpoint_url": endpoint},
+        "skip_instance_cache": True,
+    }
+    fs = fsspec.filesystem("s3", **options)
+    fs.mkdir(BUCKET)
+    signer = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+    )
+    urls, paths, plain, sizes, digests, named = [], [], [], {}, {}, {}
+    for name, data in _objects(objects, mib):
+        path = f"{BUCKET}/cold/{name}"
+        fs.pipe_file(path, data)
+        url = f"s3://{path}"
+        urls.append(url)
+        paths.append(path)
+        plain.append(
+            signer.generate_presigned_url(
+                "get_object", Params={"Bucket": BUCKET, "Key": f"cold/{name}"}, ExpiresIn=86400
+            )
+        )
+        sizes[url], digests[url] = len(data), hashlib.sha256(data).hexdigest()
+        named[name] = digests[url]
+    fs.pipe_file(f"{BUCKET}/cold/SHA256SUMS", _sums(named))
+    return Setup(
+        "moto S3",
+        "s3",
+        options,
+        tuple(urls),
+        tuple(paths),
+        tuple(plain),
+        sizes,
+        digests,
+        f"s3://{BUCKET}/cold/SHA256SUMS",
+        workdir,
+    )
+
+
+def http_setup(backend: servers.HttpBackend, objects: int, mib: int, workdir: str) -> Setup:
+    """The objects as files nginx serves."""
+    urls, sizes, digests, named = [], {}, {}, {}
+    for name, data in _objects(objects, mib):
+        url = backend.put(name, data)
+        urls.append(url)
+        sizes[url], digests[url] = len(data), hashlib.sha256(data).hexdigest()
+        named[name] = digests[url]
+    return Setup(
+        "nginx",
+        "http",
+        {"skip_instance_cache": True},
+        tuple(urls),
+        tuple(urls),
+        tuple(urls),
+        sizes,
+        digests,
+        backend.put("SHA256SUMS", _sums(named)),
+        workdir,
+    )
 
 
 # --------------------------------------------------------------------------- readers
 
 
 def plain_get(setup: Setup) -> None:
-    import botocore.session
-
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=setup.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=KEY,
-        aws_secret_access_key=SECRET,
-    )
-    for key in setup.keys:
-        bucket, name = key.split("/", 1)
-        url = client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name})
+    for url in setup.plain_urls:
         with urllib.request.urlopen(url) as response:
             while response.read(MiB):
                 pass
@@ -144,37 +202,43 @@ def plain_get(setup: Setup) -> None:
 
 def obstore_get(setup: Setup) -> None:
     import obstore
-    from obstore.store import S3Store
+    from obstore.store import HTTPStore, S3Store
 
-    store = S3Store(
-        BUCKET,
-        endpoint=setup.endpoint,
-        access_key_id=KEY,
-        secret_access_key=SECRET,
-        region="us-east-1",
-        client_options={"allow_http": True},
-    )
-    for key in setup.keys:
-        for _ in obstore.get(store, key.split("/", 1)[1]).stream(min_chunk_size=0):
+    if setup.protocol == "s3":
+        store = S3Store(
+            BUCKET,
+            endpoint=setup.options["client_kwargs"]["endpoint_url"],
+            access_key_id=KEY,
+            secret_access_key=SECRET,
+            region="us-east-1",
+            client_options={"allow_http": True},
+        )
+        keys = [path.split("/", 1)[1] for path in setup.paths]
+    else:
+        origin = "/".join(setup.urls[0].split("/")[:3])
+        store = HTTPStore.from_url(origin, client_options={"allow_http": True})
+        keys = [url[len(origin) + 1 :] for url in setup.urls]
+    for key in keys:
+        for _ in obstore.get(store, key).stream(min_chunk_size=0):
             pass
 
 
-def s3fs_read(setup: Setup) -> None:
-    fs = fsspec.filesystem("s3", **setup.options)
-    for key in setup.keys:
-        with fs.open(key, "rb") as handle:
+def fsspec_read(setup: Setup) -> None:
+    fs = fsspec.filesystem(setup.protocol, **setup.options)
+    for url in setup.urls:
+        with fs.open(url, "rb") as handle:
             handle.read()
 
 
 def simplecache_cold(setup: Setup) -> None:
     directory = setup.fresh_dir("simplecache")
     try:
-        for key in setup.keys:
+        for url in setup.urls:
             with fsspec.open(
-                f"simplecache::s3://{key}",
+                f"simplecache::{url}",
                 "rb",
-                s3=setup.options,
                 simplecache={"cache_storage": directory},
+                **{setup.protocol: setup.options},
             ) as handle:
                 handle.read()
     finally:
@@ -186,18 +250,18 @@ def wds_cold(verify: str | bool) -> Callable[[Setup], None]:
         directory = setup.fresh_dir("wds")
         options = {"verify": verify}
         if verify == "auto":
-            options["checksums"] = f"s3://{BUCKET}/cold/SHA256SUMS"
+            options["checksums"] = setup.sums_url
         fs = fsspec.filesystem(
             "wds",
-            target_protocol="s3",
+            target_protocol=setup.protocol,
             target_options=setup.options,
             cache_dir=directory,
             skip_instance_cache=True,
             **options,
         )
         try:
-            for key in setup.keys:
-                with fs.open(f"s3://{key}", "rb") as handle:
+            for url in setup.urls:
+                with fs.open(url, "rb") as handle:
                     handle.read()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
@@ -206,12 +270,12 @@ def wds_cold(verify: str | bool) -> Callable[[Setup], None]:
 
 
 def _transport(setup: Setup) -> ObstoreTransport:
-    return choose_transport("s3", setup.options, "obstore")
+    return choose_transport(setup.protocol, setup.options, "obstore")
 
 
-def _check(setup: Setup, key: str, digest: str) -> None:
-    if digest != setup.digests[key]:
-        raise RuntimeError(f"sha256 mismatch for {key}")
+def _check(path: str, digest: str, expected: str) -> None:
+    if digest != expected:
+        raise RuntimeError(f"sha256 mismatch for {path}")
 
 
 def transport_inline(setup: Setup) -> None:
@@ -219,7 +283,7 @@ def transport_inline(setup: Setup) -> None:
     transport = _transport(setup)
     directory = setup.fresh_dir("inline")
     try:
-        for key in setup.keys:
+        for _, key, size, expected in setup.objects:
             hasher = hashlib.sha256()
             with open(os.path.join(directory, "part"), "wb") as out:
 
@@ -227,10 +291,10 @@ def transport_inline(setup: Setup) -> None:
                     out.write(data)
                     hasher.update(data)
 
-                transport.stream(key, 0, setup.sizes[key], sink, TIMEOUT)
+                transport.stream(key, 0, size, sink, TIMEOUT)
                 out.flush()
                 os.fsync(out.fileno())
-            _check(setup, key, hasher.hexdigest())
+            _check(key, hasher.hexdigest(), expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -240,7 +304,7 @@ def transport_hash_thread(setup: Setup) -> None:
     transport = _transport(setup)
     directory = setup.fresh_dir("thread")
     try:
-        for key in setup.keys:
+        for _, key, size, expected in setup.objects:
             pieces: queue.Queue = queue.Queue(maxsize=64)
             hasher = hashlib.sha256()
 
@@ -257,13 +321,13 @@ def transport_hash_thread(setup: Setup) -> None:
                         out.write(data)
                         pieces.put(data)
 
-                    transport.stream(key, 0, setup.sizes[key], sink, TIMEOUT)
+                    transport.stream(key, 0, size, sink, TIMEOUT)
                     out.flush()
                     os.fsync(out.fileno())
             finally:
                 pieces.put(None)
                 worker.join()
-            _check(setup, key, hasher.hexdigest())
+            _check(key, hasher.hexdigest(), expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -274,7 +338,7 @@ def transport_write_thread(setup: Setup) -> None:
     transport = _transport(setup)
     directory = setup.fresh_dir("writer")
     try:
-        for key in setup.keys:
+        for _, key, size, expected in setup.objects:
             pieces: queue.Queue = queue.Queue(maxsize=256)
             hasher = hashlib.sha256()
             out = open(os.path.join(directory, "part"), "wb")  # noqa: SIM115
@@ -287,14 +351,14 @@ def transport_write_thread(setup: Setup) -> None:
             worker = threading.Thread(target=write_pieces)
             worker.start()
             try:
-                transport.stream(key, 0, setup.sizes[key], pieces.put, TIMEOUT)
+                transport.stream(key, 0, size, pieces.put, TIMEOUT)
             finally:
                 pieces.put(None)
                 worker.join()
                 out.flush()
                 os.fsync(out.fileno())
                 out.close()
-            _check(setup, key, hasher.hexdigest())
+            _check(key, hasher.hexdigest(), expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -307,10 +371,10 @@ def transport_parallel(setup: Setup) -> None:
     directory = setup.fresh_dir("parallel")
     try:
         with ThreadPoolExecutor(RANGES_IN_FLIGHT) as pool:
-            for key in setup.keys:
+            for _, key, size, expected in setup.objects:
                 path = os.path.join(directory, "part")
-                digest = _fill_in_ranges(transport, key, setup.sizes[key], path, pool)
-                _check(setup, key, digest)
+                digest = _fill_in_ranges(transport, key, size, path, pool)
+                _check(key, digest, expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -362,13 +426,13 @@ def _fill_in_ranges(
 def local_write_fsync(setup: Setup) -> None:
     """No network: the same number of bytes written from memory and fsynced, the ceiling
     the disk sets for any cache fill."""
-    data = bytes(max(setup.sizes.values()))
+    data = bytes(MiB)
     directory = setup.fresh_dir("disk")
     try:
-        for key in setup.keys:
+        for _, _, size, _ in setup.objects:
             with open(os.path.join(directory, "part"), "wb") as out:
-                for start in range(0, setup.sizes[key], MiB):
-                    out.write(data[start : start + MiB])
+                for start in range(0, size, MiB):
+                    out.write(data[: min(MiB, size - start)])
                 out.flush()
                 os.fsync(out.fileno())
     finally:
@@ -379,7 +443,7 @@ READERS: dict[str, Callable[[Setup], None]] = {
     "plain_get": plain_get,
     "local_write_fsync": local_write_fsync,
     "obstore_get": obstore_get,
-    "s3fs_read": s3fs_read,
+    "fsspec_open_read": fsspec_read,
     "simplecache_cold": simplecache_cold,
     "wds_cold_verify_off": wds_cold(False),
     "wds_cold_verify_auto_sha256sums": wds_cold("auto"),
@@ -388,27 +452,35 @@ READERS: dict[str, Callable[[Setup], None]] = {
     "transport_file_write_thread": transport_write_thread,
     "transport_file_4_ranges_pwrite": transport_parallel,
 }
+SERVERS = ("moto", "nginx")
 
 
-def run(
-    rounds: int = 5, objects: int = 4, mib: int = 64, directory: str | None = None
-) -> dict[str, dict[str, float]]:
-    """``{reader: {mb_per_s, vs_plain_get, vs_simplecache}}``: median MB/s and medians of the
-    per-round ratios of speed (above 1: faster than the plain GET / simplecache)."""
-    with tempfile.TemporaryDirectory(prefix="bench-cold-", dir=directory) as workdir:
+@contextlib.contextmanager
+def serving(server: str, objects: int, mib: int, workdir: str) -> Iterator[Setup]:
+    """The objects on ``server`` ("moto": S3 in a process of its own; "nginx": files)."""
+    if server == "moto":
         with moto_process(workdir) as endpoint:
-            setup = upload(endpoint, objects, mib, workdir)
-            total = sum(setup.sizes.values())
-            names = list(READERS)
-            times: dict[str, list[float]] = {name: [] for name in names}
-            for name in names:  # warm-up: imports, connections, the server's first answers
-                READERS[name](setup)
-            for round_number in range(rounds):
-                shift = round_number % len(names)
-                for name in names[shift:] + names[:shift]:
-                    started = time.perf_counter()
-                    READERS[name](setup)
-                    times[name].append(time.perf_counter() - started)
+            yield s3_setup(endpoint, objects, mib, workdir)
+    else:
+        with servers.running(servers.start_http, os.path.join(workdir, "nginx")) as service:
+            yield http_setup(service.backend("cold"), objects, mib, workdir)
+
+
+def measure(setup: Setup, rounds: int) -> dict[str, dict[str, float]]:
+    """Every reader, interleaved round by round in a rotating order: ``{reader: {mb_per_s,
+    vs_plain_get, vs_simplecache}}``, median MB/s and medians of the per-round speed
+    ratios (above 1: faster than the plain GET / simplecache)."""
+    names = list(READERS)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:  # warm-up: imports, connections, the server's first answers
+        READERS[name](setup)
+    for round_number in range(rounds):
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            started = time.perf_counter()
+            READERS[name](setup)
+            times[name].append(time.perf_counter() - started)
+    total = sum(setup.sizes.values())
     results = {}
     for name in names:
         results[name] = {
@@ -424,13 +496,32 @@ def run(
     return results
 
 
+def run(
+    rounds: int = 5,
+    objects: int = 4,
+    mib: int = 64,
+    directory: str | None = None,
+    server_names: tuple[str, ...] = SERVERS,
+) -> dict[str, dict[str, float]]:
+    """``{"<server> <reader>": {mb_per_s, vs_plain_get, vs_simplecache}}`` for each server."""
+    results = {}
+    for server in server_names:
+        with tempfile.TemporaryDirectory(prefix="bench-cold-", dir=directory) as workdir:
+            with serving(server, objects, mib, workdir) as setup:
+                for reader, values in measure(setup, rounds).items():
+                    results[f"{server} {reader}"] = values
+    return results
+
+
 def print_table(results: dict[str, dict[str, float]], objects: int, mib: int) -> None:
-    print(f"\ncold reads of {objects} x {mib} MiB from moto S3 on loopback (medians)\n")
-    print("| reader | MB/s | vs plain GET | vs simplecache:: |\n|---|---:|---:|---:|")
-    for name, values in results.items():
+    print(f"\ncold reads of {objects} x {mib} MiB on loopback (medians)\n")
+    print("| server | reader | MB/s | vs plain GET | vs simplecache:: |")
+    print("|---|---|---:|---:|---:|")
+    for case, values in results.items():
+        server, reader = case.split(" ", 1)
         print(
-            f"| {name} | {values['mb_per_s']:,.0f} | {values['vs_plain_get']:.2f}x "
-            f"| {values['vs_simplecache']:.2f}x |"
+            f"| {server} | {reader} | {values['mb_per_s']:,.0f} "
+            f"| {values['vs_plain_get']:.2f}x | {values['vs_simplecache']:.2f}x |"
         )
 
 
@@ -439,8 +530,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats (default 5)")
     parser.add_argument("--objects", type=int, default=4, help="objects per round (default 4)")
     parser.add_argument("--mib", type=int, default=64, help="MiB per object (default 64)")
+    parser.add_argument(
+        "--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="default: both"
+    )
     arguments = parser.parse_args(argv)
-    results = run(arguments.rounds, arguments.objects, arguments.mib)
+    results = run(
+        arguments.rounds, arguments.objects, arguments.mib, server_names=tuple(arguments.servers)
+    )
     print_table(results, arguments.objects, arguments.mib)
     return results
 
