@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import warnings
 
 import aiohttp
@@ -16,7 +17,9 @@ import pytest
 
 from fsspec_shards.storage.backends import tamed_target_options
 from fsspec_shards.storage.obstore_transport import (
+    HttpStatusError,
     ObstoreTransport,
+    PreconditionFailed,
     StoreSpec,
     Unmappable,
     _BotocoreCredentials,
@@ -24,6 +27,7 @@ from fsspec_shards.storage.obstore_transport import (
     choose_transport,
     map_options,
 )
+from fsspec_shards.storage.retry import is_transient
 
 pytest.importorskip("obstore")
 
@@ -575,3 +579,11 @@ def test_equal_options_share_stores_and_other_keys_do_not():
     options = {"key": "AKID", "secret": "one", **S3_ENDPOINT}
     assert _spec("s3", options).key == _spec("s3", dict(options)).key
     assert _spec("s3", options).key != _spec("s3", {**options, "secret": "two"}).key
+
+
+def test_errors_keep_their_status_across_processes():
+    """Failures cross process boundaries (dask, multiprocessing) and must stay classified."""
+    for error in (HttpStatusError(503, "GET x: 503"), PreconditionFailed(116, "x changed")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), copy.status, str(copy)) == (type(error), error.status, str(error))
+        assert is_transient(copy) is is_transient(error)

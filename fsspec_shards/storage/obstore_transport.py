@@ -108,7 +108,6 @@ _IGNORED = {
         "version_aware",
         "finalize_on_close",
         "mrd_pool_cache_size",
-        "max_size_mrd_pool_cache_queue_size",
         "max_mrd_pool_cache_queue_size",
     },
     "azure": _IGNORED_COMMON
@@ -118,7 +117,6 @@ _IGNORED = {
         "read_timeout",
         "assume_container_exists",
         "version_aware",
-        "location_mode",
     },
     "http": _IGNORED_COMMON
     | {"simple_links", "same_scheme", "size_policy", "encoded", "trust_env"},
@@ -772,6 +770,9 @@ class HttpStatusError(OSError):
         super().__init__(errno.EIO if status >= 500 else errno.EINVAL, message)
         self.status = status
 
+    def __reduce__(self):
+        return type(self), (self.status, self.strerror)
+
 
 class RangeNotSupported(OSError):
     """The server ignores Range requests (obstore refuses such answers)."""
@@ -827,19 +828,21 @@ def _forget_stores_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_stores_after_fork)
 
 
-def bucket_region(bucket: str, base_url: str = "https://s3.amazonaws.com", timeout=30.0) -> str:
+def bucket_region(
+    bucket: str, base_url: str = "https://s3.amazonaws.com", timeout: float = 30.0
+) -> str:
     """The region of an S3 bucket, from the ``x-amz-bucket-region`` header that S3 sends on
     any answer to an unsigned HEAD of the bucket (what s3fs and object_store do too)."""
     request = urllib.request.Request(f"{base_url.rstrip('/')}/{bucket}", method="HEAD")
+    error: OSError = OSError(errno.EINVAL, f"S3 names no region for bucket {bucket}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             region = response.headers.get("x-amz-bucket-region")
     except urllib.error.HTTPError as answer:
         region = answer.headers.get("x-amz-bucket-region")
     except OSError as exc:
-        error: OSError = TransientError(f"cannot reach S3 to find the region of {bucket}: {exc}")
-    else:
-        error = OSError(errno.EINVAL, f"S3 names no region for bucket {bucket}")
+        region = None
+        error = TransientError(f"cannot reach S3 to find the region of {bucket}: {exc}")
     if region:
         return region
     raise error
