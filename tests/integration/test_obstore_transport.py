@@ -457,3 +457,21 @@ def test_an_s3_version_id_selects_that_version(s3_backend):
     data, _ = _read(transport, f"{bucket}/{NAME}", 5, 50, expect=first)
     assert data == DATA[5:50]
     assert transport.info(f"{bucket}/{NAME}", TIMEOUT).size == len(OTHER)
+
+
+def test_a_stream_waiting_for_the_server_lets_other_threads_run(s3_backend, fault_proxy):
+    """obstore waits in Rust with the GIL released: Python threads keep working meanwhile."""
+    target = Target(s3_backend, "s3", s3_backend.storage_options, s3_backend.address())
+    target.put(DATA)
+    proxy, through = fault_proxy(target)
+    proxy.add(Stall(seconds=3, after_bytes=0), method="GET", path=OBJECT_IN_PATH)
+    transport = through.transport()
+    waiting = threading.Thread(target=_read, args=(transport, through.path(), 0, SIZE))
+    waiting.start()
+    time.sleep(0.5)  # the request is out and stalled
+    counted, deadline = 0, time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        counted += 1
+    waiting.join(timeout=60)
+    assert proxy.requests("GET")[-1].fault_applied
+    assert counted > 100_000  # a wait holding the GIL would stop this loop until the stall ends
