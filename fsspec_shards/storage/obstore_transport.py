@@ -788,18 +788,19 @@ _TRANSIENT_KINDS = {"Connect", "Request", "Interrupted", "Decode"}
 
 @dataclass(frozen=True)
 class ObjectVersion:
-    """Which version of an object: what a download requires of every response."""
+    """Which version of an object: what a download requires of every response. (Any object
+    with these four attributes serves as ``expect``.)"""
 
     size: int | None
-    etag: str | None = None
+    etag: str | None = None  # as the server sent it, quotes included (If-Match wants them)
     version: str | None = None  # S3 version id, GCS generation, Azure version id
-    last_modified: datetime | None = None
+    modified: float | None = None  # Last-Modified, whole seconds since the epoch
 
 
 @dataclass(frozen=True)
 class Facts:
-    """What one ranged GET answered: the status (206 for a range, 200 for the whole
-    object), the bytes it covered ``[start, end)`` of ``total``, and the object's version."""
+    """What one GET answered: the status (206 for a range, 200 for the whole object), the
+    bytes its body covers ``[start, end)`` of ``total``, and the object's version."""
 
     status: int
     start: int
@@ -807,11 +808,24 @@ class Facts:
     total: int | None
     etag: str | None
     version: str | None
-    last_modified: datetime | None
+    modified: float | None  # Last-Modified, whole seconds since the epoch
 
     @property
     def object(self) -> ObjectVersion:
-        return ObjectVersion(self.total, self.etag, self.version, self.last_modified)
+        return ObjectVersion(self.total, self.etag, self.version, self.modified)
+
+
+def _seconds(moment: datetime | None) -> float | None:
+    """A Last-Modified as whole seconds since the epoch (HTTP dates carry no more)."""
+    return None if moment is None else float(int(moment.timestamp()))
+
+
+def _opaque(etag: str | None) -> str | None:
+    """An ETag compared by its opaque part: quotes and a weak marker do not matter."""
+    if not etag:
+        return None
+    text = str(etag).strip()
+    return (text[2:] if text.startswith("W/") else text).strip('"') or None
 
 
 _stores: dict[tuple, Any] = {}
@@ -1027,61 +1041,67 @@ class ObstoreTransport:
             )
         else:
             meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
-        return ObjectVersion(meta["size"], meta["e_tag"], meta["version"], meta["last_modified"])
+        return ObjectVersion(
+            meta["size"], meta["e_tag"], meta["version"], _seconds(meta["last_modified"])
+        )
 
     def stream(
         self,
         path: str,
         start: int,
-        end: int,
+        end: int | None,
         sink: Sink,
         timeout: float | None,
         rest_of_body: bool = False,
         expect: ObjectVersion | None = None,
     ) -> Facts:
         """Pass bytes ``[start, end)`` of ``path`` to ``sink`` in order, as they arrive, and
-        return what the server said about them.
+        return what the server said about them. ``end=None`` reads to the object's end.
 
-        With ``expect``, the request is conditional on that version (If-Match on its ETag,
-        else If-Unmodified-Since; its version id / generation is asked for), and an answer
-        of any other version raises :class:`PreconditionFailed` before a byte is passed.
-        May pass fewer bytes than asked (the object is shorter) or raise after passing
-        some (a cut, a stall): everything passed is correct data from ``start`` on. A
-        server that ignores Range sends the whole object: bytes ``[start, end)`` of it are
-        passed, or with ``rest_of_body`` everything from ``start`` on.
+        With ``expect``, the request is conditional on that version (If-Match on its strong
+        ETag, else If-Unmodified-Since; its version id / generation is asked for), and an
+        answer of any other version raises :class:`PreconditionFailed` before a byte is
+        passed. May pass fewer bytes than asked (the object is shorter) or raise after
+        passing some (a cut, a stall): everything passed is correct data from ``start``
+        on. A server that ignores Range sends the whole object: bytes ``[start, end)`` of it
+        are passed, or with ``rest_of_body`` everything from ``start`` on.
         """
         import obstore
 
-        if not 0 <= start < end:
+        if start < 0 or (end is not None and end <= start):
             raise ValueError(f"empty or negative range [{start}, {end})")
         store, key, path_version, url = self._open(path, timeout)
         options = _conditions(expect, path_version)
-        action = f"GET bytes {start}-{end - 1} of"
-        ranged = {**options, "range": (start, end)}
+        action = f"GET bytes {start}-{'' if end is None else end - 1} of"
+        asked = {"offset": start} if end is None else (start, end)
+        ranged = {**options, "range": asked}
         try:
             result = self._call(url, action, lambda: obstore.get(store, key, options=ranged))
         except RangeNotSupported:
             result = None
+        wanted = None if end is None else end - start
         if result is None:  # the server ignores Range: take the body from its start
             result = self._call(url, "GET", lambda: obstore.get(store, key, options=options))
-            status, skip, stop = 200, start, None if rest_of_body else end - start
+            status, skip, stop = 200, start, None if rest_of_body else wanted
         else:
-            status, skip, stop = 206, 0, end - start
+            status, skip, stop = 206, 0, wanted
         meta = result.meta
+        first, last = result.range
         facts = Facts(
             status,
-            result.range[0] if status == 206 else 0,
-            result.range[1],
+            first,
+            last,
             meta["size"],
             meta["e_tag"],
             meta["version"],
-            meta["last_modified"],
+            _seconds(meta["last_modified"]),
         )
         _check_version(facts, expect, url)
-        if status == 206 and (facts.start, facts.end) != (start, min(end, meta["size"])):
+        expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
+        if status == 206 and (first, last) != expected_range:
             raise TransientError(
-                f"{redact_url(url)}: asked for bytes {start}-{end - 1}, "
-                f"got {facts.start}-{facts.end - 1}"
+                f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
+                f"got {first}-{last - 1}"
             )
         self._pump(result, sink, skip, stop, url, action)
         return facts
@@ -1114,13 +1134,14 @@ def _conditions(expect: ObjectVersion | None, path_version: str | None) -> dict[
     options: dict[str, Any] = {}
     version = path_version or (expect.version if expect else None)
     if version:
-        options["version"] = version
+        options["version"] = str(version)
     if expect is None:
         return options
-    if expect.etag and not expect.etag.startswith("W/"):  # If-Match compares strong ETags only
-        options["if_match"] = expect.etag
-    elif expect.last_modified is not None:
-        options["if_unmodified_since"] = expect.last_modified
+    etag = str(expect.etag) if expect.etag else None
+    if etag and not etag.startswith("W/"):  # If-Match compares strong ETags only
+        options["if_match"] = etag if etag.startswith('"') else f'"{etag}"'
+    elif expect.modified is not None:
+        options["if_unmodified_since"] = datetime.fromtimestamp(expect.modified, timezone.utc)
     return options
 
 
@@ -1130,20 +1151,19 @@ def _check_version(facts: Facts, expect: ObjectVersion | None, url: str) -> None
     if expect is None:
         return
     differences = []
-    if expect.etag and facts.etag and expect.etag != facts.etag:
-        differences.append(f"ETag {expect.etag} -> {facts.etag}")
-    if expect.version and facts.version and expect.version != facts.version:
-        differences.append(f"version {expect.version} -> {facts.version}")
     if expect.size is not None and facts.total is not None and expect.size != facts.total:
         differences.append(f"size {expect.size} -> {facts.total}")
-    unversioned = not (expect.etag or expect.version)
+    if expect.etag and facts.etag and _opaque(expect.etag) != _opaque(facts.etag):
+        differences.append(f"ETag {expect.etag} -> {facts.etag}")
+    if expect.version and facts.version and str(expect.version) != str(facts.version):
+        differences.append(f"version {expect.version} -> {facts.version}")
     if (
-        unversioned
-        and expect.last_modified is not None
-        and facts.last_modified is not None
-        and expect.last_modified != facts.last_modified
+        not (expect.etag or expect.version)
+        and expect.modified is not None
+        and facts.modified is not None
+        and expect.modified != facts.modified
     ):
-        differences.append(f"Last-Modified {expect.last_modified} -> {facts.last_modified}")
+        differences.append("Last-Modified differs")
     if differences:
         raise PreconditionFailed(
             errno.ESTALE, f"{redact_url(url)} changed: {', '.join(differences)}"

@@ -132,7 +132,14 @@ def test_a_range_arrives_exactly_with_its_facts(target, start, end):
     data, facts = _read(target.transport(), path, start, end)
     assert data == DATA[start:end]
     assert (facts.status, facts.start, facts.end, facts.total) == (206, start, min(end, SIZE), SIZE)
-    assert facts.etag and facts.last_modified is not None
+    assert facts.etag and facts.modified is not None
+
+
+def test_no_end_reads_to_the_end_of_the_object(target):
+    path = target.put(DATA)
+    data, facts = _read(target.transport(), path, 1_000_000, None)
+    assert data == DATA[1_000_000:]
+    assert (facts.start, facts.end, facts.total) == (1_000_000, SIZE, SIZE)
 
 
 def test_info_gives_the_size_and_the_version_that_responses_carry(target):
@@ -286,9 +293,13 @@ def test_no_secret_shows_when_access_is_denied(s3_backend, fault_proxy):
 # --------------------------------------------------------------------------- servers that misbehave
 
 
+MODIFIED = 1_767_225_600.0  # 2026-01-01, the Last-Modified of the misbehaving server
+
+
 class _Misbehaving(http.server.BaseHTTPRequestHandler):
-    """Serves ``body`` at any path with ETag ``etag``; ignores If-Match and, unless
-    ``ranges``, Range too (a server that sends the whole object)."""
+    """Serves ``body`` at any path with ETag ``etag`` (None: no ETag) and Last-Modified
+    MODIFIED; ignores If-Match and If-Unmodified-Since and, unless ``ranges``, Range too (a
+    server that sends the whole object)."""
 
     protocol_version = "HTTP/1.1"
     body = b""
@@ -305,8 +316,9 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
             first, last = asked.split("=", 1)[1].split("-")
             start, end, status = int(first), min(int(last) + 1, len(self.body)), 206
         self.send_response(status)
-        self.send_header("ETag", self.etag)
-        modified = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        if self.etag is not None:
+            self.send_header("ETag", self.etag)
+        modified = datetime.fromtimestamp(MODIFIED, timezone.utc)
         self.send_header("Last-Modified", email.utils.format_datetime(modified, usegmt=True))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(self.body)}")
@@ -342,6 +354,24 @@ def test_a_server_ignoring_if_match_is_caught_by_the_answers_etag(misbehaving):
     assert isinstance(error, PreconditionFailed)
     assert data == b""
     assert "v1" in str(error) and "v2" in str(error)
+
+
+def test_etags_compare_by_their_opaque_part(misbehaving):
+    transport = choose_transport("http", {}, "obstore")
+    for etag in ("v2", '"v2"', 'W/"v2"'):
+        data, _ = _read(transport, misbehaving.url, 0, 10, expect=ObjectVersion(None, etag))
+        assert data == DATA[:10]
+
+
+def test_without_an_etag_the_modification_time_tells_versions_apart(misbehaving):
+    misbehaving.etag = None
+    transport = choose_transport("http", {}, "obstore")
+    same = ObjectVersion(100_000, None, None, MODIFIED)
+    data, facts = _read(transport, misbehaving.url, 0, 10, expect=same)
+    assert data == DATA[:10] and facts.modified == MODIFIED and facts.etag is None
+    older = ObjectVersion(100_000, None, None, MODIFIED - 60)
+    data, error, _ = _failure(transport, misbehaving.url, 0, 10, expect=older)
+    assert isinstance(error, PreconditionFailed) and data == b""
 
 
 def test_a_server_ignoring_range_gives_the_range_from_the_whole_body(misbehaving):
