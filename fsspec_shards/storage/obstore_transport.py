@@ -755,6 +755,13 @@ class TransportUnavailable(OSError):
     """obstore cannot run in this process (see :func:`unavailable_reason`): use fsspec."""
 
 
+class ServerUnsupported(TransportUnavailable):
+    """The server cannot be read through obstore, though fsspec may read it: it answers
+    obstore's requests with 501 Not Implemented, or without a header obstore requires
+    (gcp-storage-emulator: no Last-Modified, no decoding of encoded paths). Use fsspec for
+    this backend."""
+
+
 class PreconditionFailed(OSError):
     """The object is not the version asked for: the server refused the conditional request
     (HTTP 412), or answered with another ETag, version, size or modification time."""
@@ -816,8 +823,10 @@ class Facts:
 
 
 def _seconds(moment: datetime | None) -> float | None:
-    """A Last-Modified as whole seconds since the epoch (HTTP dates carry no more)."""
-    return None if moment is None else float(int(moment.timestamp()))
+    """A Last-Modified as whole seconds since the epoch (HTTP dates carry no more); None
+    for the epoch itself, which obstore's HTTP store reports when the header is missing."""
+    seconds = None if moment is None else float(int(moment.timestamp()))
+    return seconds or None
 
 
 def _opaque(etag: str | None) -> str | None:
@@ -991,6 +1000,8 @@ class ObstoreTransport:
             error = PreconditionFailed(errno.ESTALE, f"{shown} changed: {detail}")
         elif isinstance(exc, oe.NotSupportedError) and "Range" in text:
             error = RangeNotSupported(errno.EINVAL, f"no range requests: {message}")
+        elif status == 501 or "source: Header" in text:
+            error = ServerUnsupported(errno.ENOTSUP, f"the server cannot serve obstore: {message}")
         elif status is not None:
             error = HttpStatusError(status, message)
         else:

@@ -27,6 +27,7 @@ from fsspec_shards.storage.obstore_transport import (
     ObjectVersion,
     ObstoreTransport,
     PreconditionFailed,
+    ServerUnsupported,
     TransportUnavailable,
     bucket_region,
     choose_transport,
@@ -297,13 +298,14 @@ MODIFIED = 1_767_225_600.0  # 2026-01-01, the Last-Modified of the misbehaving s
 
 
 class _Misbehaving(http.server.BaseHTTPRequestHandler):
-    """Serves ``body`` at any path with ETag ``etag`` (None: no ETag) and Last-Modified
-    MODIFIED; ignores If-Match and If-Unmodified-Since and, unless ``ranges``, Range too (a
-    server that sends the whole object)."""
+    """Serves ``body`` at any path with ETag ``etag`` and Last-Modified ``modified`` (None:
+    without the header); ignores If-Match and If-Unmodified-Since and, unless ``ranges``,
+    Range too (a server that sends the whole object)."""
 
     protocol_version = "HTTP/1.1"
     body = b""
     etag = '"v2"'
+    modified: float | None = MODIFIED
     ranges = True
 
     def log_message(self, format, *args) -> None:
@@ -318,8 +320,9 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         if self.etag is not None:
             self.send_header("ETag", self.etag)
-        modified = datetime.fromtimestamp(MODIFIED, timezone.utc)
-        self.send_header("Last-Modified", email.utils.format_datetime(modified, usegmt=True))
+        if self.modified is not None:
+            modified = datetime.fromtimestamp(self.modified, timezone.utc)
+            self.send_header("Last-Modified", email.utils.format_datetime(modified, usegmt=True))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(self.body)}")
         self.send_header("Content-Length", str(end - start))
@@ -372,6 +375,30 @@ def test_without_an_etag_the_modification_time_tells_versions_apart(misbehaving)
     older = ObjectVersion(100_000, None, None, MODIFIED - 60)
     data, error, _ = _failure(transport, misbehaving.url, 0, 10, expect=older)
     assert isinstance(error, PreconditionFailed) and data == b""
+
+
+def test_an_answer_without_last_modified_has_no_modification_time(misbehaving):
+    misbehaving.modified = None
+    _, facts = _read(choose_transport("http", {}, "obstore"), misbehaving.url, 0, 10)
+    assert facts.modified is None
+
+
+def test_a_gcs_server_without_the_headers_obstore_needs_is_unsupported(misbehaving):
+    """Where obstore cannot read a server that fsspec can, the error says so (use fsspec)."""
+    misbehaving.modified = None
+    base = misbehaving.url.rsplit("/", 1)[0]
+    transport = choose_transport("gcs", {"endpoint_url": base, "token": "anon"}, "obstore")
+    _, error, _ = _failure(transport, "bucket/obj.bin", 0, 10)
+    assert isinstance(error, ServerUnsupported) and not is_transient(error)
+    assert "Last-Modified" in str(error)
+
+
+def test_the_gcs_emulator_itself_is_unsupported(gcs_backend):
+    """gcp-storage-emulator without the XML front: obstore's encoded paths get 501."""
+    path = gcs_backend.put(NAME, DATA).split("://", 1)[1]
+    options = {"endpoint_url": gcs_backend.endpoint_url, "token": "anon"}
+    _, error, _ = _failure(choose_transport("gcs", options, "obstore"), path, 0, 10)
+    assert isinstance(error, ServerUnsupported) and not is_transient(error)
 
 
 def test_a_server_ignoring_range_gives_the_range_from_the_whole_body(misbehaving):
