@@ -210,12 +210,16 @@ class _Options:
     def nested(self, key: str) -> _Options:
         return _Options(self.take(key, {}), self.name(key) + ".")
 
+    def remaining(self) -> list[str]:
+        """The names not taken yet."""
+        return sorted(self._left)
+
     def refused(self, key: str, reason: str) -> _Refused:
         """The refusal of option ``key`` (to raise)."""
         return _Refused(self.name(key), reason)
 
     def finish(self, ignored: frozenset[str] = frozenset()) -> None:
-        for key in sorted(self._left):
+        for key in self.remaining():
             if key not in ignored:
                 raise self.refused(key, "has no obstore equivalent")
 
@@ -311,7 +315,7 @@ def _map_s3(options: _Options) -> StoreSpec:
         if str(payer).lower() != "requester":
             raise extra.refused("RequestPayer", f"unknown value {payer!r}")
         config["request_payer"] = True
-    for name in list(extra._left):
+    for name in extra.remaining():
         if name.startswith("SSECustomer"):
             raise extra.refused(name, "customer-provided encryption keys are not supported")
     extra.finish(_S3_WRITE_ONLY)
