@@ -96,6 +96,12 @@ def manifest_suite(rounds: int) -> Results:
     return bench_manifest.run(rounds)
 
 
+def cold_suite(rounds: int, objects: int, mib: int) -> Results:
+    import bench_cold
+
+    return bench_cold.run(rounds, objects=objects, mib=mib)
+
+
 def memory_suite(sizes: tuple[int, ...]) -> Results:
     import bench_memory
 
@@ -193,6 +199,18 @@ BENCHMARKS = (
         lambda: manifest_suite(1),
     ),
     Benchmark(
+        "cold",
+        "Cold downloads from S3 (moto on loopback): plain GET, obstore, s3fs, simplecache, wds",
+        "moto's S3 server in its own process; 4 objects of 64 MiB, every reader reads all of "
+        "them cold each round. `vs_plain_get` is the median per-round speed ratio to one "
+        "urllib GET of the same bytes (the line rate), `vs_simplecache` to fsspec's "
+        "`simplecache::` cold. The `transport_file_*` rows are the obstore transport alone "
+        "filling a file as the cache does (sha256 checked, fsynced): hashing inline, on a "
+        "worker thread, or 4 ranges of 16 MiB in flight written with `os.pwrite`.",
+        lambda: cold_suite(5, 4, 64),
+        lambda: cold_suite(2, 2, 32),
+    ),
+    Benchmark(
         "memory",
         "Peak memory against shard size",
         "One shard of 1 MiB samples iterated in a fresh process. `traced_peak_mb` is the "
@@ -240,7 +258,7 @@ def print_results(benchmark: Benchmark, results: Results, seconds: float) -> Non
 
 def is_ratio(metric: str) -> bool:
     """Ratios of medians (``ours_vs_webdataset``, ``prefetch_2_speedup``): the headline numbers."""
-    return "_vs_" in metric or metric.endswith("_speedup")
+    return "_vs_" in metric or metric.startswith("vs_") or metric.endswith("_speedup")
 
 
 def markdown(info: dict[str, str], quick: bool, outcomes: list[tuple]) -> str:

@@ -1,0 +1,566 @@
+"""Benchmark cold downloads from local servers: what each reader gets out of them.
+
+moto's S3 server runs in a process of its own on loopback (so its work does not share our
+interpreter) and holds a few objects of 64 MiB and their SHA256SUMS; then nginx serves the
+same as files (moto copies the whole object for every ranged GET, about 0.1 s per 64 MiB,
+so readers that make several requests per object pay a cost real S3 does not; nginx
+serves ranges with sendfile). On each server, every round, every reader reads every object
+cold (fresh cache directories), in an order that rotates from round to round; the table
+gives the median MB/s and the median of the per-round ratios to the plain GET of the same
+bytes (and to ``simplecache::``). The readers:
+
+- plain GET: one ``urllib`` stream (of a presigned URL on S3), bytes read and dropped: the
+  line rate
+- obstore ``get``: one streamed GET through the Rust client, bytes dropped
+- the fsspec backend's ``open`` + ``read`` (s3fs, fsspec's http); ``simplecache::`` cold
+- ``wds::`` cold with ``verify=False`` and with ``verify="auto"`` + SHA256SUMS (the download
+  path of today, over the fsspec backend)
+- no network: the same bytes written from memory to a file and fsynced, the disk's ceiling
+- the obstore transport alone (``storage/obstore_transport.py``) filling a file as the cache
+  does (written, sha256 checked, fsynced): hashing inline in the receiving thread; hashing
+  on a worker thread (and the same without the fsync, to show its cost); writing and
+  hashing on a worker thread (also flushing to disk every 16 MiB as it goes); several
+  ranges in flight written with ``os.pwrite`` into a preallocated file while a worker
+  hashes the finished ranges in order.
+
+    python benchmarks/bench_cold.py [--rounds 5] [--objects 4] [--mib 64] [--servers moto nginx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import queue
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import fsspec  # noqa: E402
+
+from fsspec_shards.storage.obstore_transport import ObstoreTransport, choose_transport  # noqa: E402
+from tests.integration import servers  # noqa: E402
+
+MiB = 1024 * 1024
+BUCKET = "bench"
+KEY, SECRET = "testing", "testing"
+RANGE_BYTES = 16 * MiB
+RANGES_IN_FLIGHT = 4
+HASH_PIECE = 8 * MiB
+TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The server and the objects every reader reads: each as an fsspec URL, the backend
+    path the transport takes, and a URL a plain HTTP client can GET (presigned for S3)."""
+
+    server: str
+    protocol: str
+    options: dict
+    urls: tuple[str, ...]
+    paths: tuple[str, ...]
+    plain_urls: tuple[str, ...]
+    sizes: dict[str, int]
+    digests: dict[str, str]
+    sums_url: str
+    workdir: str
+
+    @property
+    def objects(self) -> Iterator[tuple[str, str, int, str]]:
+        """(fsspec URL, backend path, size, sha256) of every object."""
+        for url, path in zip(self.urls, self.paths, strict=True):
+            yield url, path, self.sizes[url], self.digests[url]
+
+    def fresh_dir(self, name: str) -> str:
+        return tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir)
+
+
+@contextlib.contextmanager
+def moto_process(workdir: str) -> Iterator[str]:
+    """moto's S3 server in a child process; yields its endpoint URL."""
+    port = servers.free_port()
+    log = open(os.path.join(workdir, "moto.log"), "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", servers.LOOPBACK, "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        servers.wait_for_port(servers.LOOPBACK, port, process=process)
+        yield f"http://{servers.LOOPBACK}:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def _objects(objects: int, mib: int) -> Iterator[tuple[str, bytes]]:
+    rng = random.Random(7)
+    for number in range(objects):
+        yield f"shard-{number:04d}.tar", rng.randbytes(mib * MiB)
+
+
+def _sums(named: dict[str, str]) -> bytes:
+    return "".join(f"{digest}  {name}\n" for name, digest in named.items()).encode()
+
+
+def s3_setup(endpoint: str, objects: int, mib: int, workdir: str) -> Setup:
+    """The objects in a bucket of the S3 server at ``endpoint``."""
+    import botocore.session
+
+    options = {
+        "key": KEY,
+        "secret": SECRET,
+        "client_kwargs": {"endpoint_url": endpoint},
+        "skip_instance_cache": True,
+    }
+    fs = fsspec.filesystem("s3", **options)
+    fs.mkdir(BUCKET)
+    signer = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+    )
+    urls, paths, plain, sizes, digests, named = [], [], [], {}, {}, {}
+    for name, data in _objects(objects, mib):
+        path = f"{BUCKET}/cold/{name}"
+        fs.pipe_file(path, data)
+        url = f"s3://{path}"
+        urls.append(url)
+        paths.append(path)
+        plain.append(
+            signer.generate_presigned_url(
+                "get_object", Params={"Bucket": BUCKET, "Key": f"cold/{name}"}, ExpiresIn=86400
+            )
+        )
+        sizes[url], digests[url] = len(data), hashlib.sha256(data).hexdigest()
+        named[name] = digests[url]
+    fs.pipe_file(f"{BUCKET}/cold/SHA256SUMS", _sums(named))
+    return Setup(
+        "moto S3",
+        "s3",
+        options,
+        tuple(urls),
+        tuple(paths),
+        tuple(plain),
+        sizes,
+        digests,
+        f"s3://{BUCKET}/cold/SHA256SUMS",
+        workdir,
+    )
+
+
+def http_setup(backend: servers.HttpBackend, objects: int, mib: int, workdir: str) -> Setup:
+    """The objects as files nginx serves."""
+    urls, sizes, digests, named = [], {}, {}, {}
+    for name, data in _objects(objects, mib):
+        url = backend.put(name, data)
+        urls.append(url)
+        sizes[url], digests[url] = len(data), hashlib.sha256(data).hexdigest()
+        named[name] = digests[url]
+    return Setup(
+        "nginx",
+        "http",
+        {"skip_instance_cache": True},
+        tuple(urls),
+        tuple(urls),
+        tuple(urls),
+        sizes,
+        digests,
+        backend.put("SHA256SUMS", _sums(named)),
+        workdir,
+    )
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def plain_get(setup: Setup) -> None:
+    for url in setup.plain_urls:
+        with urllib.request.urlopen(url) as response:
+            while response.read(MiB):
+                pass
+
+
+def obstore_get(setup: Setup) -> None:
+    import obstore
+    from obstore.store import HTTPStore, S3Store
+
+    if setup.protocol == "s3":
+        store = S3Store(
+            BUCKET,
+            endpoint=setup.options["client_kwargs"]["endpoint_url"],
+            access_key_id=KEY,
+            secret_access_key=SECRET,
+            region="us-east-1",
+            client_options={"allow_http": True},
+        )
+        keys = [path.split("/", 1)[1] for path in setup.paths]
+    else:
+        origin = "/".join(setup.urls[0].split("/")[:3])
+        store = HTTPStore.from_url(origin, client_options={"allow_http": True})
+        keys = [url[len(origin) + 1 :] for url in setup.urls]
+    for key in keys:
+        for _ in obstore.get(store, key).stream(min_chunk_size=0):
+            pass
+
+
+def fsspec_read(setup: Setup) -> None:
+    fs = fsspec.filesystem(setup.protocol, **setup.options)
+    for url in setup.urls:
+        with fs.open(url, "rb") as handle:
+            handle.read()
+
+
+def simplecache_cold(setup: Setup) -> None:
+    directory = setup.fresh_dir("simplecache")
+    try:
+        for url in setup.urls:
+            with fsspec.open(
+                f"simplecache::{url}",
+                "rb",
+                simplecache={"cache_storage": directory},
+                **{setup.protocol: setup.options},
+            ) as handle:
+                handle.read()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def wds_cold(verify: str | bool) -> Callable[[Setup], None]:
+    def read(setup: Setup) -> None:
+        directory = setup.fresh_dir("wds")
+        options = {"verify": verify}
+        if verify == "auto":
+            options["checksums"] = setup.sums_url
+        fs = fsspec.filesystem(
+            "wds",
+            target_protocol=setup.protocol,
+            target_options=setup.options,
+            cache_dir=directory,
+            skip_instance_cache=True,
+            **options,
+        )
+        try:
+            for url in setup.urls:
+                with fs.open(url, "rb") as handle:
+                    handle.read()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    return read
+
+
+def _transport(setup: Setup) -> ObstoreTransport:
+    return choose_transport(setup.protocol, setup.options, "obstore")
+
+
+def _check(path: str, digest: str, expected: str) -> None:
+    if digest != expected:
+        raise RuntimeError(f"sha256 mismatch for {path}")
+
+
+def transport_inline(setup: Setup) -> None:
+    """One GET per object; the receiving thread writes and hashes each piece."""
+    transport = _transport(setup)
+    directory = setup.fresh_dir("inline")
+    try:
+        for _, key, size, expected in setup.objects:
+            hasher = hashlib.sha256()
+            with open(os.path.join(directory, "part"), "wb") as out:
+
+                def sink(data: bytes, out=out, hasher=hasher) -> None:
+                    out.write(data)
+                    hasher.update(data)
+
+                transport.stream(key, 0, size, sink, TIMEOUT)
+                out.flush()
+                os.fsync(out.fileno())
+            _check(key, hasher.hexdigest(), expected)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def transport_hash_thread(fsync: bool) -> Callable[[Setup], None]:
+    """One GET per object; the receiving thread writes, a worker thread hashes; the file is
+    fsynced at the end as the cache does, or (to show what that costs) not."""
+
+    def read(setup: Setup) -> None:
+        transport = _transport(setup)
+        directory = setup.fresh_dir("thread")
+        try:
+            for _, key, size, expected in setup.objects:
+                pieces: queue.Queue = queue.Queue(maxsize=64)
+                hasher = hashlib.sha256()
+
+                def hash_pieces(pieces=pieces, hasher=hasher) -> None:
+                    while (piece := pieces.get()) is not None:
+                        hasher.update(piece)
+
+                worker = threading.Thread(target=hash_pieces)
+                worker.start()
+                try:
+                    with open(os.path.join(directory, "part"), "wb") as out:
+
+                        def sink(data: bytes, out=out, pieces=pieces) -> None:
+                            out.write(data)
+                            pieces.put(data)
+
+                        transport.stream(key, 0, size, sink, TIMEOUT)
+                        out.flush()
+                        if fsync:
+                            os.fsync(out.fileno())
+                finally:
+                    pieces.put(None)
+                    worker.join()
+                _check(key, hasher.hexdigest(), expected)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    return read
+
+
+def transport_write_thread(sync_every: int | None) -> Callable[[Setup], None]:
+    """One GET per object; the receiving thread only receives, a worker writes and hashes
+    (the network read never waits for the disk); with ``sync_every``, the worker also
+    flushes what it wrote to disk every so many bytes, so that the final fsync finds little
+    left to write (the disk works while the network does)."""
+
+    def read(setup: Setup) -> None:
+        transport = _transport(setup)
+        directory = setup.fresh_dir("writer")
+        try:
+            for _, key, size, expected in setup.objects:
+                pieces: queue.Queue = queue.Queue(maxsize=256)
+                hasher = hashlib.sha256()
+                descriptor = os.open(
+                    os.path.join(directory, "part"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+                )
+
+                def write_pieces(pieces=pieces, hasher=hasher, descriptor=descriptor) -> None:
+                    unsynced = 0
+                    while (piece := pieces.get()) is not None:
+                        os.write(descriptor, piece)
+                        hasher.update(piece)
+                        unsynced += len(piece)
+                        if sync_every and unsynced >= sync_every:
+                            os.fdatasync(descriptor)
+                            unsynced = 0
+
+                worker = threading.Thread(target=write_pieces)
+                worker.start()
+                try:
+                    transport.stream(key, 0, size, pieces.put, TIMEOUT)
+                finally:
+                    pieces.put(None)
+                    worker.join()
+                    os.fsync(descriptor)
+                    os.close(descriptor)
+                _check(key, hasher.hexdigest(), expected)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    return read
+
+
+def transport_parallel(setup: Setup) -> None:
+    """Ranges of RANGE_BYTES, RANGES_IN_FLIGHT at a time, written with ``os.pwrite`` into a
+    preallocated file; a worker hashes the finished ranges in order (read back with
+    ``os.pread``, from the page cache)."""
+    transport = _transport(setup)
+    directory = setup.fresh_dir("parallel")
+    try:
+        with ThreadPoolExecutor(RANGES_IN_FLIGHT) as pool:
+            for _, key, size, expected in setup.objects:
+                path = os.path.join(directory, "part")
+                digest = _fill_in_ranges(transport, key, size, path, pool)
+                _check(key, digest, expected)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _fill_in_ranges(
+    transport: ObstoreTransport, key: str, size: int, path: str, pool: ThreadPoolExecutor
+) -> str:
+    """Fill ``path`` with object ``key`` by ranges in flight on ``pool``; its sha256."""
+    starts = range(0, size, RANGE_BYTES)
+    finished = {start: threading.Event() for start in starts}
+    hasher = hashlib.sha256()
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def fetch(start: int) -> None:
+        offset = start
+
+        def sink(data: bytes) -> None:
+            nonlocal offset
+            os.pwrite(descriptor, data, offset)
+            offset += len(data)
+
+        transport.stream(key, start, min(size, start + RANGE_BYTES), sink, TIMEOUT)
+        finished[start].set()
+
+    def hash_in_order() -> None:
+        for start in starts:
+            finished[start].wait()
+            end = min(size, start + RANGE_BYTES)
+            for piece in range(start, end, HASH_PIECE):
+                hasher.update(os.pread(descriptor, min(HASH_PIECE, end - piece), piece))
+
+    try:
+        os.posix_fallocate(descriptor, 0, size)
+        hashing = threading.Thread(target=hash_in_order)
+        hashing.start()
+        try:
+            for future in [pool.submit(fetch, start) for start in starts]:
+                future.result()
+        finally:
+            for event in finished.values():
+                event.set()  # a failed range must not leave the hasher waiting
+            hashing.join()
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return hasher.hexdigest()
+
+
+def local_write_fsync(setup: Setup) -> None:
+    """No network: the same number of bytes written from memory and fsynced, the ceiling
+    the disk sets for any cache fill."""
+    data = bytes(MiB)
+    directory = setup.fresh_dir("disk")
+    try:
+        for _, _, size, _ in setup.objects:
+            with open(os.path.join(directory, "part"), "wb") as out:
+                for start in range(0, size, MiB):
+                    out.write(data[: min(MiB, size - start)])
+                out.flush()
+                os.fsync(out.fileno())
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+READERS: dict[str, Callable[[Setup], None]] = {
+    "plain_get": plain_get,
+    "local_write_fsync": local_write_fsync,
+    "obstore_get": obstore_get,
+    "fsspec_open_read": fsspec_read,
+    "simplecache_cold": simplecache_cold,
+    "wds_cold_verify_off": wds_cold(False),
+    "wds_cold_verify_auto_sha256sums": wds_cold("auto"),
+    "transport_file_sha256_inline": transport_inline,
+    "transport_file_sha256_thread": transport_hash_thread(fsync=True),
+    "transport_file_sha256_thread_no_fsync": transport_hash_thread(fsync=False),
+    "transport_file_write_thread": transport_write_thread(None),
+    "transport_file_write_thread_sync_16MiB": transport_write_thread(16 * MiB),
+    "transport_file_4_ranges_pwrite": transport_parallel,
+}
+SERVERS = ("moto", "nginx")
+
+
+@contextlib.contextmanager
+def serving(server: str, objects: int, mib: int, workdir: str) -> Iterator[Setup]:
+    """The objects on ``server`` ("moto": S3 in a process of its own; "nginx": files)."""
+    if server == "moto":
+        with moto_process(workdir) as endpoint:
+            yield s3_setup(endpoint, objects, mib, workdir)
+    else:
+        with servers.running(servers.start_http, os.path.join(workdir, "nginx")) as service:
+            yield http_setup(service.backend("cold"), objects, mib, workdir)
+
+
+def measure(setup: Setup, rounds: int) -> dict[str, dict[str, float]]:
+    """Every reader, interleaved round by round in a rotating order: ``{reader: {mb_per_s,
+    vs_plain_get, vs_simplecache}}``, median MB/s and medians of the per-round speed
+    ratios (above 1: faster than the plain GET / simplecache)."""
+    names = list(READERS)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:  # warm-up: imports, connections, the server's first answers
+        READERS[name](setup)
+    for round_number in range(rounds):
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            started = time.perf_counter()
+            READERS[name](setup)
+            times[name].append(time.perf_counter() - started)
+    total = sum(setup.sizes.values())
+    results = {}
+    for name in names:
+        results[name] = {
+            "mb_per_s": total / 1e6 / statistics.median(times[name]),
+            "vs_plain_get": statistics.median(
+                plain / own for plain, own in zip(times["plain_get"], times[name], strict=True)
+            ),
+            "vs_simplecache": statistics.median(
+                other / own
+                for other, own in zip(times["simplecache_cold"], times[name], strict=True)
+            ),
+        }
+    return results
+
+
+def run(
+    rounds: int = 5,
+    objects: int = 4,
+    mib: int = 64,
+    directory: str | None = None,
+    server_names: tuple[str, ...] = SERVERS,
+) -> dict[str, dict[str, float]]:
+    """``{"<server> <reader>": {mb_per_s, vs_plain_get, vs_simplecache}}`` for each server."""
+    results = {}
+    for server in server_names:
+        with tempfile.TemporaryDirectory(prefix="bench-cold-", dir=directory) as workdir:
+            with serving(server, objects, mib, workdir) as setup:
+                for reader, values in measure(setup, rounds).items():
+                    results[f"{server} {reader}"] = values
+    return results
+
+
+def print_table(results: dict[str, dict[str, float]], objects: int, mib: int) -> None:
+    print(f"\ncold reads of {objects} x {mib} MiB on loopback (medians)\n")
+    print("| server | reader | MB/s | vs plain GET | vs simplecache:: |")
+    print("|---|---|---:|---:|---:|")
+    for case, values in results.items():
+        server, reader = case.split(" ", 1)
+        print(
+            f"| {server} | {reader} | {values['mb_per_s']:,.0f} "
+            f"| {values['vs_plain_get']:.2f}x | {values['vs_simplecache']:.2f}x |"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats (default 5)")
+    parser.add_argument("--objects", type=int, default=4, help="objects per round (default 4)")
+    parser.add_argument("--mib", type=int, default=64, help="MiB per object (default 64)")
+    parser.add_argument(
+        "--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="default: both"
+    )
+    arguments = parser.parse_args(argv)
+    results = run(
+        arguments.rounds, arguments.objects, arguments.mib, server_names=tuple(arguments.servers)
+    )
+    print_table(results, arguments.objects, arguments.mib)
+    return results
+
+
+if __name__ == "__main__":
+    main()
