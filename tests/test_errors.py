@@ -1,7 +1,5 @@
 import pickle
 
-import pytest
-
 from fsspec_shards import IntegrityError, ShardFormatError
 
 SIGNED = (
