@@ -104,7 +104,9 @@ def read_range(
         except Exception as exc:
             error = exc
         if changed is not None:
-            raise VersionMismatch(errno.ESTALE, f"{target.shown}: {changed.strerror}")
+            raise VersionMismatch(
+                errno.ESTALE, f"{target.shown} changed while it was read: {changed.strerror}"
+            )
         if position > before:
             attempts.progressed()
         if error is not None:

@@ -141,7 +141,7 @@ class Version:
         ):
             mismatch = "Last-Modified differs"
         if mismatch is not None:
-            raise VersionMismatch(errno.ESTALE, f"the object changed while it was read: {mismatch}")
+            raise VersionMismatch(errno.ESTALE, mismatch)
         if not self._confirmed_by(facts):
             self.unconfirmed += 1
         if self.size is None:
