@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.cli import UsageError, build_parser, main, parse_option, storage_options_from
+from fsspec_shards.cli import build_parser, main
+from fsspec_shards.cli.errors import UsageError
+from fsspec_shards.cli.options import parse_option, storage_options_from
 from fsspec_shards.demo import DemoDataset, make_demo_dataset
 from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
+import random
+import subprocess
+import sys
 import tarfile
 import tracemalloc
+import zlib
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -320,9 +326,26 @@ def test_absurd_size_raises_before_reading():
     assert "exceeds limit" in error.reason
 
 
-def test_size_beyond_max_member_size_option_raises():
+def test_size_beyond_max_member_size_option_raises_naming_the_member_and_the_limit():
     error = failure(GOOD, max_member_size=500)
-    assert (error.offset, "exceeds limit 500" in error.reason) == (SECOND_HEADER, True)
+    assert error.offset == SECOND_HEADER
+    assert "'b.txt'" in error.reason and "exceeds limit 500 (max_member_size)" in error.reason
+
+
+def test_default_member_limit_is_one_gib():
+    header = header_at(GOOD, SECOND_HEADER)
+    header[124:136] = b"%011o\0" % ((1 << 30) + 1)
+    raw = GOOD[:SECOND_HEADER] + rechecksum(header) + GOOD[SECOND_HEADER + 512 :]
+    error = failure(raw)
+    assert tar.DEFAULT_MAX_MEMBER_SIZE == 1 << 30
+    assert (error.offset, f"exceeds limit {1 << 30}" in error.reason) == (SECOND_HEADER, True)
+
+
+def test_unknown_type_members_beyond_max_member_size_raise_too():
+    unknown, data = regular("volume", b"v" * 1000)
+    unknown.type = b"V"
+    error = failure(make_tar([(unknown, data)]), max_member_size=999)
+    assert "'volume'" in error.reason and "exceeds limit 999" in error.reason
 
 
 def test_negative_base256_size_raises():
@@ -339,7 +362,8 @@ def test_huge_declared_size_on_a_short_stream_fails_without_allocating_it(tmp_pa
     tracemalloc.start()
     try:
         with open(path, "rb", buffering=0) as fileobj, pytest.raises(ShardFormatError) as caught:
-            list(iter_members(open_shard_stream(fileobj, str(path)), str(path)))
+            stream = open_shard_stream(fileobj, str(path))
+            list(iter_members(stream, str(path), max_member_size=1 << 40))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -356,7 +380,8 @@ def test_a_size_beyond_the_end_of_a_long_shard_fails_without_reading_the_rest(tm
     tracemalloc.start()
     try:
         with open(path, "rb") as fileobj, pytest.raises(ShardFormatError) as caught:
-            list(iter_members(open_shard_stream(fileobj, str(path)), str(path)))
+            stream = open_shard_stream(fileobj, str(path))
+            list(iter_members(stream, str(path), max_member_size=1 << 40))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -599,3 +624,152 @@ def test_memory_stays_bounded_by_a_member_not_the_shard(tmp_path):
         tracemalloc.stop()
     assert count == 150
     assert peak < tar.STREAM_BUFFER_SIZE + 4 * member_size
+
+
+# Hostile input: empty shards and decompression bombs are refused before memory is spent.
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_an_empty_shard_is_a_shard_format_error(compress, tmp_path):
+    path = tmp_path / ("empty.tar.gz" if compress else "empty.tar")
+    path.write_bytes(gzip.compress(b"") if compress else b"")
+    with open(path, "rb") as fileobj, pytest.raises(ShardFormatError) as caught:
+        list(iter_members(open_shard_stream(fileobj, str(path)), str(path)))
+    assert caught.value.offset == 0
+    assert "empty shard" in caught.value.reason and str(path) in str(caught.value)
+
+
+def test_an_archive_of_end_blocks_only_is_empty_but_valid():
+    assert read_all(make_tar([])) == []
+
+
+def test_reading_from_the_end_of_a_shard_yields_nothing_without_error():
+    raw = make_tar([regular("a.txt", b"1")])
+    end = read_all(raw)[-1].end
+    assert list(iter_members(io.BytesIO(raw[end:]), SHARD, start=end)) == []
+    assert list(iter_members(io.BytesIO(b""), SHARD, start=end)) == []
+
+
+def zeros_gzip(size: int) -> bytes:
+    """A gzip'd tar holding one member of ``size`` zero bytes: compresses about 1000x."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    info = tarfile.TarInfo("bomb.bin")
+    info.size = size
+    pieces = [compressor.compress(info.tobuf(tarfile.USTAR_FORMAT))]
+    chunk = bytes(1 << 20)
+    for start in range(0, size, len(chunk)):
+        pieces.append(compressor.compress(chunk[: size - start]))
+    pieces.append(compressor.compress(bytes(-size % 512 + 1024)))
+    pieces.append(compressor.flush())
+    return b"".join(pieces)
+
+
+def test_a_gzip_bomb_is_refused_after_the_grace_naming_member_and_limit(monkeypatch):
+    monkeypatch.setattr(tar, "GZIP_RATIO_GRACE", 1 << 20)
+    monkeypatch.setattr(tar, "READ_PIECE_SIZE", 1 << 20)
+    bomb = zeros_gzip(40 << 20)
+    assert len(bomb) < (40 << 20) // 500
+    tracemalloc.start()
+    try:
+        with pytest.raises(ShardFormatError) as caught:
+            list(iter_members(open_shard_stream(io.BytesIO(bomb), SHARD), SHARD))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    error = caught.value
+    assert error.offset == 0
+    assert "'bomb.bin'" in error.reason and "limit of 200x" in error.reason
+    assert peak < 6 << 20
+
+
+def test_the_gzip_ratio_limit_can_be_raised(monkeypatch):
+    monkeypatch.setattr(tar, "GZIP_RATIO_GRACE", 1 << 20)
+    bomb = zeros_gzip(3 << 20)
+    with pytest.raises(ShardFormatError, match="limit of 200x"):
+        list(iter_members(open_shard_stream(io.BytesIO(bomb), SHARD), SHARD))
+    stream = open_shard_stream(io.BytesIO(bomb), SHARD, max_gzip_ratio=100_000)
+    assert [len(member.data) for member in iter_members(stream, SHARD)] == [3 << 20]
+
+
+def test_gzip_within_the_ratio_reads_whole_past_the_grace(monkeypatch):
+    monkeypatch.setattr(tar, "GZIP_RATIO_GRACE", 1 << 16)
+    payload = bytes(random.Random(0).choices(b"abcdefgh", k=1 << 20))
+    raw = make_tar([regular("a.bin", payload), regular("b.txt", b"b")])
+    stream = open_shard_stream(io.BytesIO(gzip.compress(raw)), SHARD)
+    assert as_tuples(list(iter_members(stream, SHARD))) == tarfile_members(raw)
+
+
+def test_a_member_over_max_member_size_in_a_gzip_stream_fails_on_its_header():
+    bomb = zeros_gzip(8 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ShardFormatError, match="exceeds limit 1048576") as caught:
+            stream = open_shard_stream(io.BytesIO(bomb), SHARD)
+            list(iter_members(stream, SHARD, max_member_size=1 << 20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert caught.value.offset == 0
+    assert peak < 1 << 20
+
+
+# The bomb of issue 11 (a ~611 KB .tar.gz holding one 600 MiB member), end to end in fresh
+# processes: the peak resident memory may grow by less than 300 MB while it is refused.
+
+BOMB_SIZE = 600 << 20
+RSS_GROWTH_LIMIT = 300_000_000
+
+
+@pytest.fixture(scope="module")
+def bomb_and_decoy(tmp_path_factory) -> tuple[Path, Path]:
+    """The bomb, and a small good .tar.gz that the same commands read as a baseline."""
+    directory = tmp_path_factory.mktemp("bomb")
+    bomb = directory / "bomb.tar.gz"
+    bomb.write_bytes(zeros_gzip(BOMB_SIZE))
+    decoy = directory / "decoy.tar.gz"
+    decoy.write_bytes(gzip.compress(shard_tar(0, 10), mtime=0))
+    return bomb, decoy
+
+
+def run_measured(command: list[str], workdir: Path) -> tuple[int, str, int]:
+    """Run ``command``; its exit status, standard error and peak resident memory in bytes."""
+    with open(workdir / "out", "wb") as out, open(workdir / "err", "wb") as err:
+        env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(workdir / "cache"))
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, (workdir / "err").read_text(), usage.ru_maxrss * 1024
+
+
+READ_WITH_DATASET = """
+import sys
+from fsspec_shards import ShardDataset, ShardFormatError
+
+try:
+    for _ in ShardDataset([sys.argv[1]], shuffle_shards=False, split_by_node=False):
+        pass
+except ShardFormatError as error:
+    sys.exit(str(error))
+"""
+
+
+def test_the_bomb_in_shard_dataset_is_refused_within_300_mb(bomb_and_decoy, tmp_path):
+    bomb, decoy = bomb_and_decoy
+    command = [sys.executable, "-c", READ_WITH_DATASET]
+    code, _, baseline = run_measured([*command, str(decoy)], tmp_path)
+    assert code == 0
+    code, error, peak = run_measured([*command, str(bomb)], tmp_path)
+    assert code == 1
+    assert "bomb.tar.gz" in error and "'bomb.bin'" in error and "limit of 200x" in error
+    assert peak - baseline < RSS_GROWTH_LIMIT, f"grew {peak - baseline} bytes"
+
+
+def test_the_bomb_in_cli_verify_is_refused_within_300_mb(bomb_and_decoy, tmp_path):
+    bomb, decoy = bomb_and_decoy
+    command = [sys.executable, "-m", "fsspec_shards", "verify"]
+    code, _, baseline = run_measured([*command, str(decoy)], tmp_path)
+    assert code == 0
+    code, error, peak = run_measured([*command, str(bomb)], tmp_path)
+    assert code != 0
+    assert "'bomb.bin'" in (tmp_path / "out").read_text() + error
+    assert peak - baseline < RSS_GROWTH_LIMIT, f"grew {peak - baseline} bytes"

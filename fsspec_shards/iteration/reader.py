@@ -9,14 +9,17 @@ the offset are dropped. Samples are streamed member by member: a shard is never 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import fsspec
 
+from fsspec_shards.config import parse_size
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
+    DEFAULT_MAX_MEMBER_SIZE,
     GZIP_MAGIC,
     iter_members,
     open_shard_stream,
@@ -27,10 +30,22 @@ _SKIP_PIECE = 1 << 20
 
 
 class ShardReader:
-    """Opens shard URLs with the dataset's storage options."""
+    """Opens shard URLs with the dataset's storage options.
 
-    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+    ``max_member_size`` (bytes, or a size such as ``"1GiB"``) bounds every member read: a
+    larger one is a :class:`ShardFormatError`, raised from its header before it is read.
+    """
+
+    def __init__(
+        self,
+        storage_options: Mapping[str, Any] | None = None,
+        max_member_size: int | str = DEFAULT_MAX_MEMBER_SIZE,
+    ) -> None:
         self.storage_options = dict(storage_options or {})
+        try:
+            self.max_member_size = parse_size(max_member_size)
+        except ValueError as exc:
+            raise ValueError(f"max_member_size: {exc}") from None
 
     def locate(self, url: str) -> tuple[Any, str]:
         """The fsspec filesystem and path of ``url``."""
@@ -39,20 +54,23 @@ class ShardReader:
     def samples(self, url: str, start: int = 0, headers_only: bool = False) -> Iterator[RawSample]:
         """Samples of the shard from uncompressed byte offset ``start`` (a sample boundary).
 
-        With ``headers_only`` the samples carry no fields and payloads are not read.
+        With ``headers_only`` the samples carry empty fields and payloads are sought over (a
+        stream that cannot seek reads them): a fast way to count samples or find offsets,
+        parsed by the same reader, so offsets, keys and errors agree with a full read.
         """
         fs, path = self.locate(url)
         with fs.open(path, "rb") as raw:
             sought = start > 0 and raw.seekable() and not _is_gzip(fs, path)
             if sought:
+                if raw.seek(0, io.SEEK_END) < start:
+                    raise ShardFormatError(url, start, "shard ends before the saved offset")
                 raw.seek(start)
             stream = open_shard_stream(raw, url)
             if start and not sought:
                 _skip_to(stream, url, start)
-            if headers_only:
-                yield from sample_refs(stream, url, start)
-            else:
-                yield from group_samples(iter_members(stream, url, start), url)
+            limit = self.max_member_size
+            members = iter_members(stream, url, start, not headers_only, max_member_size=limit)
+            yield from group_samples(members, url)
 
     def samples_at(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[RawSample]:
         """The samples at byte ranges ``[offset, end)`` of the shard, in the order given.
@@ -71,10 +89,20 @@ class ShardReader:
             for (offset, end), blob in zip(ranges, blobs, strict=True):
                 if isinstance(blob, BaseException):
                     raise blob
-                found[(offset, end)] = _single_sample(blob, url, offset, end)
+                found[(offset, end)] = self._single_sample(blob, url, offset, end)
         else:
             found = self._scan_for(url, set(ranges))
         return [found[item] for item in ranges]
+
+    def _single_sample(self, blob: bytes, url: str, offset: int, end: int) -> RawSample:
+        """The one sample that the byte range ``[offset, end)`` must hold."""
+        members = parse_members(blob, url, offset, self.max_member_size)
+        samples = list(group_samples(members, url))
+        if len(blob) != end - offset or len(samples) != 1 or samples[0].end != end:
+            raise ShardFormatError(
+                url, offset, "no sample at this saved position; the shard changed since"
+            )
+        return samples[0]
 
     def _scan_for(self, url: str, wanted: set[tuple[int, int]]) -> dict:
         found: dict[tuple[int, int], RawSample] = {}
@@ -94,16 +122,6 @@ def _is_gzip(fs, path: str) -> bool:
     return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
-def _single_sample(blob: bytes, url: str, offset: int, end: int) -> RawSample:
-    """The one sample that the byte range ``[offset, end)`` must hold."""
-    samples = list(group_samples(parse_members(blob, url, offset), url))
-    if len(blob) != end - offset or len(samples) != 1 or samples[0].end != end:
-        raise ShardFormatError(
-            url, offset, "no sample at this saved position; the shard changed since"
-        )
-    return samples[0]
-
-
 def _skip_to(stream, url: str, start: int) -> None:
     """Read and drop the first ``start`` bytes of a stream that cannot seek."""
     remaining = start
@@ -112,12 +130,3 @@ def _skip_to(stream, url: str, start: int) -> None:
         if not piece:
             raise ShardFormatError(url, start - remaining, "shard ends before the saved offset")
         remaining -= len(piece)
-
-
-def sample_refs(stream, url: str, start: int = 0) -> Iterator[RawSample]:
-    """Samples of a tar stream with empty fields, from headers only: payloads are sought over.
-
-    Used to fast-forward to a sample count without reading sample bytes. It parses with the
-    same reader as the normal path, so offsets, keys and errors agree with it exactly.
-    """
-    return group_samples(iter_members(stream, url, start, read_data=False), url)

@@ -8,6 +8,10 @@ silently at a damaged header, every malformation raises
 :class:`~fsspec_shards.errors.ShardFormatError` with the byte offset of the damage.
 Memory stays bounded by the member being read: data is read in bounded pieces, so a
 header that claims a huge size on a short stream fails at truncation without allocating it.
+Hostile input is refused before memory is spent: an empty (0-byte) shard, a member larger
+than ``max_member_size`` (default 1 GiB, checked on its header) and a gzip stream that
+inflates more than ``MAX_GZIP_RATIO`` times its compressed size once past its first
+``GZIP_RATIO_GRACE`` bytes (a decompression bomb) all raise ShardFormatError.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from fsspec_shards.redact import redact_url
 logger = logging.getLogger("fsspec_shards.tar")
 
 BLOCK_SIZE = 512
-MAX_MEMBER_SIZE = 1 << 40
+DEFAULT_MAX_MEMBER_SIZE = 1 << 30
+MAX_GZIP_RATIO = 200
+GZIP_RATIO_GRACE = 64 << 20
+GUARDED_READ_SIZE = 1 << 20
 STREAM_BUFFER_SIZE = 128 << 10
 READ_PIECE_SIZE = 16 << 20
 SMALL_MEMBER_SIZE = 64 << 10
@@ -93,6 +100,28 @@ def _raise_truncated(shard: str, offset: int, data_start: int, size: int, got: i
     raise ShardFormatError(shard, offset, reason)
 
 
+def _raise_too_large(shard: str, offset: int, name: str, size: int, limit: int) -> NoReturn:
+    raise ShardFormatError(
+        shard, offset, f"member {name!r} size {size} exceeds limit {limit} (max_member_size)"
+    )
+
+
+def _header_name(header: bytes) -> str:
+    """The name in a header's own fields: the name, behind the ustar prefix if there is one."""
+    nul = header.find(0, 0, 100)
+    name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+    if header[345] != 0:
+        name = _name_field(header[345:500]) + "/" + name
+    return name
+
+
+def _member_name(
+    header: bytes, long_name: str | None, pax_name: str | None, global_name: str | None
+) -> str:
+    """A member's full name: a GNU long name, a pax path, a global pax path or its header's."""
+    return long_name or pax_name or global_name or _header_name(header)
+
+
 def _name_field(raw: bytes) -> str:
     nul = raw.find(0)
     if nul >= 0:
@@ -139,8 +168,9 @@ def iter_members(
     stream: BinaryIO,
     shard: str,
     start: int = 0,
-    max_member_size: int = MAX_MEMBER_SIZE,
     read_data: bool = True,
+    *,
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
 ) -> Iterator[TarMember]:
     """Yield the regular files of the tar read from ``stream``, in archive order.
 
@@ -148,7 +178,9 @@ def iter_members(
     result of :func:`open_shard_stream`). Offsets reported are absolute in the uncompressed
     tar. Directories, links, devices and unknown types are skipped, as tarfile/webdataset
     do. Iteration ends at the first all-zero block or at end of stream on a block boundary;
-    anything else malformed raises :class:`ShardFormatError`.
+    anything else malformed raises :class:`ShardFormatError`, as do an empty stream read from
+    ``start=0`` and a member larger than ``max_member_size`` (told by its header, before
+    any of its data is read).
 
     With ``read_data=False`` members come with empty data and their payloads are sought
     over: a fast scan of names and offsets. A stream that cannot seek, or decompresses, is
@@ -178,6 +210,8 @@ def iter_members(
                 if header:
                     header += _read_exactly(read, BLOCK_SIZE - len(header))
                 if not header:
+                    if header_offset == 0:
+                        raise ShardFormatError(shard, 0, "empty shard: no tar data (0 bytes)")
                     if member_offset is not None:
                         raise ShardFormatError(
                             shard, member_offset, "archive ends after an extended header"
@@ -219,9 +253,8 @@ def iter_members(
                 if pax_size is not None:
                     size = pax_size
                 if size > max_member_size:
-                    raise ShardFormatError(
-                        shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
-                    )
+                    name = _member_name(header, long_name, pax_name, global_name)
+                    _raise_too_large(shard, header_offset, name, size, max_member_size)
                 if seek_over:
                     padded = (size + 511) & -512
                     if position + padded > tar_end:
@@ -313,9 +346,8 @@ def iter_members(
             if pax_size is not None:
                 size = pax_size
             if size > max_member_size:
-                raise ShardFormatError(
-                    shard, header_offset, f"member size {size} exceeds limit {max_member_size}"
-                )
+                name = _member_name(header, long_name, pax_name, global_name)
+                _raise_too_large(shard, header_offset, name, size, max_member_size)
             skipped = _skip(read, size + (-size % BLOCK_SIZE))
             if skipped != size + (-size % BLOCK_SIZE):
                 raise ShardFormatError(shard, member_offset, "truncated member of unknown type")
@@ -323,6 +355,14 @@ def iter_members(
             member_offset = long_name = pax_name = pax_size = None
     except _COMPRESSED_STREAM_ERRORS as exc:
         raise ShardFormatError(shard, header_offset, f"corrupt compressed stream: {exc}") from None
+    except GzipBombError as exc:
+        bomb = exc
+    # Raised outside the except block: the error names the member the bomb inflated.
+    if position > header_offset:
+        where = f"in member {_member_name(header, long_name, pax_name, global_name)!r}"
+    else:
+        where = f"in the header at byte {header_offset}"
+    raise ShardFormatError(shard, header_offset, f"{bomb.reason} ({where})")
 
 
 def _check_member_fits(
@@ -366,11 +406,12 @@ def _skip(read, count: int) -> int:
 
 
 def parse_members(
-    data: bytes, shard: str, base_offset: int, max_member_size: int = MAX_MEMBER_SIZE
+    data: bytes, shard: str, base_offset: int, max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
 ) -> list[TarMember]:
     """Parse the members in ``data``, the byte range ``[base_offset, base_offset+len(data))``
     of an uncompressed tar that starts and ends on member boundaries."""
-    return list(iter_members(io.BytesIO(data), shard, base_offset, max_member_size))
+    stream = io.BytesIO(data)
+    return list(iter_members(stream, shard, base_offset, max_member_size=max_member_size))
 
 
 def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
@@ -389,7 +430,7 @@ def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
 def _decompressing(stream: BinaryIO) -> bool:
     """True for a gzip stream (as :func:`open_shard_stream` makes): seeking decompresses."""
     raw = getattr(stream, "raw", stream)
-    return isinstance(raw, gzip.GzipFile)
+    return isinstance(raw, _GuardedGzip)
 
 
 def _seekable(fileobj: BinaryIO) -> bool:
@@ -416,17 +457,78 @@ def is_gzip_shard(shard: str, fileobj: BinaryIO) -> bool:
     return shard.split("?", 1)[0].lower().endswith(GZIP_SUFFIXES)
 
 
-def open_shard_stream(fileobj: BinaryIO, shard: str) -> BinaryIO:
+def open_shard_stream(
+    fileobj: BinaryIO, shard: str, *, max_gzip_ratio: float = MAX_GZIP_RATIO
+) -> BinaryIO:
     """Return a buffered stream of the uncompressed tar in ``fileobj``.
 
     gzip is detected by its magic bytes (or, when the file cannot be peeked, by a
-    ``.gz``/``.tgz`` name). A plain tar comes back buffered and as seekable as ``fileobj``.
+    ``.gz``/``.tgz`` name) and decompressed under a guard: past its first
+    ``GZIP_RATIO_GRACE`` bytes, inflating more than ``max_gzip_ratio`` times the compressed
+    bytes read raises :class:`GzipBombError`. A plain tar comes back buffered and as
+    seekable as ``fileobj``.
     """
     buffered = _buffered(fileobj)
     if is_gzip_shard(shard, buffered):
         logger.debug("reading %s as gzip", redact_url(shard))
-        return io.BufferedReader(gzip.GzipFile(fileobj=buffered, mode="rb"), STREAM_BUFFER_SIZE)
+        guarded = _GuardedGzip(buffered, shard, max_gzip_ratio)
+        return io.BufferedReader(guarded, STREAM_BUFFER_SIZE)
     return buffered
+
+
+class GzipBombError(ShardFormatError):
+    """A gzip stream inflated past its allowed ratio: a decompression bomb, refused."""
+
+
+class _CountingReader:
+    """The compressed source of a guarded gzip stream, counting the bytes gzip takes."""
+
+    __slots__ = ("_read", "consumed")
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._read = fileobj.read
+        self.consumed = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._read(size)
+        self.consumed += len(data)
+        return data
+
+
+class _GuardedGzip(io.RawIOBase):
+    """gzip decompression that refuses to inflate past ``max_ratio`` times its input.
+
+    The ratio is checked after every read of at most ``GUARDED_READ_SIZE`` bytes once
+    ``GZIP_RATIO_GRACE`` bytes came out, so a bomb is stopped with at most that much (plus
+    one read) inflated, whatever it claims.
+    The compressed count includes gzip's read-ahead (a few KiB), erring on the safe side.
+    """
+
+    def __init__(self, compressed: BinaryIO, shard: str, max_ratio: float) -> None:
+        super().__init__()
+        self._source = _CountingReader(compressed)
+        self._gzip = gzip.GzipFile(fileobj=self._source, mode="rb")
+        self._shard = shard
+        self._max_ratio = max_ratio
+        self._inflated = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        with memoryview(buffer) as view:
+            count = self._gzip.readinto(view[:GUARDED_READ_SIZE])
+        self._inflated += count
+        inflated = self._inflated
+        if inflated > GZIP_RATIO_GRACE and inflated > self._max_ratio * self._source.consumed:
+            raise GzipBombError(
+                self._shard,
+                inflated - count,
+                f"gzip stream inflates {inflated} bytes from {self._source.consumed}, past the "
+                f"limit of {self._max_ratio:g}x its compressed size after the first "
+                f"{GZIP_RATIO_GRACE} bytes",
+            )
+        return count
 
 
 def is_seekable_shard(shard: str, fileobj: BinaryIO) -> bool:

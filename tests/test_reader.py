@@ -1,0 +1,77 @@
+"""ShardReader: samples of one shard through fsspec, from an offset, by ranges, with limits."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.iteration.reader import ShardReader
+from tests.shardmaker import shard_tar
+
+
+@pytest.fixture(params=[False, True], ids=["tar", "tar.gz"])
+def shard(request, tmp_path) -> str:
+    raw = shard_tar(0, 5, payload_size=3000)
+    path = tmp_path / ("s.tar.gz" if request.param else "s.tar")
+    path.write_bytes(gzip.compress(raw, mtime=0) if request.param else raw)
+    return str(path)
+
+
+def test_samples_from_an_offset_continue_the_full_read(shard):
+    reader = ShardReader()
+    full = list(reader.samples(shard))
+    assert [sample.key for sample in full] == [f"s0000_{index:05d}" for index in range(5)]
+    assert list(reader.samples(shard, full[2].offset)) == full[2:]
+
+
+def test_headers_only_gives_the_same_keys_and_ranges_without_data(shard):
+    reader = ShardReader()
+    full = [(s.key, s.offset, s.end, set(s.fields)) for s in reader.samples(shard)]
+    scanned = list(reader.samples(shard, headers_only=True))
+    assert [(s.key, s.offset, s.end, set(s.fields)) for s in scanned] == full
+    assert all(value == b"" for sample in scanned for value in sample.fields.values())
+
+
+def test_samples_at_reads_the_saved_ranges(shard):
+    reader = ShardReader()
+    full = list(reader.samples(shard))
+    ranges = [(full[3].offset, full[3].end), (full[0].offset, full[0].end)]
+    assert reader.samples_at(shard, ranges) == [full[3], full[0]]
+
+
+@pytest.mark.parametrize("limit", [2999, "2999B", "2KiB"])
+def test_max_member_size_refuses_larger_members_in_every_read(shard, limit):
+    reader = ShardReader(max_member_size=limit)
+    with pytest.raises(ShardFormatError, match="exceeds limit") as caught:
+        list(reader.samples(shard))
+    assert caught.value.offset == 0 and "'s0000_00000.txt'" in caught.value.reason
+    with pytest.raises(ShardFormatError, match="exceeds limit"):
+        list(reader.samples(shard, headers_only=True))
+    full = list(ShardReader().samples(shard))
+    with pytest.raises(ShardFormatError, match="exceeds limit"):
+        reader.samples_at(shard, [(full[1].offset, full[1].end)])
+    assert len(list(ShardReader(max_member_size=3000).samples(shard))) == 5
+
+
+@pytest.mark.parametrize("limit", ["lots", -1, True])
+def test_an_invalid_max_member_size_names_the_option(limit):
+    with pytest.raises(ValueError, match="max_member_size"):
+        ShardReader(max_member_size=limit)
+
+
+def test_an_empty_shard_file_is_a_shard_format_error(tmp_path):
+    path = tmp_path / "empty.tar"
+    path.write_bytes(b"")
+    with pytest.raises(ShardFormatError, match="empty shard") as caught:
+        list(ShardReader().samples(str(path)))
+    assert str(path) in str(caught.value)
+
+
+def test_a_saved_offset_past_the_end_of_the_shard_is_an_error(shard):
+    reader = ShardReader()
+    end = list(reader.samples(shard))[-1].end
+    assert list(reader.samples(shard, end)) == []
+    with pytest.raises(ShardFormatError, match="ends before the saved offset"):
+        list(reader.samples(shard, end + 100 * 512 * 1024))
