@@ -84,6 +84,11 @@ def test_options_come_from_fsspec_config_and_explicit_arguments_win(monkeypatch,
     assert fs.policy.attempts == 7
 
 
+def test_a_request_counts_as_stalled_after_30_seconds_without_progress_by_default(tmp_path):
+    assert _wds(target_protocol="file", cache_dir=str(tmp_path)).policy.timeout == 30.0
+    assert _wds(target_protocol="file", cache_dir=str(tmp_path), timeout=5).policy.timeout == 5.0
+
+
 def test_cache_location_and_size_default_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("FSSPEC_SHARDS_CACHE", str(tmp_path / "c"))
     monkeypatch.setenv("WDS_CACHE_SIZE", "5MB")
