@@ -288,7 +288,10 @@ def _download_once(
 
     while expect.size is None or position < expect.size:
         before = position
-        end = None if whole else min(expect.size, position + chunks.size)
+        if expect.size is None:
+            end = None  # to the end of the body
+        else:
+            end = expect.size if whole else min(expect.size, position + chunks.size)
         requests += 1
         error: Exception | None = None
         try:
