@@ -12,18 +12,18 @@ A *transport* reads one range of one object for the download loop (``download.py
   stall raises ``TimeoutError`` while a slow but moving transfer goes on.
 - ``rest_of_body``: a server that ignored the Range sends the whole object; pass everything
   from ``start`` on, past ``end`` (a whole-object download then takes one request).
-- ``expect``: the :class:`Version` the response must be of. Where the backend can, it is
-  asked for conditionally (S3 ``VersionId``/``IfMatch``, GCS ``ifGenerationMatch``, Azure
-  ``If-Match``, HTTP ``If-Match`` on a strong ETag); a refusal (412) raises
-  :class:`VersionMismatch`. Whatever the backend, before a byte reaches the sink the
-  response is checked by :func:`check_response`: a 206 whose Content-Range does not start
-  at ``start`` is a retryable :class:`TransientError`; a size, ETag, version or (without
-  those) Last-Modified differing from ``expect`` is a :class:`VersionMismatch`. What
-  ``expect`` lacks, the first response fills in (the identity taken at the download's start).
-- returns :class:`Facts`: status, Content-Range start and total, ETag, version id or
+- ``expect``: the ``versions.Version`` the response must be of. Where the backend can, it
+  is asked for conditionally (S3 ``VersionId``/``IfMatch``, GCS ``ifGenerationMatch``,
+  Azure ``If-Match``, HTTP ``If-Match`` on a strong ETag); a refusal (412) raises
+  ``versions.VersionMismatch``. Whatever the backend, before a byte reaches the sink the
+  response is checked by ``versions.check_response``: a 206 whose Content-Range does not
+  start at ``start`` is a retryable ``TransientError``; a size, ETag, version or (without
+  those) Last-Modified differing from ``expect`` is a ``VersionMismatch``. What ``expect``
+  lacks, the first response fills in (the identity taken at the download's start).
+- returns ``versions.Facts``: status, Content-Range start and total, ETag, version id or
   generation, Last-Modified.
 
-Invariant: bytes reach the sink only from a response that passed :func:`check_response`.
+Invariant: bytes reach the sink only from a response that passed ``check_response``.
 :func:`transport_for` picks the transport of a backend: http, s3, gcs and az stream on the
 backend's event loop; any other backend reads through one ``cat_file`` call, whose result
 carries no facts (its version is then checked through ``info()`` by the caller).
@@ -31,6 +31,7 @@ carries no facts (its version is then checked through ``info()`` by the caller).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import errno
 import math
@@ -128,7 +129,7 @@ async def _pump(read: Callable[[], Awaitable[bytes]], window: _RangeWindow, emit
         await emit(window.take(data))
 
 
-class _LoopTransport:
+class _LoopTransport(abc.ABC):
     """A transport whose requests run on the backend's event loop (``fs.loop``)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
@@ -155,8 +156,9 @@ class _LoopTransport:
             raise VersionMismatch(errno.ESTALE, "the server refused the version asked for (412)")
         return outcome["facts"]
 
+    @abc.abstractmethod
     async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
-        raise NotImplementedError
+        """Send the request, check the response, emit the body; return its facts."""
 
 
 class HttpTransport(_LoopTransport):
