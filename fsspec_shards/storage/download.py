@@ -312,7 +312,7 @@ def _download_once(
             attempts.failed(error)
         elif end is None and (expect.size is None or position >= expect.size):
             break  # read to the end of the body
-        elif end is not None and position >= end:  # past end: the server ignored the Range
+        elif end is not None and position >= end:  # (past it: a Range ignored, all sent)
             chunks.succeeded()
             continue
         else:
