@@ -172,8 +172,9 @@ def test_prefetch_interrupted_exits_130_and_resumes_on_rerun(
     cached_before = len(ShardCache(str(cache), 1 << 30).entries())
     assert 1 <= cached_before < shards
 
+    # the same endpoint as the interrupted run: the cache knows an object by its endpoint
     rerun = run_cli(
-        "prefetch", pattern, "--options-file", options_file(tmp_path, s3_backend), cache=cache
+        "prefetch", pattern, "--options-file", options_file(tmp_path, slow), cache=cache
     )
     assert rerun.returncode == 0, rerun.stderr
     assert f"{shards - cached_before} downloaded" in rerun.stdout
