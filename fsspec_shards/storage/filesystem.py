@@ -25,7 +25,7 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
-from fsspec_shards.errors import IntegrityError
+from fsspec_shards.errors import IntegrityError, strip_secrets
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean, redact_url
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
@@ -304,10 +304,8 @@ class WdsFileSystem(ChainedFileSystem):
         return object_id(self.fs, backend_path)
 
     def _url(self, backend_path: str) -> str:
-        """The name the cache files a path under, until the cache takes an ``ObjectId``: the
-        object's display text, made unique by its key (the cache keys on this string)."""
-        obj = self._object(backend_path)
-        return f"{obj.shown}#{obj.key}"
+        """The full backend URL of a path, without secrets: the cache key and the shown name."""
+        return strip_secrets(self.fs.unstrip_protocol(backend_path))
 
     def _count(self, name: str, amount: int = 1) -> None:
         if not amount:

@@ -16,6 +16,11 @@ from tests.integration import servers
 from tests.integration.hostile_http import HostileServer
 
 KEY = "same/key.bin"
+# Until the cache files entries under ObjectId keys (branch `cache`), it keys on the URL
+# without the endpoint and without secret-looking parameters: these tests then fail.
+NEEDS_OBJECT_KEYS = pytest.mark.xfail(
+    strict=True, reason="needs the ShardCache keyed by ObjectId (branch cache)"
+)
 
 
 def _wds(protocol: str, storage_options: dict, cache_dir: Path):
@@ -61,6 +66,7 @@ def second_azurite(tmp_path_factory) -> Iterator[servers.AzuriteServer]:
     server.stop()
 
 
+@NEEDS_OBJECT_KEYS
 def test_one_key_at_two_s3_endpoints_is_two_objects(s3_backend, second_s3, tmp_path):
     other = second_s3.backend(s3_backend.prefix)
     assert s3_backend.put(KEY, b"endpoint A") == other.put(KEY, b"endpoint B, longer")
@@ -72,6 +78,7 @@ def test_one_key_at_two_s3_endpoints_is_two_objects(s3_backend, second_s3, tmp_p
     assert (stats["misses"], stats["hits"], stats["cached_files"]) == (2, 2, 2)
 
 
+@NEEDS_OBJECT_KEYS
 def test_one_blob_in_two_azure_accounts_is_two_objects(az_backend, second_azurite, tmp_path):
     other = second_azurite.backend(az_backend.prefix)
     assert az_backend.put(KEY, b"account A") == other.put(KEY, b"account B, longer")
@@ -82,7 +89,15 @@ def test_one_blob_in_two_azure_accounts_is_two_objects(az_backend, second_azurit
     assert _wds("az", other.storage_options, tmp_path).cache_stats()["cached_files"] == 2
 
 
-@pytest.mark.parametrize("name", ["key", "id", "token", "shard"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("key", marks=NEEDS_OBJECT_KEYS),
+        "id",
+        pytest.param("token", marks=NEEDS_OBJECT_KEYS),
+        "shard",
+    ],
+)
 def test_query_selectors_name_different_objects(tmp_path, name):
     with HostileServer() as server:
         first = server.put(f"get?{name}=shard-0001.tar", b"first shard")
