@@ -160,6 +160,15 @@ def test_without_cache_reads_stream_seekably_and_keep_nothing(shard, tmp_path):
     assert fs.prefetch(path) is None
 
 
+def test_an_uncached_file_replaced_while_open_raises_instead_of_mixing_versions(tmp_path):
+    fs, backend, path = _planned(tmp_path, cache=False, block_size=4096)
+    with fs.open(path) as handle:
+        assert handle.read(4096) == DATA[:4096]
+        backend.pipe_file(path, bytes(reversed(DATA)))
+        with pytest.raises(OSError, match="changed while it was read"):
+            handle.read()
+
+
 def test_streamed_read_checks_the_checksum_at_the_end(shard):
     path, options = shard
     wrong = {path: "sha256:" + hashlib.sha256(b"other").hexdigest()}

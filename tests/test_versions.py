@@ -120,3 +120,12 @@ def test_dates_compare_in_whole_seconds_whatever_their_form():
 def test_each_backend_describes_a_version_in_its_own_fields(protocol, info, version):
     expected = expected_version(protocol, info)
     assert (expected.size, expected.etag, expected.version) == version
+
+
+def test_a_fresh_info_matches_the_version_when_nothing_tells_them_apart():
+    read = Version(100, '"abc"')
+    assert read.matches(Version(100, 'W/"abc"', None, 5.0))
+    assert not read.matches(Version(100, '"abd"'))
+    assert not read.matches(Version(101))
+    assert Version(100, None, None, 7.0).matches(Version(100, None, None, 7.0))
+    assert not Version(100, None, None, 7.0).matches(Version(100, None, None, 8.0))

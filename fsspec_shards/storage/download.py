@@ -83,6 +83,7 @@ def read_range(
     parts: list[bytes] = []
     position = start
     attempts = target.attempts("read")
+    unconfirmed = expect.unconfirmed
 
     def sink(data: bytes) -> None:
         nonlocal position
@@ -117,6 +118,10 @@ def read_range(
             attempts.failed(
                 TransientError(f"short read: got {position - start} of {end - start} bytes")
             )
+    if expect.unconfirmed > unconfirmed and _changed(target, expect):
+        raise VersionMismatch(
+            errno.ESTALE, f"{target.shown} changed while it was read: its info() changed"
+        )
     return b"".join(parts)
 
 
@@ -317,10 +322,10 @@ def _download_once(
             continue
         else:
             attempts.failed(TransientError(f"short read at offset {position} of {expect.size}"))
-        if expect.unconfirmed and _changed(target, identity):
+        if expect.unconfirmed and _changed(target, expect):
             return _Changed("its info() changed")
     out.flush()
-    if requests > 1 and expect.unconfirmed and _changed(target, identity):
+    if requests > 1 and expect.unconfirmed and _changed(target, expect):
         return _Changed("its info() changed")
     if expect.size is not None and position != expect.size:
         return _Mismatch(f"{expect.size} bytes", f"{position} bytes")
@@ -335,7 +340,7 @@ def _download_once(
     }
 
 
-def _changed(target: Target, identity: str) -> bool:
-    """Whether the object's ``info()`` now describes another version than ``identity``:
-    for backends whose responses do not say which version they carry."""
-    return object_identity(target.stat()) != identity
+def _changed(target: Target, expect: Version) -> bool:
+    """Whether the object's ``info()`` now describes another version than ``expect``: the
+    check for backends whose responses do not say which version they carry."""
+    return not expect.matches(target.expected_version(target.stat()))

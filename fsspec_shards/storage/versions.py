@@ -125,21 +125,7 @@ class Version:
     def check(self, facts: Facts) -> None:
         """Raise :class:`VersionMismatch` if ``facts`` show another version; else adopt what
         they say that this lacks."""
-        mismatch = None
-        if self.size is not None and facts.total is not None and facts.total != self.size:
-            mismatch = f"size {facts.total}, expected {self.size}"
-        elif self.etag and facts.etag and _etag(self.etag) != _etag(facts.etag):
-            mismatch = f"ETag {facts.etag}, expected {self.etag}"
-        elif self.version and facts.version and str(self.version) != str(facts.version):
-            mismatch = f"version {facts.version}, expected {self.version}"
-        elif (
-            not self.etag
-            and not self.version
-            and self.modified is not None
-            and facts.modified is not None
-            and self.modified != facts.modified
-        ):
-            mismatch = "Last-Modified differs"
+        mismatch = self._difference(facts)
         if mismatch is not None:
             raise VersionMismatch(errno.ESTALE, mismatch)
         if not self._confirmed_by(facts):
@@ -152,6 +138,35 @@ class Version:
             self.version = facts.version
         if self.modified is None:
             self.modified = facts.modified
+
+    def matches(self, info_version: Version) -> bool:
+        """Whether ``info_version`` (from a fresh ``info()``) describes this version: what a
+        caller checks when responses said nothing of their version."""
+        described = Facts(
+            total=info_version.size,
+            etag=info_version.etag,
+            version=info_version.version,
+            modified=info_version.modified,
+        )
+        return self._difference(described) is None
+
+    def _difference(self, facts: Facts) -> str | None:
+        """How ``facts`` show another version, or None."""
+        if self.size is not None and facts.total is not None and facts.total != self.size:
+            return f"size {facts.total}, expected {self.size}"
+        if self.etag and facts.etag and _etag(self.etag) != _etag(facts.etag):
+            return f"ETag {facts.etag}, expected {self.etag}"
+        if self.version and facts.version and str(self.version) != str(facts.version):
+            return f"version {facts.version}, expected {self.version}"
+        if (
+            not self.etag
+            and not self.version
+            and self.modified is not None
+            and facts.modified is not None
+            and self.modified != facts.modified
+        ):
+            return "Last-Modified differs"
+        return None
 
     def _confirmed_by(self, facts: Facts) -> bool:
         if self.etag:
