@@ -50,15 +50,18 @@ def _put_nginx(backend: servers.HttpBackend, data: bytes, mtime: float) -> str:
     return url
 
 
-def _put_multipart(backend: servers.S3Backend, data: bytes) -> str:
-    """Store `data` as a two-part multipart upload: its ETag ("...-2") is no MD5."""
-    client = boto3.client(
+def _s3_client(backend: servers.S3Backend):
+    return boto3.client(
         "s3",
         endpoint_url=backend.endpoint_url,
         aws_access_key_id=backend.key,
         aws_secret_access_key=backend.secret,
         region_name="us-east-1",
     )
+
+
+def _put_multipart(client, backend: servers.S3Backend, data: bytes) -> str:
+    """Store `data` as a two-part multipart upload: its ETag ("...-2") is no MD5."""
     key = f"{backend.prefix}/{NAME}"
     upload = client.create_multipart_upload(Bucket=backend.bucket, Key=key)["UploadId"]
     parts = []
@@ -112,10 +115,11 @@ def _nginx(http_backend, fault_proxy, tmp_path, **wds):
 
 
 def _multipart(s3_backend, fault_proxy, tmp_path, **wds):
-    _put_multipart(s3_backend, OLD)
+    client = _s3_client(s3_backend)  # made now: the replacement must be quick
+    _put_multipart(client, s3_backend, OLD)
     proxy, proxied = fault_proxy(s3_backend)
     fs = _wds("s3", proxied.storage_options, tmp_path, **wds)
-    return fs, proxy, proxied.url(NAME), lambda: _put_multipart(s3_backend, NEW)
+    return fs, proxy, proxied.url(NAME), lambda: _put_multipart(client, s3_backend, NEW)
 
 
 def _replaced_by_put(backend, fault_proxy, tmp_path, **wds):
