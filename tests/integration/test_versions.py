@@ -139,7 +139,8 @@ SERVERS = {
 
 @pytest.fixture(params=sorted(SERVERS))
 def replaceable(request, fault_proxy, tmp_path):
-    """(make, backend) for a server whose objects carry an identity the library checks."""
+    """A factory: ``replaceable(**wds)`` -> (a wds filesystem reading through a fault proxy,
+    the proxy, the object's URL, a function that replaces the object with ``NEW``)."""
     fixture, make = SERVERS[request.param]
     backend = request.getfixturevalue(fixture)
     return lambda **wds: make(backend, fault_proxy, tmp_path, **wds)
