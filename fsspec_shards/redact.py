@@ -67,8 +67,11 @@ _AZURE_SAS = frozenset(
 _AWS_V2 = frozenset({"awsaccesskeyid", "signature", "expires"})
 _GCS_V2 = frozenset({"googleaccessid", "signature", "expires"})
 _CLOUDFRONT = frozenset({"policy", "signature", "key-pair-id", "expires"})
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
-_QUERY_IN_TEXT_RE = re.compile(r"\?([^\s'\"<>?#()\[\]{}]*=[^\s'\"<>#()\[\]{}]*)")
+# a URL in text: it does not end in punctuation ("not found: http://h/k?sig=x: reason")
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]*[^\s'\"<>()\[\]{}.,;:!?]")
+_QUERY_IN_TEXT_RE = re.compile(
+    r"\?([^\s'\"<>?#()\[\]{}]*=(?:[^\s'\"<>#()\[\]{}]*[^\s'\"<>#()\[\]{}.,;:!?])?)"
+)
 
 
 def _redact_query(query: str) -> str:

@@ -75,6 +75,17 @@ def test_plain_paths_and_urls_without_query_are_unchanged():
         assert redact_url(url) == url
 
 
+@pytest.mark.parametrize("punctuation", [":", ".", ",", ";", "!", "?"])
+def test_punctuation_after_a_url_in_text_is_kept_and_redacted_text_stays_redacted(punctuation):
+    text = f"failed for https://h/x.tar?sig=abc&se=1{punctuation} expected"
+    shown = redact_text(text)
+    assert shown == f"failed for https://h/x.tar?sig=REDACTED&se=REDACTED{punctuation} expected"
+    assert redact_text(shown) == shown
+    assert redact_text(f"path b/k.tar?sig=abc{punctuation} gone") == (
+        f"path b/k.tar?sig=REDACTED{punctuation} gone"
+    )
+
+
 def test_text_quoting_a_known_url_in_pieces_hides_them():
     url = "https://h/x.tar?sig=abcdef123"
     assert "abcdef123" not in redact_text("query was 'sig=abcdef123'", url)
