@@ -19,8 +19,11 @@ Invariants:
 - Retries are ours: stores are built with obstore's retries off, so that every failure
   reaches the retry layer (``retry.py``) once, classified: 404 -> ``FileNotFoundError``,
   401/403 -> ``PermissionError``, 412 or a response of another version ->
-  :class:`PreconditionFailed`, 5xx/408/429 -> an ``OSError`` carrying ``.status``, cuts and
+  ``versions.VersionMismatch``, 5xx/408/429 -> an ``OSError`` carrying ``.status``, cuts and
   resets -> ``ConnectionError``, no progress within the time-out -> ``TimeoutError``.
+- One set of types with the fsspec transports (``streams.py``): ``expect`` is a
+  ``versions.Version``, the answer ``versions.Facts``, and every response passes
+  ``versions.check_response`` before a byte of it reaches the sink.
 - Bytes reach the sink as they arrive (the GIL is released while Rust waits for them); a
   transfer that breaks off has handed over every byte received before the break, all of
   them correct data from ``start`` on. The time-out bounds each wait for the server (the
@@ -60,6 +63,7 @@ from fsspec_shards.storage.backends import (
     S3_PROTOCOLS,
 )
 from fsspec_shards.storage.retry import TransientError
+from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, check_response
 
 logger = logging.getLogger("fsspec_shards.storage.obstore_transport")
 
@@ -766,13 +770,6 @@ class ServerUnsupported(TransportUnavailable):
     this backend."""
 
 
-class PreconditionFailed(OSError):
-    """The object is not the version asked for: the server refused the conditional request
-    (HTTP 412), or answered with another ETag, version, size or modification time."""
-
-    status = 412
-
-
 class HttpStatusError(OSError):
     """The server answered with an error status (``.status``) that has no OSError subclass
     of its own; the retry layer reads the status (5xx, 408, 429 are transient)."""
@@ -797,48 +794,11 @@ _TRANSIENT_KINDS = {"Connect", "Request", "Interrupted", "Decode"}
 # --------------------------------------------------------------------------- the transport
 
 
-@dataclass(frozen=True)
-class ObjectVersion:
-    """Which version of an object: what a download requires of every response. (Any object
-    with these four attributes serves as ``expect``.)"""
-
-    size: int | None
-    etag: str | None = None  # as the server sent it, quotes included (If-Match wants them)
-    version: str | None = None  # S3 version id, GCS generation, Azure version id
-    modified: float | None = None  # Last-Modified, whole seconds since the epoch
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What one GET answered: the status (206 for a range, 200 for the whole object), the
-    bytes its body covers ``[start, end)`` of ``total``, and the object's version."""
-
-    status: int
-    start: int
-    end: int
-    total: int | None
-    etag: str | None
-    version: str | None
-    modified: float | None  # Last-Modified, whole seconds since the epoch
-
-    @property
-    def object(self) -> ObjectVersion:
-        return ObjectVersion(self.total, self.etag, self.version, self.modified)
-
-
 def _seconds(moment: datetime | None) -> float | None:
     """A Last-Modified as whole seconds since the epoch (HTTP dates carry no more); None
     for the epoch itself, which obstore's HTTP store reports when the header is missing."""
     seconds = None if moment is None else float(int(moment.timestamp()))
     return seconds or None
-
-
-def _opaque(etag: str | None) -> str | None:
-    """An ETag compared by its opaque part: quotes and a weak marker do not matter."""
-    if not etag:
-        return None
-    text = str(etag).strip()
-    return (text[2:] if text.startswith("W/") else text).strip('"') or None
 
 
 _stores: dict[tuple, Any] = {}
@@ -1001,7 +961,7 @@ class ObstoreTransport:
         ):
             error = PermissionError(errno.EACCES, f"permission denied: {shown} ({detail})")
         elif isinstance(exc, oe.PreconditionError) or status == 412:
-            error = PreconditionFailed(errno.ESTALE, f"{shown} changed: {detail}")
+            error = VersionMismatch(errno.ESTALE, f"{shown} changed: {detail}")
         elif isinstance(exc, oe.NotSupportedError) and "Range" in text:
             error = RangeNotSupported(errno.EINVAL, f"no range requests: {message}")
         elif status == 501 or "source: Header" in text:
@@ -1043,7 +1003,7 @@ class ObstoreTransport:
 
     # ---- the operations
 
-    def info(self, path: str, timeout: float | None = None) -> ObjectVersion:
+    def info(self, path: str, timeout: float | None = None) -> Version:
         """Size and version of the object at ``path`` (a HEAD request)."""
         import obstore
 
@@ -1056,7 +1016,7 @@ class ObstoreTransport:
             )
         else:
             meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
-        return ObjectVersion(
+        return Version(
             meta["size"], meta["e_tag"], meta["version"], _seconds(meta["last_modified"])
         )
 
@@ -1068,18 +1028,19 @@ class ObstoreTransport:
         sink: Sink,
         timeout: float | None,
         rest_of_body: bool = False,
-        expect: ObjectVersion | None = None,
+        expect: Version | None = None,
     ) -> Facts:
         """Pass bytes ``[start, end)`` of ``path`` to ``sink`` in order, as they arrive, and
         return what the server said about them. ``end=None`` reads to the object's end.
 
         With ``expect``, the request is conditional on that version (If-Match on its strong
         ETag, else If-Unmodified-Since; its version id / generation is asked for), and an
-        answer of any other version raises :class:`PreconditionFailed` before a byte is
-        passed. May pass fewer bytes than asked (the object is shorter) or raise after
-        passing some (a cut, a stall): everything passed is correct data from ``start``
-        on. A server that ignores Range sends the whole object: bytes ``[start, end)`` of it
-        are passed, or with ``rest_of_body`` everything from ``start`` on.
+        answer of any other version raises ``VersionMismatch`` before a byte is passed
+        (``versions.check_response``, which also fills in what ``expect`` lacks). May pass
+        fewer bytes than asked (the object is shorter) or raise after passing some (a cut,
+        a stall): everything passed is correct data from ``start`` on. A server that ignores
+        Range sends the whole object: bytes ``[start, end)`` of it are passed, or with
+        ``rest_of_body`` everything from ``start`` on.
         """
         import obstore
 
@@ -1103,15 +1064,14 @@ class ObstoreTransport:
         meta = result.meta
         first, last = result.range
         facts = Facts(
-            status,
-            first,
-            last,
-            meta["size"],
-            meta["e_tag"],
-            meta["version"],
-            _seconds(meta["last_modified"]),
+            status=status,
+            start=first if status == 206 else None,
+            total=meta["size"],
+            etag=meta["e_tag"],
+            version=meta["version"],
+            modified=_seconds(meta["last_modified"]),
         )
-        _check_version(facts, expect, url)
+        check_response(facts, start, expect)
         expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
         if status == 206 and (first, last) != expected_range:
             raise TransientError(
@@ -1145,41 +1105,17 @@ class ObstoreTransport:
             raise failure
 
 
-def _conditions(expect: ObjectVersion | None, path_version: str | None) -> dict[str, Any]:
+def _conditions(expect: Version | None, path_version: str | None) -> dict[str, Any]:
+    """obstore's GET options pinning the request to ``expect``: its version id / generation
+    (or the one the path names), If-Match on a strong ETag, else If-Unmodified-Since."""
     options: dict[str, Any] = {}
     version = path_version or (expect.version if expect else None)
     if version:
         options["version"] = str(version)
     if expect is None:
         return options
-    etag = str(expect.etag) if expect.etag else None
-    if etag and not etag.startswith("W/"):  # If-Match compares strong ETags only
-        options["if_match"] = etag if etag.startswith('"') else f'"{etag}"'
+    if expect.strong_etag:  # If-Match compares strong ETags only
+        options["if_match"] = expect.strong_etag
     elif expect.modified is not None:
         options["if_unmodified_since"] = datetime.fromtimestamp(expect.modified, timezone.utc)
     return options
-
-
-def _check_version(facts: Facts, expect: ObjectVersion | None, url: str) -> None:
-    """Raise :class:`PreconditionFailed` when a response is of another version than
-    ``expect`` (for servers that ignore conditional requests)."""
-    if expect is None:
-        return
-    differences = []
-    if expect.size is not None and facts.total is not None and expect.size != facts.total:
-        differences.append(f"size {expect.size} -> {facts.total}")
-    if expect.etag and facts.etag and _opaque(expect.etag) != _opaque(facts.etag):
-        differences.append(f"ETag {expect.etag} -> {facts.etag}")
-    if expect.version and facts.version and str(expect.version) != str(facts.version):
-        differences.append(f"version {expect.version} -> {facts.version}")
-    if (
-        not (expect.etag or expect.version)
-        and expect.modified is not None
-        and facts.modified is not None
-        and expect.modified != facts.modified
-    ):
-        differences.append("Last-Modified differs")
-    if differences:
-        raise PreconditionFailed(
-            errno.ESTALE, f"{redact_url(url)} changed: {', '.join(differences)}"
-        )
