@@ -756,6 +756,66 @@ def choose_transport(
     return ObstoreTransport(protocol, spec)
 
 
+class DownloadTransport:
+    """The transport of one filesystem's downloads: obstore where it serves, else the fsspec
+    backend's transport (``fallback``, any ``streams.Transport``).
+
+    With ``required`` (``transport="obstore"``) whatever obstore cannot serve raises
+    :class:`TransportUnavailable` naming why. Otherwise a path obstore cannot address goes
+    to ``fallback``, and a server obstore cannot read (:class:`ServerUnsupported`, raised
+    before any byte is passed) sends this and every later download to ``fallback``: the
+    switch is logged once at DEBUG.
+    """
+
+    def __init__(self, fast: ObstoreTransport, fallback: Any, required: bool = False) -> None:
+        self.fast = fast
+        self.fallback = fallback
+        self.required = required
+        self.unserved: str | None = None  # why obstore stopped serving this backend
+
+    def __repr__(self) -> str:
+        using = "obstore" if self.unserved is None else "fsspec"
+        return f"DownloadTransport({self.fast.spec.shown}, using {using})"
+
+    def stream(
+        self,
+        path: str,
+        start: int,
+        end: int | None,
+        sink: Sink,
+        timeout: float | None,
+        rest_of_body: bool = False,
+        expect: Version | None = None,
+    ) -> Facts:
+        """As ``streams.Transport.stream``, through obstore where it serves."""
+        reason = self.unserved or self.fast.unserved_reason(path)
+        if reason is None:
+            try:
+                return self.fast.stream(path, start, end, sink, timeout, rest_of_body, expect)
+            except TransportUnavailable as exc:
+                if self.required:
+                    raise
+                reason = str(exc)
+                self.unserved = reason
+            logger.debug("transport 'auto' uses the fsspec backend from now on: %s", reason)
+        elif self.required:
+            raise TransportUnavailable(
+                errno.ENOTSUP, f"transport='obstore' cannot read {redact_url(path)}: {reason}"
+            )
+        return self.fallback.stream(path, start, end, sink, timeout, rest_of_body, expect)
+
+
+def download_transport(
+    protocol: str, options: Mapping[str, Any] | None, transport: str, fallback: Any
+) -> Any:
+    """The transport downloads of a backend use: a :class:`DownloadTransport` when obstore
+    can serve it (:func:`choose_transport`), else ``fallback`` itself."""
+    fast = choose_transport(protocol, options, transport)
+    if fast is None:
+        return fallback
+    return DownloadTransport(fast, fallback, required=transport == "obstore")
+
+
 # --------------------------------------------------------------------------- errors
 
 
