@@ -147,6 +147,7 @@ _S3_WRITE_ONLY = frozenset(
 _HTTP_IGNORED_CLIENT = frozenset({"timeout", "trust_env", "headers", "auth"})
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _KIND_RE = re.compile(r"kind: (\w+)")
+_OTHER_RANGE_RE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 
 
 # --------------------------------------------------------------------------- mapping
@@ -1024,6 +1025,12 @@ class ObstoreTransport:
             error = VersionMismatch(errno.ESTALE, f"{shown} changed: {detail}")
         elif isinstance(exc, oe.NotSupportedError) and "Range" in text:
             error = RangeNotSupported(errno.EINVAL, f"no range requests: {message}")
+        elif (other := _OTHER_RANGE_RE.search(text)) is not None:  # checked by obstore
+            error = TransientError(
+                errno.EIO,
+                f"Content-Range starts at byte {other.group(3)}, asked for {other.group(1)}: "
+                f"{message}",
+            )
         elif status == 501 or "source: Header" in text:
             error = ServerUnsupported(errno.ENOTSUP, f"the server cannot serve obstore: {message}")
         elif status is not None:

@@ -5,6 +5,7 @@ never used.
 Replacements land at a planned point: the fault proxy holds one GET (`Delay`) until the
 test has replaced the object, or the test replaces it between two reads of an open file.
 Servers that cannot be made to misbehave are replaced by `hostile_http.HostileServer`.
+Every test runs through both download transports (the fsspec backend and obstore).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import fsspec
 import pytest
 
 from tests.integration import servers
+from tests.integration.conftest import served
 from tests.integration.fault_proxy import Delay
 from tests.integration.hostile_http import Cut, HostileServer, Replace, WrongStart
 
@@ -138,12 +140,14 @@ SERVERS = {
 
 
 @pytest.fixture(params=sorted(SERVERS))
-def replaceable(request, fault_proxy, tmp_path):
-    """A factory: ``replaceable(**wds)`` -> (a wds filesystem reading through a fault proxy,
-    the proxy, the object's URL, a function that replaces the object with ``NEW``)."""
+def replaceable(request, fault_proxy, tmp_path, transport):
+    """A factory: ``replaceable(**wds)`` -> (a wds filesystem reading through a fault proxy
+    and ``transport``, the proxy, the object's URL, a function that replaces the object with
+    ``NEW``)."""
     fixture, make = SERVERS[request.param]
     backend = request.getfixturevalue(fixture)
-    return lambda **wds: make(backend, fault_proxy, tmp_path, **wds)
+    chosen = served(backend, transport)
+    return lambda **wds: make(backend, fault_proxy, tmp_path, transport=chosen, **wds)
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -203,19 +207,23 @@ def bare():
         yield server
 
 
-def test_without_identity_a_download_without_faults_is_one_get_of_the_whole_object(bare, tmp_path):
+def test_without_identity_a_download_without_faults_is_one_get_of_the_whole_object(
+    bare, tmp_path, transport
+):
     url = bare.put("bare.bin", OLD)
-    fs = _wds("http", {}, tmp_path)
+    fs = _wds("http", {}, tmp_path, transport=transport)
     assert fs.cat_file(url) == OLD
     gets = bare.gets("bare.bin")
     assert [(entry.range, entry.status) for entry in gets] == [(f"bytes=0-{SIZE - 1}", 206)]
 
 
 @pytest.mark.parametrize("cache", [True, False])
-def test_without_identity_a_resumed_download_of_a_resized_object_starts_over(bare, tmp_path, cache):
+def test_without_identity_a_resumed_download_of_a_resized_object_starts_over(
+    bare, tmp_path, cache, transport
+):
     longer = NEW + b"tail"
     url = bare.put("bare.bin", OLD, plan=[Cut(MiB), Replace(longer)])
-    fs = _wds("http", {}, tmp_path, cache=cache)
+    fs = _wds("http", {}, tmp_path, transport=transport, cache=cache)
     assert fs.cat_file(url) == longer
     first, resumed, again = (entry.range for entry in bare.gets("bare.bin"))
     assert first == f"bytes=0-{SIZE - 1}" and again == f"bytes=0-{len(longer) - 1}"
@@ -225,17 +233,22 @@ def test_without_identity_a_resumed_download_of_a_resized_object_starts_over(bar
 
 @pytest.mark.parametrize("cache", [True, False])
 def test_without_identity_a_resized_object_between_info_and_get_is_read_as_the_new(
-    bare, tmp_path, cache
+    bare,
+    tmp_path,
+    cache,
+    transport,
 ):
     shorter = NEW[:-100]
     url = bare.put("bare.bin", OLD, plan=[Replace(shorter)])
-    fs = _wds("http", {}, tmp_path, cache=cache)
+    fs = _wds("http", {}, tmp_path, transport=transport, cache=cache)
     assert fs.cat_file(url) == shorter
 
 
-def test_without_identity_an_open_uncached_file_of_a_resized_object_raises(bare, tmp_path):
+def test_without_identity_an_open_uncached_file_of_a_resized_object_raises(
+    bare, tmp_path, transport
+):
     url = bare.put("bare.bin", OLD)
-    fs = _wds("http", {}, tmp_path, cache=False, block_size=MiB)
+    fs = _wds("http", {}, tmp_path, transport=transport, cache=False, block_size=MiB)
     with fs.open(url) as handle:
         assert handle.read(MiB) == OLD[:MiB]
         bare.put("bare.bin", NEW + b"tail")
@@ -247,21 +260,23 @@ def test_without_identity_an_open_uncached_file_of_a_resized_object_raises(bare,
 
 
 @pytest.mark.parametrize("identity", [True, False])
-def test_a_response_for_other_bytes_than_asked_is_retried_not_used(tmp_path, identity):
+def test_a_response_for_other_bytes_than_asked_is_retried_not_used(tmp_path, identity, transport):
     with HostileServer(identity=identity) as server:
         url = server.put("shifted.bin", OLD, plan=[WrongStart(100)])
-        fs = _wds("http", {}, tmp_path)
+        fs = _wds("http", {}, tmp_path, transport=transport)
         assert fs.cat_file(url) == OLD
         assert fs.cache_stats()["retries"] == 1
         server.put("ranged.bin", OLD, plan=[WrongStart(7)])
-        direct = _wds("http", {}, tmp_path, ranged_reads="direct")
+        direct = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
         assert direct.cat_file(server.url("ranged.bin"), 1000, 2000) == OLD[1000:2000]
 
 
-def test_a_server_that_keeps_answering_other_bytes_gives_an_error_never_the_bytes(tmp_path):
+def test_a_server_that_keeps_answering_other_bytes_gives_an_error_never_the_bytes(
+    tmp_path, transport
+):
     with HostileServer() as server:
         url = server.put("shifted.bin", OLD, plan=[WrongStart(100)] * 10)
-        fs = _wds("http", {}, tmp_path, retries=3)
+        fs = _wds("http", {}, tmp_path, transport=transport, retries=3)
         with pytest.raises(OSError, match="Content-Range starts at byte 100, asked for 0"):
             fs.cat_file(url)
         assert fs.cache_stats()["cached_files"] == 0

@@ -198,6 +198,43 @@ def test_a_given_backend_instance_used_before_a_fork_still_reads_in_the_forked_c
     assert fs.fs is given
 
 
+def _transport_in_child(fs, url, queue) -> None:
+    try:
+        queue.put((fs.cat_file(url, 0, 1000), "using obstore" in repr(fs.download_transport)))
+    except Exception as error:
+        queue.put((None, str(error)))
+
+
+def _forked(target, fs, url):
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=target, args=(fs, url, queue))
+    child.start()
+    try:
+        return queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_child_forked_after_obstore_was_used_downloads_through_fsspec(
+    request, tmp_path, backend_name
+):
+    """obstore's runtime does not survive fork(): the child of a parent that downloaded
+    through it chooses the fsspec backend ("auto"), or says why it cannot ("obstore")."""
+    pytest.importorskip("obstore")
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    first = backend.put("forked-0.bin", DATA[:2000])
+    second = backend.put("forked-1.bin", DATA[2000:4000])
+    fs = _wds_fs(backend, tmp_path, cache=False)
+    assert "using obstore" in repr(fs.download_transport)
+    assert fs.cat_file(first) == DATA[:2000]
+    assert _forked(_transport_in_child, fs, second) == (DATA[2000:3000], False)
+    required = _wds_fs(backend, tmp_path, cache=False, transport="obstore")
+    data, error = _forked(_transport_in_child, required, second)
+    assert data is None and "fork" in error and "transport='obstore'" in error
+
+
 class _RangeIgnoringHandler(http.server.SimpleHTTPRequestHandler):
     """Python's own file server: it ignores Range and always sends the whole file."""
 
