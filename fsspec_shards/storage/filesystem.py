@@ -124,6 +124,11 @@ class WdsFileSystem(ChainedFileSystem):
         the backend's options map onto it, else the fsspec backend), ``"obstore"`` (an
         error naming what obstore cannot serve) or ``"fsspec"``. Chosen once per process.
         Listing, ``info`` and writes always use the fsspec backend.
+    ranges_in_flight:
+        Ranged GETs at once when a file over 32 MiB with an ETag, generation or version id
+        is downloaded into the cache (default 1: one request to the end). More may help
+        where one connection is slower than the link; on loopback it does not (see
+        docs/transport.md).
     block_size:
         Read size of streamed (uncached) files.
     check_stale, stale_ttl:
@@ -157,6 +162,7 @@ class WdsFileSystem(ChainedFileSystem):
         timeout: float | str = 30.0,
         ranged_reads: str | None = None,
         transport: str = "auto",
+        ranges_in_flight: int | str = 1,
         block_size: int | str | None = None,
         check_stale: bool | str = False,
         stale_ttl: float | str | None = None,
@@ -193,6 +199,7 @@ class WdsFileSystem(ChainedFileSystem):
         self.cache_enabled = config.parse_bool(cache, "cache")
         self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
         self.transport = _parse_transport(transport)
+        self.ranges_in_flight = config.parse_int(ranges_in_flight, "ranges_in_flight", minimum=1)
         self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
@@ -400,6 +407,7 @@ class WdsFileSystem(ChainedFileSystem):
             manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
             count=self._count,
             transport=self.download_transport,
+            ranges_in_flight=self.ranges_in_flight,
         )
 
     def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:

@@ -778,6 +778,11 @@ class DownloadTransport:
         using = "obstore" if self.unserved is None else "fsspec"
         return f"DownloadTransport({self.fast.spec.shown}, using {using})"
 
+    @property
+    def streaming(self) -> bool:
+        """Whether bytes reach the sink as they arrive (see ``streams.Transport``)."""
+        return self.unserved is None or getattr(self.fallback, "streaming", False)
+
     def stream(
         self,
         path: str,
@@ -902,6 +907,8 @@ class ObstoreTransport:
     Paths are the fsspec backend's: ``bucket/key`` (s3, optionally ``?versionId=``),
     ``bucket/key`` (gcs), ``container/blob`` (az), full URLs (http).
     """
+
+    streaming = True  # bytes reach the sink as they arrive
 
     def __init__(self, protocol: str, spec: StoreSpec) -> None:
         self.protocol = protocol
