@@ -8,6 +8,7 @@ same through either.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import time
@@ -313,3 +314,62 @@ def test_a_64mib_object_cut_every_8mib_arrives_whole_with_little_resent(
     exchanges = _data_exchanges(proxy, backend, transport)
     assert sum(e.fault_applied for e in exchanges) >= 4
     assert proxy.bytes_sent(NAME) < 1.2 * len(data)
+
+
+# -- several ranges in flight (ranges_in_flight) --------------------------------------
+
+
+@functools.cache
+def _large() -> bytes:
+    """An object over the 32 MiB above which ranges may be in flight: 0-16 MiB is read
+    first, then 16-32 and 32-40 MiB at once."""
+    return random.Random(40).randbytes(40 * MiB)
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_range_in_flight_that_breaks_off_resumes_from_its_byte_and_the_object_is_whole(
+    request, fault_proxy, tmp_path, transport, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    data = _large()
+    checksums = {NAME: "sha256:" + hashlib.sha256(data).hexdigest()}
+    fs, path, proxy, _ = _through_proxy(
+        backend,
+        fault_proxy,
+        tmp_path,
+        transport,
+        data=data,
+        checksums=checksums,
+        ranges_in_flight=4,
+    )
+    proxy.add(Cut(after_bytes=2 * MiB), range=f"bytes={16 * MiB}-", **_data_gets(backend))
+    assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
+    exchanges = _data_exchanges(proxy, backend, transport)
+    starts = sorted(_range_start(e) for e in exchanges)
+    resumed = [start for start in starts if 16 * MiB < start <= 18 * MiB]
+    assert len(resumed) == 1  # the cut range went on from its byte, nothing started over
+    assert starts == sorted([0, 16 * MiB, 32 * MiB, *resumed])
+    assert sum(e.body_bytes for e in exchanges) <= len(data) + _resend_allowance(1)
+    assert fs.cache_stats()["integrity_failures"] == 0
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_byte_flipped_in_a_range_in_flight_is_caught_and_fetched_again(
+    request, fault_proxy, tmp_path, transport, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    data = _large()
+    checksums = {NAME: "sha256:" + hashlib.sha256(data).hexdigest()}
+    fs, path, proxy, _ = _through_proxy(
+        backend,
+        fault_proxy,
+        tmp_path,
+        transport,
+        data=data,
+        checksums=checksums,
+        ranges_in_flight=4,
+    )
+    proxy.add(Flip(offset=12_345), range=f"bytes={32 * MiB}-", **_data_gets(backend))
+    assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
+    stats = fs.cache_stats()
+    assert (stats["integrity_failures"], stats["cached_files"]) == (1, 1)

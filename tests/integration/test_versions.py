@@ -22,6 +22,7 @@ import pytest
 
 from tests.integration import servers
 from tests.integration.conftest import served
+from tests.integration.fault_proxy import Cut as CutAfter
 from tests.integration.fault_proxy import Delay
 from tests.integration.hostile_http import Cut, HostileServer, Replace, WrongStart
 
@@ -155,9 +156,12 @@ def test_an_object_replaced_between_two_ranged_gets_of_one_download_is_read_whol
     replaceable, cache
 ):
     fs, proxy, url, replace = replaceable(cache=cache)
-    outcome = _replaced_while_held(
-        proxy, lambda: fs.cat_file(url), replace, method="GET", range="bytes=4194304-"
+    proxy.add(CutAfter(after_bytes=4 * MiB), method="GET", has_range=True)  # breaks off
+    outcome = _replaced_while_held(  # ... and the GET resuming it is held
+        proxy, lambda: fs.cat_file(url), replace, method="GET", has_range=True
     )
+    resumed = [e.range for e in proxy.requests(method="GET") if e.range][1]
+    assert not resumed.startswith("bytes=0-")
     assert outcome.get("data") == NEW  # started over on the new version, not spliced
     assert fs.cat_file(url) == NEW
 
@@ -280,3 +284,26 @@ def test_a_server_that_keeps_answering_other_bytes_gives_an_error_never_the_byte
         with pytest.raises(OSError, match="Content-Range starts at byte 100, asked for 0"):
             fs.cat_file(url)
         assert fs.cache_stats()["cached_files"] == 0
+
+
+# -- several ranges in flight ----------------------------------------------------------
+
+
+def test_an_object_replaced_while_its_ranges_are_in_flight_is_read_whole_again(
+    s3_backend, fault_proxy, tmp_path, transport
+):
+    """The range at 32 MiB is held until the object is replaced: its response is of the
+    new version, so the whole download starts over on it, never splicing the two."""
+    old = random.Random(3).randbytes(40 * MiB)
+    new = random.Random(4).randbytes(40 * MiB)
+    s3_backend.put(NAME, old)
+    proxy, proxied = fault_proxy(s3_backend)
+    fs = _wds("s3", proxied.storage_options, tmp_path, transport=transport, ranges_in_flight=4)
+    outcome = _replaced_while_held(
+        proxy,
+        lambda: fs.cat_file(proxied.url(NAME)),
+        lambda: s3_backend.put(NAME, new),
+        method="GET",
+        range=f"bytes={32 * MiB}-",
+    )
+    assert outcome.get("data") == new
