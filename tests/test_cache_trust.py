@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import stat
 import warnings
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from fsspec_shards.storage.cache import (
     store,
 )
 from tests import cache_objects
-from tests.cache_objects import fill, obj, payload, writer
+from tests.cache_objects import fill, obj, payload, plant_row, writer
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -47,23 +46,14 @@ def tree(directory: Path) -> dict[str, bytes | None]:
     }
 
 
-def plant_row(cache: ShardCache, url: str, file: str, size: int, accessed_at: float = 0) -> None:
-    """Insert an index row the way another program would: straight into the database."""
-    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
-    connection.execute(
-        "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (obj(url).key, file, size, url, 0, accessed_at, 0, "{}"),
-    )
-    connection.commit()
-    connection.close()
+def plant_entry(cache: ShardCache, url: str, file: str, size: int, accessed_at: float = 0) -> None:
+    """Insert an entry the way another program would: straight into the database."""
+    record = {"file": file, "size": size, "shown": url, "stored_at": 0, "metadata": {}}
+    plant_row(cache.directory, f"entry:{obj(url).key}", json.dumps(record), size, accessed_at)
 
 
 def index_keys(cache: ShardCache) -> list[str]:
-    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
-    try:
-        return [row[0] for row in connection.execute("SELECT key FROM entries")]
-    finally:
-        connection.close()
+    return [key for key, _, _ in cache_objects.indexed_entries(cache.directory)]
 
 
 # -- a new cache, and which existing directories are used -------------------------------------
@@ -221,8 +211,8 @@ def test_a_planted_index_row_naming_a_file_outside_is_ignored_never_opened_or_de
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     url = "s3://bucket/a"
     relative = os.path.relpath(victim, Path(cache.directory) / "files" / "ab")
-    plant_row(cache, url, f"files/ab/{relative}", victim.stat().st_size)
-    plant_row(cache, "s3://bucket/b", str(victim), victim.stat().st_size)
+    plant_entry(cache, url, f"files/ab/{relative}", victim.stat().st_size)
+    plant_entry(cache, "s3://bucket/b", str(victim), victim.stat().st_size)
     with pytest.warns(CacheWarning) as caught:
         assert cache.open(obj(url)) is None
         assert cache.open(obj("s3://bucket/b")) is None
@@ -239,14 +229,14 @@ def test_eviction_discard_and_clear_never_delete_what_a_planted_row_names(
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"keep me")
     cache = ShardCache(str(tmp_path / "cache"), 250)
-    plant_row(cache, "s3://bucket/evicted", f"files/../../{victim.name}", 100, accessed_at=0)
-    plant_row(cache, "s3://bucket/discarded", f"files/../../{victim.name}", 1)
+    plant_entry(cache, "s3://bucket/evicted", f"files/../../{victim.name}", 100, accessed_at=0)
+    plant_entry(cache, "s3://bucket/discarded", f"files/../../{victim.name}", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheWarning)
         fill(cache, "s3://bucket/a")
         fill(cache, "s3://bucket/b")  # needs room: evicts the planted least-recent row
         cache.discard(obj("s3://bucket/discarded"))
-        plant_row(cache, "s3://bucket/cleared", str(victim), 1)
+        plant_entry(cache, "s3://bucket/cleared", str(victim), 1)
         cache.clear()
     assert victim.read_bytes() == b"keep me"
     assert index_keys(cache) == []
@@ -255,7 +245,7 @@ def test_eviction_discard_and_clear_never_delete_what_a_planted_row_names(
 def test_a_row_naming_another_keys_file_is_not_served(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     other = Path(fill(cache, "s3://bucket/other"))
-    plant_row(cache, "s3://bucket/a", str(other.relative_to(cache.directory)), 100)
+    plant_entry(cache, "s3://bucket/a", str(other.relative_to(cache.directory)), 100)
     with pytest.warns(CacheWarning, match="not a file this cache made"):
         assert cache.open(obj("s3://bucket/a")) is None
     assert other.read_bytes() == payload("s3://bucket/other", 100)
@@ -381,6 +371,15 @@ def make_previous_layout(directory: Path) -> dict[str, Path]:
     return {"data": data, "temp": temp, "lock": lock, "foreign": foreign}
 
 
+def old_index_rows(directory: Path) -> list[tuple]:
+    """Rows of the index that the current index would never write (the old index's)."""
+    return [
+        row
+        for row in cache_objects.index_query(str(directory), "SELECT key FROM Cache")
+        if not row[0].startswith(("entry:", "generation:", "counter:", "key_format"))
+    ]
+
+
 def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entries(
     tmp_path: Path,
 ) -> None:
@@ -391,7 +390,8 @@ def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entrie
     cache = ShardCache(str(directory), 1000)
     assert json.loads((directory / layout.MARKER).read_text())["format"] == layout.FORMAT
     assert not paths["data"].exists() and not paths["temp"].exists()
-    assert not (directory / "cache.db").exists() and not (directory / "state").exists()
+    assert not (directory / "state").exists()
+    assert old_index_rows(directory) == []  # cache.db is a new index: the old one is gone
     assert paths["lock"].exists() and paths["foreign"].read_bytes() == b"not the cache's"
     assert cache.entries() == [] and cache.stats()["hits"] == 0
     assert Path(fill(cache, "s3://bucket/old")).read_bytes() == payload("s3://bucket/old", 100)
@@ -400,11 +400,11 @@ def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entrie
 def test_an_adoption_cut_short_is_finished_by_the_next_process(tmp_path: Path) -> None:
     directory = tmp_path / "old"
     paths = make_previous_layout(directory)
-    (directory / layout.MARKER).write_text(json.dumps({"format": layout.FORMAT, "adopting": True}))
+    (directory / layout.MARKER).write_text(json.dumps({"format": layout.FORMAT, "adopting": 1}))
     os.chmod(directory / layout.MARKER, 0o600)
     cache = ShardCache(str(directory), 1000)
     assert "adopting" not in json.loads((directory / layout.MARKER).read_text())
-    assert not paths["data"].exists() and not (directory / "cache.db").exists()
+    assert not paths["data"].exists() and old_index_rows(directory) == []
     assert cache.entries() == []
 
 
@@ -483,7 +483,7 @@ def test_a_corrupt_index_is_moved_aside_and_the_cache_starts_empty(
         cache = ShardCache(cache.directory, 1000)
         assert cache.open(obj("s3://bucket/a")) is None
     assert any(str(index) in str(w.message) for w in caught)
-    assert (Path(cache.directory) / "index.db.corrupt").exists()
+    assert (Path(cache.directory) / f"{layout.INDEX}.corrupt").exists()
     assert not old.exists()  # the files the lost index described are gone with it
     assert Path(fill(cache, "s3://bucket/a")).read_bytes() == payload("s3://bucket/a", 100)
     assert cache.stats()["cached_files"] == 1
