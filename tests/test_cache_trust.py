@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import sqlite3
 import stat
 import warnings
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from fsspec_shards.storage.cache import (
     layout,
     store,
 )
+from fsspec_shards.storage.identity import KEY_FORMAT
 from tests import cache_objects
 from tests.cache_objects import fill, obj, payload, plant_row, writer
 
@@ -242,6 +245,47 @@ def test_eviction_discard_and_clear_never_delete_what_a_planted_row_names(
     assert index_keys(cache) == []
 
 
+class _MakesADirectory:
+    """Unpickling this makes a directory: the proof that a value was unpickled."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_rows_diskcache_would_unpickle_open_or_delete_are_data_never_followed(
+    tmp_path: Path,
+) -> None:
+    """diskcache unpickles a row of mode 4 and opens (and on delete, unlinks) the value
+    file a row names: the index's serializer does none of it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me")
+    unpickled = tmp_path / "unpickled"
+    cache = ShardCache(str(tmp_path / "cache"), 150)
+    pickled, named = obj("s3://bucket/pickled").key, obj("s3://bucket/named").key
+    payload_pickle = pickle.dumps(_MakesADirectory(unpickled))
+    plant_row(cache.directory, f"entry:{pickled}", payload_pickle, 100, mode=4)
+    plant_row(cache.directory, f"generation:{pickled}", payload_pickle, 0, mode=4)
+    relative = os.path.relpath(victim, cache.directory)
+    plant_row(cache.directory, f"entry:{named}", None, 100, mode=2, filename=relative)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        for url in ("s3://bucket/pickled", "s3://bucket/named"):
+            assert cache.open(obj(url)) is None and cache.metadata(obj(url)) is None
+            assert cache.generation(obj(url)) == 0
+        assert cache.stats()["cached_bytes"] == 200
+        fill(cache, "s3://bucket/a")  # needs room: evicts the planted rows, least recent first
+        assert index_keys(cache) == [obj("s3://bucket/a").key]
+        plant_row(cache.directory, f"entry:{named}", None, 1, mode=2, filename=relative)
+        cache.discard(obj("s3://bucket/named"))
+        plant_row(cache.directory, f"entry:{named}", None, 1, mode=2, filename=relative)
+        cache.clear()
+    assert victim.read_bytes() == b"keep me" and not unpickled.exists()
+    assert index_keys(cache) == [] and cache.stats()["cached_bytes"] == 0
+
+
 def test_a_row_naming_another_keys_file_is_not_served(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     other = Path(fill(cache, "s3://bucket/other"))
@@ -406,6 +450,115 @@ def test_an_adoption_cut_short_is_finished_by_the_next_process(tmp_path: Path) -
     assert "adopting" not in json.loads((directory / layout.MARKER).read_text())
     assert not paths["data"].exists() and old_index_rows(directory) == []
     assert cache.entries() == []
+
+
+FORMAT_2_SCHEMA = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE entries (key TEXT PRIMARY KEY, file TEXT NOT NULL, size INTEGER NOT NULL, "
+    "shown TEXT NOT NULL, stored_at REAL NOT NULL, accessed_at REAL NOT NULL, "
+    "validated_at REAL NOT NULL, metadata TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE generations (key TEXT PRIMARY KEY, generation INTEGER NOT NULL)",
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+
+
+def make_format_2_cache(directory: Path, key_format: str = KEY_FORMAT) -> dict[str, Path]:
+    """A cache as the own-SQLite-index version (layout format 2) left it: two whole entries,
+    one whose file is short, one naming a file outside, an unindexed file, a temp file."""
+    directory.mkdir(mode=0o700)
+    for name in layout.SUBDIRECTORIES:
+        (directory / name).mkdir(mode=0o700)
+    marker = {"format": 2, "made_by": "fsspec-shards", "tier": "local"}
+    (directory / layout.MARKER).write_text(json.dumps(marker))
+    os.chmod(directory / layout.MARKER, 0o600)
+    victim = directory.parent / "victim.txt"
+    victim.write_bytes(b"keep me")
+    paths = {"victim": victim}
+    index = sqlite3.connect(directory / "index.db")
+    for statement in FORMAT_2_SCHEMA:
+        index.execute(statement)
+    index.execute("INSERT INTO meta VALUES ('format', '2'), ('key_format', ?)", (key_format,))
+    rows = [("older", 100, 100, 10), ("kept", 100, 100, 20), ("short", 100, 50, 30)]
+    for name, recorded, actual, accessed in rows:
+        key = obj(f"s3://bucket/{name}").key
+        data = directory / "files" / key[:2] / f"{key}.0badf00d"
+        data.parent.mkdir(mode=0o700, exist_ok=True)
+        data.write_bytes(payload(f"s3://bucket/{name}", actual))
+        relative = str(data.relative_to(directory))
+        metadata = json.dumps({"identity": f"etag-{name}"})
+        index.execute(
+            "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, relative, recorded, f"s3://bucket/{name}", 1.0, accessed, 2.0, metadata),
+        )
+        paths[name] = data
+    outside = obj("s3://bucket/outside").key
+    index.execute(
+        "INSERT INTO entries VALUES (?, ?, 7, 's3://bucket/outside', 0, 0, 0, '{}')",
+        (outside, f"files/{outside[:2]}/../../../victim.txt"),
+    )
+    index.execute("INSERT INTO generations VALUES (?, 3)", (obj("s3://bucket/kept").key,))
+    index.execute("INSERT INTO counters VALUES ('hits', 7)")
+    index.commit()
+    index.close()
+    unindexed = obj("s3://bucket/unindexed").key
+    paths["unindexed"] = directory / "files" / unindexed[:2] / f"{unindexed}.12345678"
+    paths["unindexed"].parent.mkdir(mode=0o700, exist_ok=True)
+    paths["unindexed"].write_bytes(b"left by a killed process")
+    paths["temp"] = directory / "tmp" / f"{unindexed}.123.deadbeef.10.part"
+    paths["temp"].write_bytes(b"partial")
+    paths["foreign"] = directory / "files" / "user-notes.txt"
+    paths["foreign"].write_bytes(b"not the cache's")
+    return paths
+
+
+def test_a_cache_of_format_2_is_adopted_keeping_the_entries_that_check_out(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "own-index"
+    paths = make_format_2_cache(directory)
+    before = tree(directory)
+    with pytest.raises(NotACacheError, match="earlier fsspec-shards version") as raised:
+        ShardCache.existing(str(directory))
+    assert raised.value.kind == "previous" and tree(directory) == before
+    cache = ShardCache(str(directory), 1000)
+    marker = json.loads((directory / layout.MARKER).read_text())
+    assert marker["format"] == layout.FORMAT and "adopting" not in marker
+    assert not (directory / "index.db").exists()
+    assert cache.stats()["hits"] == 7 and cache.generation(obj("s3://bucket/kept")) == 3
+    assert [e["url"] for e in cache.entries()] == ["s3://bucket/older", "s3://bucket/kept"]
+    with cache.fetch(obj("s3://bucket/kept"), writer(b"never downloaded")) as handle:
+        assert handle.read() == payload("s3://bucket/kept", 100)
+    assert cache.metadata(obj("s3://bucket/kept"))["identity"] == "etag-kept"
+    assert cache.open(obj("s3://bucket/short")) is None and not paths["short"].exists()
+    assert cache.open(obj("s3://bucket/outside")) is None
+    assert paths["victim"].read_bytes() == b"keep me"
+    assert not paths["unindexed"].exists() and not paths["temp"].exists()
+    assert paths["foreign"].read_bytes() == b"not the cache's"
+
+
+def test_a_cache_of_format_2_under_another_key_format_serves_none_of_its_entries(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "own-index"
+    paths = make_format_2_cache(directory, key_format="fsspec-shards-key-v1")
+    cache = ShardCache(str(directory), 1000)
+    assert cache.entries() == [] and cache.generation(obj("s3://bucket/kept")) == 0
+    assert not any(paths[name].exists() for name in ("older", "kept", "short", "unindexed"))
+    assert paths["foreign"].exists() and paths["victim"].read_bytes() == b"keep me"
+    assert Path(fill(cache, "s3://bucket/kept")).read_bytes() == payload("s3://bucket/kept", 100)
+
+
+def test_an_adoption_of_format_2_cut_short_is_finished_by_the_next_process(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "own-index"
+    paths = make_format_2_cache(directory)
+    marker = {"format": layout.FORMAT, "tier": "local", "adopting": 2}
+    (directory / layout.MARKER).write_text(json.dumps(marker))
+    cache = ShardCache(str(directory), 1000)
+    assert "adopting" not in json.loads((directory / layout.MARKER).read_text())
+    assert [e["url"] for e in cache.entries()] == ["s3://bucket/older", "s3://bucket/kept"]
+    assert not (directory / "index.db").exists() and not paths["unindexed"].exists()
 
 
 # -- degraded modes: read-only, unusable, corrupt -------------------------------------------
