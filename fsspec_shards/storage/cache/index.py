@@ -439,21 +439,23 @@ class Index:
             )
             self._epoch += 1  # threads that reconnected meanwhile reached the corrupt file
             self._inode = None
-            self._diskcache()
+            with FORK_GUARD:  # taken after the space lock, as everywhere: never the other way
+                self._diskcache()
             self._on_reset()
 
     def _is_corrupt_now(self) -> bool:
         url = pathname2url(self.path)
-        try:
-            probe = sqlite3.connect(f"file:{url}?mode=rw", uri=True, timeout=5)
-        except sqlite3.OperationalError:
-            return False  # moved aside by another process: the next open makes a new one
-        try:
-            probe.execute("SELECT count(*) FROM Cache").fetchone()
-        except sqlite3.DatabaseError as error:
-            return _is_corrupt(error)
-        finally:
-            probe.close()
+        with FORK_GUARD:
+            try:
+                probe = sqlite3.connect(f"file:{url}?mode=rw", uri=True, timeout=5)
+            except sqlite3.OperationalError:
+                return False  # moved aside by another process: the next open makes a new one
+            try:
+                probe.execute("SELECT count(*) FROM Cache").fetchone()
+            except sqlite3.DatabaseError as error:
+                return _is_corrupt(error)
+            finally:
+                probe.close()
         return False
 
     # -- reading -------------------------------------------------------------------------
