@@ -21,7 +21,8 @@ Invariants:
   ``fcntl`` lock on ``cache.db`` held only inside a statement or transaction, which
   survives ``fork`` (no shared-memory file whose lock bookkeeping a child would inherit)
   and reads on read-only media. No fork happens while a thread of this process is inside
-  the index (:data:`FORK_GUARD`).
+  the index (:data:`FORK_GUARD`, taken after the cache's file locks, never before: filelock
+  holds forks back while a lock changes hands).
 - Least-recently-used order is diskcache's store time (``eviction_policy=
   "least-recently-stored"``): a use of an entry re-stores it (batched per process by
   :mod:`.usage`), so a lookup is a plain read, never a write transaction, and an entry's
