@@ -2,63 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
 from fsspec_shards.redact import redact_url
-
-# Query parameters that carry credentials in pre-signed / SAS / token URLs.
-_SECRET_QUERY_KEYS = frozenset(
-    {
-        "x-amz-signature",
-        "x-amz-credential",
-        "x-amz-security-token",
-        "signature",
-        "awsaccesskeyid",
-        "x-goog-signature",
-        "x-goog-credential",
-        "googleaccessid",
-        "sig",
-        "sv",
-        "se",
-        "st",
-        "sp",
-        "spr",
-        "srt",
-        "ss",
-        "sr",
-        "skoid",
-        "sktid",
-        "skt",
-        "ske",
-        "sks",
-        "skv",
-        "token",
-        "access_token",
-        "key",
-        "api_key",
-        "apikey",
-        "password",
-        "secret",
-    }
-)
-
-# Query parameters that are no secret but change each time a URL is signed (date, expiry,
-# signing algorithm...): dropped from cache keys, so that a URL signed again is the same object.
-_SIGNING_QUERY_KEYS = frozenset(
-    {
-        "x-amz-algorithm",
-        "x-amz-date",
-        "x-amz-expires",
-        "x-amz-signedheaders",
-        "x-goog-algorithm",
-        "x-goog-date",
-        "x-goog-expires",
-        "x-goog-signedheaders",
-        "expires",
-        "policy",
-        "key-pair-id",
-    }
-)
 
 
 class IntegrityError(OSError):
@@ -89,23 +33,3 @@ class ShardFormatError(ValueError):
 
     def __reduce__(self):
         return (type(self), (self.shard, self.offset, self.reason))
-
-
-def strip_secrets(url: str) -> str:
-    """Return ``url`` without user info, credential-bearing query parameters and those that
-    change each time a URL is signed (date, expiry).
-
-    Used to derive cache keys: two signed URLs of the same object map to one key.
-    """
-    if "::" in url:
-        return "::".join(strip_secrets(part) for part in url.split("::"))
-    if "://" not in url and "?" not in url:
-        return url
-    parts = urlsplit(url)
-    if "@" not in parts.netloc and not parts.query:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    dropped = _SECRET_QUERY_KEYS | _SIGNING_QUERY_KEYS
-    query = urlencode([(k, v) for k, v in pairs if k.lower() not in dropped])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

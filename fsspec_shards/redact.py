@@ -67,8 +67,11 @@ _AZURE_SAS = frozenset(
 _AWS_V2 = frozenset({"awsaccesskeyid", "signature", "expires"})
 _GCS_V2 = frozenset({"googleaccessid", "signature", "expires"})
 _CLOUDFRONT = frozenset({"policy", "signature", "key-pair-id", "expires"})
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
-_QUERY_IN_TEXT_RE = re.compile(r"\?([^\s'\"<>?#()\[\]{}]*=[^\s'\"<>#()\[\]{}]*)")
+# a URL in text: it does not end in punctuation ("not found: http://h/k?sig=x: reason")
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]*[^\s'\"<>()\[\]{}.,;:!?]")
+_QUERY_IN_TEXT_RE = re.compile(
+    r"\?([^\s'\"<>?#()\[\]{}]*=(?:[^\s'\"<>#()\[\]{}]*[^\s'\"<>#()\[\]{}.,;:!?])?)"
+)
 
 
 def _redact_query(query: str) -> str:
@@ -104,15 +107,10 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return url.split("?", 1)[0].split("@")[-1] + ("?" + REDACTED if "?" in url else "")
-    return urlunsplit(
-        (
-            parts.scheme,
-            _redact_netloc(parts.netloc),
-            parts.path,
-            _redact_query(parts.query) if parts.query else "",
-            parts.fragment,
-        )
-    )
+    shown = f"{parts.scheme}://{_redact_netloc(parts.netloc)}{parts.path}"
+    if parts.query:
+        shown += "?" + _redact_query(parts.query)
+    return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 def redact_text(text: str, *urls: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import fsspec
 
-from fsspec_shards.storage.backends import AZURE_PIECE, tame_instance, tamed_target_options
+from fsspec_shards.storage.backends import backend_timeout, tame_instance, tamed_target_options
 
 AZURITE = (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
@@ -47,10 +47,30 @@ def test_gcsfs_instance_sends_requests_without_its_retry_decorator():
     assert gcs._request.__func__ is type(gcs)._request.__wrapped__
 
 
-def test_azure_sdk_retries_are_off_and_downloads_come_in_small_pieces():
+def test_azure_sdk_retries_are_off():
     options = tamed_target_options("az", {"connection_string": AZURITE}, 5.0)
     az = fsspec.filesystem("az", **options)
     tame_instance(az, "az")
-    config = az.service_client._config
-    assert config.retry_policy.total_retries == 0
-    assert config.max_single_get_size == config.max_chunk_get_size == AZURE_PIECE
+    assert az.service_client._config.retry_policy.total_retries == 0
+
+
+def test_private_instances_keep_no_listing_cache_and_share_nothing_with_the_users():
+    for protocol in ("s3", "gcs", "https"):
+        tamed = tamed_target_options(protocol, {"use_listings_cache": True}, 5.0)
+        assert tamed["use_listings_cache"] is False and tamed["skip_instance_cache"] is True
+    assert "use_listings_cache" not in tamed_target_options("file", {}, 5.0)
+
+
+def test_the_shortest_socket_time_out_the_user_gave_the_backend_is_found():
+    def built(protocol: str, options: dict):
+        return fsspec.filesystem(protocol, **tamed_target_options(protocol, options, 30.0))
+
+    assert backend_timeout(built("s3", {"anon": True, "config_kwargs": {"read_timeout": 3}})) == 3
+    assert backend_timeout(built("s3", {"anon": True})) == 30.0  # ours, set on the client
+    assert backend_timeout(built("gcs", {"token": "anon", "requests_timeout": 2})) == 2
+    assert backend_timeout(built("gcs", {"token": "anon"})) is None
+    az = {"connection_string": AZURITE, "read_timeout": 2, "connection_timeout": 4}
+    assert backend_timeout(built("az", az)) == 2
+    mine = aiohttp.ClientTimeout(total=None, sock_connect=9, sock_read=2.5)
+    assert backend_timeout(built("https", {"client_kwargs": {"timeout": mine}})) == 2.5
+    assert backend_timeout(fsspec.filesystem("file")) is None

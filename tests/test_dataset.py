@@ -472,10 +472,6 @@ def test_max_member_size_bounds_every_member(tmp_path):
         ShardDataset(urls, max_member_size="lots")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WdsFileSystem.invalidate_cache(path) to drop the cached copy (branch cache)",
-)
 def test_a_poisoned_wds_cache_entry_leaves_at_the_next_read(tmp_path):
     paths = write_shards(tmp_path, 3, 4)
     good = poison(paths[1])

@@ -84,6 +84,11 @@ def test_options_come_from_fsspec_config_and_explicit_arguments_win(monkeypatch,
     assert fs.policy.attempts == 7
 
 
+def test_a_request_counts_as_stalled_after_30_seconds_without_progress_by_default(tmp_path):
+    assert _wds(target_protocol="file", cache_dir=str(tmp_path)).policy.timeout == 30.0
+    assert _wds(target_protocol="file", cache_dir=str(tmp_path), timeout=5).policy.timeout == 5.0
+
+
 def test_cache_location_and_size_default_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("FSSPEC_SHARDS_CACHE", str(tmp_path / "c"))
     monkeypatch.setenv("WDS_CACHE_SIZE", "5MB")
@@ -155,6 +160,15 @@ def test_without_cache_reads_stream_seekably_and_keep_nothing(shard, tmp_path):
     assert fs.prefetch(path) is None
 
 
+def test_an_uncached_file_replaced_while_open_raises_instead_of_mixing_versions(tmp_path):
+    fs, backend, path = _planned(tmp_path, cache=False, block_size=4096)
+    with fs.open(path) as handle:
+        assert handle.read(4096) == DATA[:4096]
+        backend.pipe_file(path, bytes(reversed(DATA)))
+        with pytest.raises(OSError, match="changed while it was read"):
+            handle.read()
+
+
 def test_streamed_read_checks_the_checksum_at_the_end(shard):
     path, options = shard
     wrong = {path: "sha256:" + hashlib.sha256(b"other").hexdigest()}
@@ -193,15 +207,50 @@ def test_a_flipped_byte_is_caught_by_the_sums_file_and_fetched_again(tmp_path):
     assert metadata["checksum"] == "sha256:" + hashlib.sha256(DATA).hexdigest()
 
 
-def test_ranged_reads_do_not_fill_the_cache_but_whole_reads_do(tmp_path):
+def test_a_ranged_miss_fills_the_cache_with_the_whole_verified_file(tmp_path):
     fs, backend, path = _planned(tmp_path)
     assert fs.cat_file(path, 10, 20) == DATA[10:20]
-    assert fs.cat_file(path, -10) == DATA[-10:]
-    assert fs.cache_stats()["cached_files"] == 0
-    assert fs.prefetch(path).startswith(fs.cache_dir)
     assert fs.cache_stats()["cached_files"] == 1
+    reads = len(backend.reads)
+    assert fs.cat_file(path, -10) == DATA[-10:]
     results = fs.cat_ranges([path, path, path], [0, 100, -5], [4, 110, None])
     assert results == [DATA[:4], DATA[100:110], DATA[-5:]]
+    assert len(backend.reads) == reads
+
+
+def test_a_ranged_miss_with_a_checksum_known_never_returns_a_corrupted_byte(tmp_path):
+    manifest = {"train-0000.tar": "sha256:" + hashlib.sha256(DATA).hexdigest()}
+    fs, _, path = _planned(tmp_path, plan=[Flip(15)] * 10, checksums=manifest)
+    with pytest.raises(IntegrityError, match="train-0000.tar"):
+        fs.cat_file(path, 10, 20)
+    assert isinstance(fs.cat_ranges([path], [10], [20])[0], IntegrityError)
+    assert fs.cache_stats()["cached_files"] == 0
+
+
+def test_direct_ranged_reads_read_just_the_range_and_keep_nothing(tmp_path):
+    fs, backend, path = _planned(tmp_path, ranged_reads="direct")
+    assert fs.cat_file(path, 10, 20) == DATA[10:20]
+    assert fs.cat_file(path, -10) == DATA[-10:]
+    results = fs.cat_ranges([path, path, path], [0, 100, -5], [4, 110, None])
+    assert results == [DATA[:4], DATA[100:110], DATA[-5:]]
+    assert fs.cache_stats()["cached_files"] == 0
+    assert sum(length for _, _, length in backend.reads) == 10 + 10 + 4 + 10 + 5
+    assert fs.prefetch(path).startswith(fs.cache_dir)
+    reads = len(backend.reads)
+    assert fs.cat_file(path, 10, 20) == DATA[10:20]  # a cached copy serves direct reads too
+    assert len(backend.reads) == reads
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ranged_reads": "sometimes"}, "ranged_reads"),
+        ({"ranged_reads": "cache", "cache": False}, "direct"),
+    ],
+)
+def test_ranged_reads_option_is_checked(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        _wds(target_protocol="file", cache_dir=str(tmp_path), **options)
 
 
 def test_cat_ranges_reports_a_missing_path_without_failing_the_others(tmp_path):

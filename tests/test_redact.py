@@ -70,9 +70,24 @@ def test_a_url_password_is_redacted_and_the_user_kept():
     assert "PASSWORD" not in redact_text("GET https://alice:PASSWORD@host/x failed")
 
 
+def test_a_url_without_a_host_keeps_its_three_slashes():
+    assert redact_url("memory:///data/x.tar?sig=1") == "memory:///data/x.tar?sig=REDACTED"
+
+
 def test_plain_paths_and_urls_without_query_are_unchanged():
     for url in ("/data/shard-0001.tar", "s3://bucket/key.tar", "memory:///data/key.tar"):
         assert redact_url(url) == url
+
+
+@pytest.mark.parametrize("punctuation", [":", ".", ",", ";", "!", "?"])
+def test_punctuation_after_a_url_in_text_is_kept_and_redacted_text_stays_redacted(punctuation):
+    text = f"failed for https://h/x.tar?sig=abc&se=1{punctuation} expected"
+    shown = redact_text(text)
+    assert shown == f"failed for https://h/x.tar?sig=REDACTED&se=REDACTED{punctuation} expected"
+    assert redact_text(shown) == shown
+    assert redact_text(f"path b/k.tar?sig=abc{punctuation} gone") == (
+        f"path b/k.tar?sig=REDACTED{punctuation} gone"
+    )
 
 
 def test_text_quoting_a_known_url_in_pieces_hides_them():

@@ -1,15 +1,23 @@
 """Pieces streamed on the backend's event loop reach the caller's sink in order; errors on
-either side stop both."""
+either side stop both; each backend gets its transport."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import fsspec
 import pytest
 from fsspec.asyn import get_loop
 
-from fsspec_shards.storage.streams import _pipelined, _RangeWindow
+from fsspec_shards.storage.streams import (
+    CatFileTransport,
+    HttpTransport,
+    _pipelined,
+    _RangeWindow,
+    transport_for,
+)
+from fsspec_shards.storage.versions import Version
 
 
 def _producer(pieces: list[bytes], fail_after: int | None = None, state: dict | None = None):
@@ -61,3 +69,22 @@ def test_range_window_slices_a_whole_body_sent_for_a_range():
     window = _RangeWindow(start=5, end=12, offset=0)  # the server ignored the Range
     taken = [window.take(b"0123"), window.take(b"456789"), window.take(b"abcdef")]
     assert b"".join(taken) == b"56789ab" and window.done
+
+
+def test_backends_without_a_streaming_transport_read_through_cat_file_and_say_nothing():
+    memory = fsspec.filesystem("memory")
+    memory.pipe_file("/streams/object.bin", bytes(range(100)))
+    transport = transport_for(memory)
+    assert isinstance(transport, CatFileTransport)
+    received: list[bytes] = []
+    version = Version(100, '"etag"')
+    facts = transport.stream("/streams/object.bin", 90, None, received.append, 5.0, False, version)
+    assert b"".join(received) == bytes(range(90, 100))
+    assert (facts.etag, facts.total) == (None, None)
+    assert version.unconfirmed == 1  # the caller checks the version through info() instead
+
+
+def test_network_backends_get_their_own_streaming_transport():
+    assert isinstance(
+        transport_for(fsspec.filesystem("http", skip_instance_cache=True)), HttpTransport
+    )

@@ -5,9 +5,13 @@
   Nested under our own retries those attempts multiply and stalls go unnoticed, so the
   backend is built with its own retries turned down to one attempt, unless the user set
   them explicitly.
-- Calls with a time-out, so that a stalled request becomes a retryable ``TimeoutError``.
-- The identity of an object (to notice it changed between two ranged reads) and the
-  checksums that come for free in its ``info()``.
+- Listings never go stale: the private instance is built with its listing cache off, so
+  ``info()`` before a download asks the server.
+- Calls with a time-out, so that a stalled request becomes a retryable ``TimeoutError``;
+  the shortest socket time-out the user gave the backend (:func:`backend_timeout`) bounds
+  the layer's own streaming too.
+- The identity of an object (to notice a cached copy went stale) and the checksums that
+  come for free in its ``info()``.
 """
 
 from __future__ import annotations
@@ -30,15 +34,20 @@ S3_PROTOCOLS = ("s3", "s3a")
 GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss", "adl")
 HTTP_PROTOCOLS = ("http", "https")
-AZURE_PIECE = 1024 * 1024
 _MODIFIED_KEYS = ("mtime", "LastModified", "last_modified", "Last-Modified", "updated", "created")
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
 def tamed_target_options(protocol: str, options: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """``options`` for building the backend, with its own retries at one attempt and its
-    socket time-outs at ``timeout``; whatever the user set explicitly is kept."""
+    """``options`` for building the backend, with its own retries at one attempt, its socket
+    time-outs at ``timeout`` and its listing cache off; whatever the user set explicitly for
+    retries and time-outs is kept."""
     options = dict(options)
+    # a private instance (it is adjusted after it is built, see tame_instance: a user's own
+    # instance of the same backend keeps its behaviour) whose listings are never stale
+    options["skip_instance_cache"] = True
+    if protocol in S3_PROTOCOLS + GCS_PROTOCOLS + AZURE_PROTOCOLS + HTTP_PROTOCOLS:
+        options["use_listings_cache"] = False
     if protocol in S3_PROTOCOLS:
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
@@ -53,11 +62,33 @@ def tamed_target_options(protocol: str, options: dict[str, Any], timeout: float)
             "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         )
         options["client_kwargs"] = client
-    if protocol in S3_PROTOCOLS + GCS_PROTOCOLS + AZURE_PROTOCOLS:
-        # the instance is adjusted after it is built (see tame_instance): keep it private,
-        # so that a user's own instance of the same backend keeps its behaviour.
-        options.setdefault("skip_instance_cache", True)
     return options
+
+
+def backend_timeout(fs: fsspec.AbstractFileSystem) -> float | None:
+    """The shortest socket time-out configured on backend ``fs`` (botocore
+    ``connect_timeout``/``read_timeout``, gcsfs ``requests_timeout``, adlfs
+    ``connection_timeout``/``read_timeout``, aiohttp ``ClientTimeout`` socket fields), or None."""
+    protocol = protocol_of(fs)
+    values: list[Any] = []
+    if protocol in S3_PROTOCOLS:
+        config = getattr(fs, "config_kwargs", None) or {}
+        values += [config.get("connect_timeout"), config.get("read_timeout")]
+    elif protocol in GCS_PROTOCOLS:
+        values.append(getattr(fs, "requests_timeout", None))
+    elif protocol in AZURE_PROTOCOLS:
+        given = getattr(fs, "_timeout_kwargs", None) or {}
+        values += [given.get("connection_timeout"), given.get("read_timeout")]
+    elif protocol in HTTP_PROTOCOLS:
+        client_timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout")
+        for field in ("sock_read", "sock_connect", "connect"):
+            values.append(getattr(client_timeout, field, None))
+    numbers = [
+        float(value)
+        for value in values
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    ]
+    return min(numbers) if numbers else None
 
 
 def tame_instance(fs: fsspec.AbstractFileSystem, protocol: str) -> None:
@@ -89,10 +120,6 @@ def _tame_adlfs(fs: Any) -> None:
         return
     for attribute in ("total_retries", "connect_retries", "read_retries", "status_retries"):
         setattr(policy, attribute, 0)
-    # The SDK reads a download in pieces, each buffered whole and retried whole on a broken
-    # body; small pieces bound what a cut costs (AZURE_PIECE bytes at most).
-    config.max_single_get_size = AZURE_PIECE
-    config.max_chunk_get_size = AZURE_PIECE
 
 
 def protocol_of(fs: fsspec.AbstractFileSystem) -> str:

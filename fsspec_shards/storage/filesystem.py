@@ -8,6 +8,8 @@ backend with retries; writes go straight to the backend and drop the cached copy
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import io
 import logging
 import os
@@ -23,7 +25,8 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
-from fsspec_shards.errors import IntegrityError, strip_secrets
+from fsspec_shards.errors import IntegrityError
+from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -34,6 +37,7 @@ from fsspec_shards.storage.integrity import (
     parse_verify,
 )
 from fsspec_shards.storage.retry import RetryPolicy
+from fsspec_shards.storage.versions import Version, VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.filesystem")
 
@@ -59,6 +63,7 @@ DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
 _SHARED_COUNTERS = ("shared_hits", "shared_misses", "shared_evictions")
+RANGED_READS = ("cache", "direct")
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
 # Counters with the cache off, per cache directory and process: fsspec makes one instance per
@@ -104,7 +109,13 @@ class WdsFileSystem(ChainedFileSystem):
         A mapping path -> ``"sha256:<hex>"``, or the path/URL of a ``SHA256SUMS``-style file.
     backoff, max_backoff, deadline, timeout:
         First backoff and its cap (s, full jitter), the most seconds spent on one failure
-        chain, and the seconds after which a single request counts as stalled.
+        chain, and the seconds without progress after which a request counts as stalled
+        (a shorter socket time-out given to the backend bounds it too).
+    ranged_reads:
+        ``"cache"`` (default with the cache on): a ranged read of an uncached file fills the
+        cache with the whole verified file and serves the range from it. ``"direct"``: read
+        just the range, checked for identity and size but not against a checksum (the only
+        choice with ``cache=False``).
     block_size:
         Read size of streamed (uncached) files.
     check_stale, stale_ttl:
@@ -116,6 +127,8 @@ class WdsFileSystem(ChainedFileSystem):
 
     protocol = "wds"
     _strip_tokenize_options = ("fo",)
+    # Exceptions leave every public method (and _open) through clean_error: see the end of
+    # this module, where they are wrapped.
 
     def __init__(
         self,
@@ -133,7 +146,8 @@ class WdsFileSystem(ChainedFileSystem):
         backoff: float | str = 0.2,
         max_backoff: float | str = 10.0,
         deadline: float | str = 300.0,
-        timeout: float | str = 60.0,
+        timeout: float | str = 30.0,
+        ranged_reads: str | None = None,
         block_size: int | str | None = None,
         check_stale: bool | str = False,
         stale_ttl: float | str | None = None,
@@ -148,6 +162,7 @@ class WdsFileSystem(ChainedFileSystem):
                 "storage_options={'wds': {...}, 's3': {...}}"
             )
         super().__init__(**kwargs)
+        install_log_redaction()
         if fs is None and not target_protocol:
             raise ValueError(
                 "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
@@ -167,6 +182,7 @@ class WdsFileSystem(ChainedFileSystem):
         )
         self.verify = parse_verify(verify)
         self.cache_enabled = config.parse_bool(cache, "cache")
+        self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
         self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
@@ -210,6 +226,9 @@ class WdsFileSystem(ChainedFileSystem):
             )
         if fs is None:
             self._build_backend()
+        shorter = backends.backend_timeout(self.fs)
+        if shorter is not None and shorter < self.policy.timeout:
+            self.policy = dataclasses.replace(self.policy, timeout=shorter)
         if isinstance(checksums, dict):  # checked now: a bad entry is a bad option
             self._manifest = load_manifest(checksums, self.fs)
 
@@ -240,9 +259,11 @@ class WdsFileSystem(ChainedFileSystem):
         return self._backend
 
     def _build_backend(self) -> None:
-        """Build (or reuse) the tamed backend. fsspec caches a sync filesystem per thread,
-        so each thread gets its own wds instance; they share one backend per process, so
-        that threads do not each pay for a client (an S3 client takes about a second)."""
+        """Build (or reuse) the tamed backend: its own retries down, its listing cache off
+        (``info()`` before a download is always fresh). fsspec caches a sync filesystem per
+        thread, so each thread gets its own wds instance; they share one backend per
+        process, so that threads do not each pay for a client (an S3 client takes about a
+        second)."""
         protocol = self._target_protocol
         options = backends.tamed_target_options(protocol, self._target_options, self.policy.timeout)
         pid = os.getpid()
@@ -324,10 +345,6 @@ class WdsFileSystem(ChainedFileSystem):
             self._objects[backend_path] = found
         return found
 
-    def _url(self, backend_path: str) -> str:
-        """The full backend URL of a path, without secrets: the cache key and the shown name."""
-        return strip_secrets(self.fs.unstrip_protocol(backend_path))
-
     def _count(self, name: str, amount: int = 1) -> None:
         if not amount:
             return
@@ -343,7 +360,7 @@ class WdsFileSystem(ChainedFileSystem):
         return Target(
             fs=self.fs,
             path=backend_path,
-            url=self._url(backend_path),
+            obj=self._object(backend_path),
             policy=self.policy,
             verify=self.verify,
             manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
@@ -351,14 +368,17 @@ class WdsFileSystem(ChainedFileSystem):
         )
 
     def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:
-        shown = self._url(backend_path) if isinstance(backend_path, str) else method
+        """``backend.<method>(backend_path, ...)`` with retries, on fresh listings."""
+        single = isinstance(backend_path, str)
+        self.fs.invalidate_cache(backend_path if single else None)
         return self.policy.call(
             lambda: backends.call(
                 self.fs, method, backend_path, *args, timeout=self.policy.timeout, **kwargs
             ),
-            shown,
+            self._object(backend_path).shown if single else method,
             method,
             lambda: self._count("retries"),
+            hide=tuple(backend_path) if isinstance(backend_path, list) else (backend_path,),
         )
 
     # -- the cache ---------------------------------------------------------------------
@@ -535,39 +555,55 @@ class WdsFileSystem(ChainedFileSystem):
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
-        """Bytes of ``path`` (``[start, end)``, negative from the end): from the cached copy
-        if there is one; a whole-file read fills the cache; a ranged miss reads the range."""
+        """Bytes of ``path`` (``[start, end)``, negative from the end), from the cached copy;
+        a miss fills the cache with the whole verified file (with ``ranged_reads="direct"``
+        a ranged miss reads just the range)."""
         backend_path = self._backend_path(path)
         whole = start in (None, 0) and end is None
-        if self.cache_enabled:
-            handle = self._open_cached(backend_path) if whole else self._cached_handle(backend_path)
-            if handle is not None:
-                with handle:
-                    return _read_local_range(handle, start, end)
+        handle = self._local_copy(backend_path, fill=whole or self.ranged_reads == "cache")
+        if handle is not None:
+            with handle:
+                return _read_local_range(handle, start, end)
         target = self._target(backend_path)
         info = target.stat()
         if whole:
             buffer = io.BytesIO()
             download(target, buffer, info)
             return buffer.getvalue()
-        return self._read_backend_range(target, start, end, info.get("size"))
+        return self._read_backend_ranges(target, [(start, end)], info)[0]
+
+    def _local_copy(self, backend_path: str, fill: bool) -> BinaryIO | None:
+        """The cached copy opened for reading; with ``fill``, downloaded on a miss. None with
+        the cache off, on a miss without ``fill``, or when the file cannot be cached."""
+        if not self.cache_enabled:
+            return None
+        return self._open_cached(backend_path) if fill else self._cached_handle(backend_path)
+
+    def _read_backend_ranges(
+        self, target: Target, ranges: list[tuple[int | None, int | None]], info: dict
+    ) -> list[bytes]:
+        """Byte ranges straight from the backend, retried and resumed, all of one version of
+        the object: identity- and size-checked on every response (no checksum: a range
+        cannot be verified alone). A change of version reads them again from the new one."""
+        changed: VersionMismatch | None = None
+        for _ in range(self.policy.attempts):
+            expect = target.expected_version(info)
+            try:
+                return [self._read_backend_range(target, *bounds, expect) for bounds in ranges]
+            except VersionMismatch as exc:
+                changed = exc
+            logger.info("%s changed while its ranges were read: reading again", target.shown)
+            info = target.stat()
+        raise changed
 
     def _read_backend_range(
-        self, target: Target, start: int | None, end: int | None, size: int | None
+        self, target: Target, start: int | None, end: int | None, expect: Version
     ) -> bytes:
-        """``[start, end)`` straight from the backend, retried and resumed, size-checked."""
-        first, last = _resolve_range(start, end, size)
+        """``[start, end)`` of the version ``expect`` straight from the backend."""
+        first, last = _resolve_range(start, end, expect.size)
         if first >= last:
             return b""
-        return read_range(
-            self.fs,
-            target.path,
-            first,
-            last,
-            size,
-            target.attempts("read"),
-            lambda n: self._count("bytes_downloaded", n),
-        )
+        return read_range(target, first, last, expect, lambda n: self._count("bytes_downloaded", n))
 
     def cat_ranges(
         self,
@@ -589,13 +625,17 @@ class WdsFileSystem(ChainedFileSystem):
         for index, path in enumerate(paths):
             by_path.setdefault(self._backend_path(path), []).append(index)
         for backend_path, indices in by_path.items():
+            error: Exception | None = None
             try:
                 self._cat_path_ranges(backend_path, indices, starts, ends, results)
             except Exception as exc:
-                if on_error == "raise":
-                    raise
-                for index in indices:
-                    results[index] = exc
+                error = exc
+            if error is None:
+                continue
+            if on_error == "raise":
+                raise error
+            for index in indices:
+                results[index] = clean_error(error, backend_path)
         return results
 
     def _cat_path_ranges(
@@ -606,16 +646,17 @@ class WdsFileSystem(ChainedFileSystem):
         ends: list[int | None],
         results: list[bytes | Exception],
     ) -> None:
-        handle = self._cached_handle(backend_path) if self.cache_enabled else None
+        handle = self._local_copy(backend_path, fill=self.ranged_reads == "cache")
         if handle is not None:
             with handle:
                 for index in indices:
                     results[index] = _read_local_range(handle, starts[index], ends[index])
             return
         target = self._target(backend_path)
-        size = target.stat().get("size")
-        for index in indices:
-            results[index] = self._read_backend_range(target, starts[index], ends[index], size)
+        ranges = [(starts[index], ends[index]) for index in indices]
+        datas = self._read_backend_ranges(target, ranges, target.stat())
+        for index, data in zip(indices, datas, strict=True):
+            results[index] = data
 
     # -- metadata, delegated with retries ----------------------------------------------
 
@@ -845,32 +886,38 @@ def _reopen(fs: WdsFileSystem, path: str, position: int) -> BinaryIO:
 class RetryingFile(AbstractBufferedFile):
     """A seekable read-only file over the backend whose ranged reads are retried and resumed.
 
-    The size is checked on every read; when the file is read start to end, its checksum is
-    checked as the last byte arrives and a mismatch raises ``IntegrityError``.
+    Every read is of the version the file was opened on (identity and size checked on each
+    response; another version raises an ``OSError``, never mixed bytes). When the file is
+    read start to end, its checksum is checked as the last byte arrives and a mismatch
+    raises ``IntegrityError``.
     """
 
     def __init__(self, wds: WdsFileSystem, target: Target, info: dict, block_size: int) -> None:
         self.target = target
-        size = info.get("size")
+        self.version = target.expected_version(info)
         expected = target.expected_checksum(info)
         self._expected = expected
         self._hasher = StreamingHasher(expected.algorithm) if expected else None
         self._hashed_until = 0
         super().__init__(
-            wds, target.path, mode="rb", block_size=block_size, cache_type="readahead", size=size
+            wds,
+            target.path,
+            mode="rb",
+            block_size=block_size,
+            cache_type="readahead",
+            size=info.get("size"),
         )
 
+    @raising_clean
     def _fetch_range(self, start: int, end: int) -> bytes:
         end = min(end, self.size)
         if start >= end:
             return b""
         data = read_range(
-            self.target.fs,
-            self.target.path,
+            self.target,
             start,
             end,
-            self.size,
-            self.target.attempts("read"),
+            self.version,
             lambda n: self.target.incr("bytes_downloaded", n),
         )
         self._hash(start, data)
@@ -887,5 +934,32 @@ class RetryingFile(AbstractBufferedFile):
             if actual != self._expected:
                 self.target.incr("integrity_failures")
                 raise IntegrityError(
-                    self.target.url, str(self._expected), str(actual), "streamed without cache"
+                    self.target.shown, str(self._expected), str(actual), "streamed without cache"
                 )
+
+
+def _parse_ranged_reads(value: str | None, cache_enabled: bool) -> str:
+    if value is None:
+        return "cache" if cache_enabled else "direct"
+    if value not in RANGED_READS:
+        raise ValueError(
+            f"invalid value {value!r} for option 'ranged_reads': expected one of "
+            f"{', '.join(RANGED_READS)}"
+        )
+    if value == "cache" and not cache_enabled:
+        raise ValueError(
+            "invalid value 'cache' for option 'ranged_reads': with cache=False ranges can only "
+            "be read direct"
+        )
+    return value
+
+
+def _raising_clean_errors(cls: type) -> None:
+    """Wrap every public method of ``cls`` (and ``_open``, behind ``open``) so that what it
+    raises carries no secret in its text or its cause/context chain."""
+    for name, member in list(vars(cls).items()):
+        if (name == "_open" or not name.startswith("_")) and inspect.isfunction(member):
+            setattr(cls, name, raising_clean(member))
+
+
+_raising_clean_errors(WdsFileSystem)

@@ -3,8 +3,9 @@
 Invariants:
 
 - Two different objects never share a key. The key covers the protocol, the backend's
-  location (S3 endpoint, GCS endpoint, Azure account endpoint, HTTP scheme+host+port, in the
-  URL itself), the path, and the whole query string except signing parameters
+  location (S3 endpoint, or profile and region on AWS; GCS endpoint; Azure account
+  endpoint; HTTP scheme+host+port, in the URL itself; for any other backend every option it
+  was built with), the path, and the whole query string except signing parameters
   (:func:`fsspec_shards.redact.without_signing`): ``?key=shard-1`` and ``?key=shard-2`` are
   two objects, a URL signed again is the same one.
 - A key is a SHA-256 hex digest: it can name files and index rows, and shows no secret.
@@ -16,13 +17,27 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 import fsspec
+from fsspec.utils import tokenize
 
 from fsspec_shards.redact import redact_url, without_signing
 
 KEY_FORMAT = "fsspec-shards-key-v2"
+_PATH_IS_ADDRESS = frozenset({"http", "https", "file", "local", "memory"})
+# options of every fsspec filesystem that say nothing about where its objects live
+_NOT_LOCATION = frozenset(
+    {
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "loop",
+        "asynchronous",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -38,23 +53,47 @@ class ObjectId:
 
 def backend_location(fs: fsspec.AbstractFileSystem) -> str:
     """Where the backend's objects live, beyond what the path says: the service endpoint
-    (S3-compatible servers, GCS emulators, Azure accounts). Empty where the path is the
-    whole address (http URLs, local files)."""
+    (S3-compatible servers, GCS emulators, Azure accounts), or, for backends not known here,
+    every option the backend was built with. Empty where the path is the whole address
+    (http URLs, local and in-memory files)."""
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
     if protocol in ("s3", "s3a"):
-        endpoint = getattr(fs, "endpoint_url", None) or (
-            getattr(fs, "client_kwargs", None) or {}
-        ).get("endpoint_url")
-        region = (getattr(fs, "client_kwargs", None) or {}).get("region_name")
-        return f"endpoint={endpoint or 'aws'}" + (f";region={region}" if endpoint is None else "")
+        return _s3_location(fs)
     if protocol in ("gs", "gcs"):
-        return f"endpoint={getattr(fs, '_endpoint', None) or 'https://storage.googleapis.com'}"
+        return f"endpoint={getattr(fs, '_location', None) or 'https://storage.googleapis.com'}"
     if protocol in ("az", "abfs", "abfss", "adl"):
         client = getattr(fs, "service_client", None)
         url = getattr(client, "url", None) or getattr(fs, "account_url", None) or ""
         account = getattr(fs, "account_name", None) or ""
         return f"account={account};endpoint={url.split('?', 1)[0].rstrip('/')}"
-    return ""
+    if protocol in _PATH_IS_ADDRESS:
+        return ""
+    options = {k: v for k, v in fs.storage_options.items() if k not in _NOT_LOCATION}
+    return "options=" + tokenize(type(fs).__name__, fs.storage_args, options)
+
+
+def _s3_location(fs: fsspec.AbstractFileSystem) -> str:
+    """The endpoint an s3fs instance talks to, as far as its options and the environment
+    say: explicit ``endpoint_url``, else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, else
+    AWS itself; with the profile (whose configuration may name an endpoint) and region."""
+    client_kwargs = getattr(fs, "client_kwargs", None) or {}
+    endpoint = (
+        getattr(fs, "endpoint_url", None)
+        or client_kwargs.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    if endpoint:
+        return f"endpoint={endpoint}"
+    session = getattr(fs, "kwargs", None) or {}
+    profile = session.get("profile") or os.environ.get("AWS_PROFILE") or ""
+    region = (
+        client_kwargs.get("region_name")
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or ""
+    )
+    return f"endpoint=aws;profile={profile};region={region}"
 
 
 def object_id(fs: fsspec.AbstractFileSystem, path: str, location: str | None = None) -> ObjectId:

@@ -5,6 +5,11 @@ Backends report the same failure in different shapes (s3fs turns botocore errors
 ``.status_code``, fsspec's http backend wraps aiohttp errors in ``FileNotFoundError``). Here
 they are sorted into transient (retry with backoff) and permanent (raise at once as the
 matching ``OSError`` subclass naming the redacted URL).
+
+Invariant: what this module raises carries no secret in its text or in its
+``__cause__``/``__context__`` chain (:func:`fsspec_shards.redact.clean_error`); callers hand
+failures to :meth:`Attempts.failed` outside their ``except`` blocks, so that the backend's
+own exception (which may quote a signed URL) is not chained implicitly.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fsspec_shards.redact import redact_text, redact_url, shows_secret
+from fsspec_shards.redact import clean_error, redact_text, redact_url
 
 logger = logging.getLogger("fsspec_shards.storage")
 
@@ -177,16 +182,11 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def _shows_secret(exc: BaseException, url: str) -> bool:
-    """Whether ``url`` or the text of ``exc`` (or of its causes) would show a secret, in
-    which case the exception is not chained to what is raised instead."""
-    return redact_url(url) != url or any(shows_secret(str(link)) for link in _chain(exc))
-
-
-def describe(exc: BaseException) -> str:
-    """A short, secret-free reason for logs and messages."""
+def describe(exc: BaseException, *hide: str) -> str:
+    """A short, secret-free reason for logs and messages (``hide``: raw URLs or paths whose
+    pieces the text may quote)."""
     status = http_status(exc)
-    text = redact_text(str(exc)).strip().replace("\n", " ")
+    text = redact_text(str(exc), *hide).strip().replace("\n", " ")
     if len(text) > 200:
         text = text[:197] + "..."
     name = type(exc).__name__
@@ -194,13 +194,13 @@ def describe(exc: BaseException) -> str:
     return f"{label}: {text}" if text else label
 
 
-def permanent_error(exc: BaseException, url: str) -> BaseException:
+def permanent_error(exc: BaseException, url: str, *hide: str) -> BaseException:
     """``exc`` as the matching ``OSError`` subclass naming the redacted ``url``.
 
     Exceptions that are no storage failure at all (e.g. ``TypeError``) come back unchanged.
     """
     shown = redact_url(url)
-    reason = describe(exc)
+    reason = describe(exc, url, *hide)
     status = http_status(exc)
     names = set().union(*(_type_names(link) for link in _chain(exc)))
     message = str(exc)
@@ -247,10 +247,14 @@ class RetryPolicy:
         return rng.uniform(0.0, ceiling)
 
     def attempts_for(
-        self, url: str, action: str, on_retry: Callable[[], None] | None = None
+        self,
+        url: str,
+        action: str,
+        on_retry: Callable[[], None] | None = None,
+        hide: tuple[str, ...] = (),
     ) -> Attempts:
         """A tracker for one operation that may fail, make progress and fail again."""
-        return Attempts(self, url, action, on_retry)
+        return Attempts(self, url, action, on_retry, hide=hide)
 
     def call(
         self,
@@ -258,18 +262,24 @@ class RetryPolicy:
         url: str,
         action: str,
         on_retry: Callable[[], None] | None = None,
+        hide: tuple[str, ...] = (),
     ) -> T:
         """Run ``fn`` until it succeeds, a permanent error occurs, or the attempts are spent."""
-        tracker = self.attempts_for(url, action, on_retry)
+        tracker = self.attempts_for(url, action, on_retry, hide)
         while True:
             try:
                 return fn()
             except Exception as exc:
-                tracker.failed(exc)
+                error = exc
+            tracker.failed(error)
 
 
 class Attempts:
-    """Counts consecutive failures of one operation; progress starts a new failure chain."""
+    """Counts consecutive failures of one operation; progress starts a new failure chain.
+
+    ``url`` names the operation's object in messages (shown redacted); ``hide`` are raw URLs
+    or paths whose pieces a backend's message may quote, hidden from what is raised.
+    """
 
     def __init__(
         self,
@@ -279,9 +289,11 @@ class Attempts:
         on_retry: Callable[[], None] | None = None,
         rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        hide: tuple[str, ...] = (),
     ) -> None:
         self.policy = policy
         self.url = url
+        self.hide = (url, *hide)
         self.action = action
         self.on_retry = on_retry
         self.rng = rng or random.Random()
@@ -295,13 +307,16 @@ class Attempts:
         self.chain_started = None
 
     def failed(self, exc: BaseException) -> None:
-        """Handle one failure: raise it (permanent, or attempts/deadline spent) or back off."""
+        """Handle one failure: raise it (permanent, or attempts/deadline spent) or back off.
+
+        Call it outside the ``except`` block that caught ``exc``: what it raises has ``exc``
+        as its cause only when no link of that chain shows a secret."""
         shown = redact_url(self.url)
         if not is_transient(exc):
-            converted = permanent_error(exc, self.url)
-            if converted is exc:
-                raise exc
-            raise converted from (None if _shows_secret(exc, self.url) else exc)
+            converted = permanent_error(exc, self.url, *self.hide)
+            if converted is not exc:
+                converted.__cause__ = exc
+            raise clean_error(converted, *self.hide)
         now = time.monotonic()
         if self.chain_started is None:
             self.chain_started = now
@@ -315,14 +330,16 @@ class Attempts:
                 else f"the {self.policy.deadline:g}s deadline"
             )
             error = RetriesExhaustedError(
-                errno.EIO, f"{self.action} {shown} failed after {limit}: {describe(exc)}"
+                errno.EIO,
+                f"{self.action} {shown} failed after {limit}: {describe(exc, *self.hide)}",
             )
-            raise error from (None if _shows_secret(exc, self.url) else exc)
+            error.__cause__ = exc
+            raise clean_error(error, *self.hide)
         logger.info(
             "retrying %s %s after %s (attempt %d of %d, waiting %.2fs)",
             self.action,
             shown,
-            describe(exc),
+            describe(exc, *self.hide),
             self.failures + 1,
             self.policy.attempts,
             wait,

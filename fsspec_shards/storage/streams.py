@@ -1,22 +1,42 @@
-"""Ranged reads that hand bytes over as they arrive, so a cut keeps what was received.
+"""Ranged reads that hand bytes over as they arrive, checked against the version expected.
 
-``cat_file`` returns a range all at once or raises, losing every byte of a response that was
-cut mid-body. For the network backends (http, s3, gcs, az) this module streams the response
-body instead, passing each piece to a sink (in the caller's thread, while the next piece
-is being received); when the connection breaks, the bytes already passed on count, and the
-caller resumes from there. Each wait for the server (headers, every body piece) is bounded
-by ``timeout``, so a stalled transfer raises ``TimeoutError`` while a slow but moving one
-does not. Other backends fall back to one ``cat_file`` call.
+A *transport* reads one range of one object for the download loop (``download.py``)::
+
+    facts = transport.stream(path, start, end, sink, timeout, rest_of_body, expect)
+
+- ``start``/``end``: bytes ``[start, end)``; ``end=None`` reads to the object's end.
+- ``sink(bytes)`` receives the body in order, in the caller's thread, as it arrives (the
+  network read overlaps with the caller's hashing and writing). When the connection breaks,
+  what was passed on counts and the caller resumes from there.
+- ``timeout``: the longest any wait for the server may take (headers, each body piece); a
+  stall raises ``TimeoutError`` while a slow but moving transfer goes on.
+- ``rest_of_body``: a server that ignored the Range sends the whole object; pass everything
+  from ``start`` on, past ``end`` (a whole-object download then takes one request).
+- ``expect``: the ``versions.Version`` the response must be of. Where the backend can, it
+  is asked for conditionally (S3 ``VersionId``/``IfMatch``, GCS ``ifGenerationMatch``,
+  Azure ``If-Match``, HTTP ``If-Match`` on a strong ETag); a refusal (412) raises
+  ``versions.VersionMismatch``. Whatever the backend, before a byte reaches the sink the
+  response is checked by ``versions.check_response``: a 206 whose Content-Range does not
+  start at ``start`` is a retryable ``TransientError``; a size, ETag, version or (without
+  those) Last-Modified differing from ``expect`` is a ``VersionMismatch``. What ``expect``
+  lacks, the first response fills in (the identity taken at the download's start).
+- returns ``versions.Facts``: status, Content-Range start and total, ETag, version id or
+  generation, Last-Modified.
+
+Invariant: bytes reach the sink only from a response that passed ``check_response``.
+:func:`transport_for` picks the transport of a backend: http, s3, gcs and az stream on the
+backend's event loop; any other backend reads through one ``cat_file`` call, whose result
+carries no facts (its version is then checked through ``info()`` by the caller).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import errno
 import math
-import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 
@@ -28,6 +48,16 @@ from fsspec_shards.storage.backends import (
     call,
     protocol_of,
 )
+from fsspec_shards.storage.retry import http_status
+from fsspec_shards.storage.versions import (
+    Facts,
+    Version,
+    VersionMismatch,
+    check_response,
+    facts_from_headers,
+    parse_content_range,
+    timestamp,
+)
 
 PIECE = 1024 * 1024
 _PIECES_IN_FLIGHT = 8
@@ -36,11 +66,26 @@ Sink = Callable[[bytes], None]
 Emit = Callable[[bytes], Awaitable[None]]
 
 
+class Transport(Protocol):
+    """Streams ranges of one backend's objects (see the module docstring)."""
+
+    def stream(
+        self,
+        path: str,
+        start: int,
+        end: int | None,
+        sink: Sink,
+        timeout: float | None,
+        rest_of_body: bool = False,
+        expect: Version | None = None,
+    ) -> Facts: ...
+
+
 class _RangeWindow:
     """Keeps only bytes ``[start, end)`` of what arrives from ``offset`` on: slices the whole
     body of a server that ignored the Range, and stops at ``end``."""
 
-    def __init__(self, start: int, end: int, offset: int) -> None:
+    def __init__(self, start: int, end: float, offset: int) -> None:
         self.start = start
         self.end = end
         self.offset = offset
@@ -56,6 +101,15 @@ class _RangeWindow:
         return data[first:last] if first < last else b""
 
 
+def _window(status: int | None, start: int, end: int | None, rest_of_body: bool) -> _RangeWindow:
+    """The part of a response body to pass on: a 206 body begins at ``start``; a 200 body is
+    the whole object (the server ignored the Range), kept to its end with ``rest_of_body``."""
+    stop = math.inf if end is None else end
+    if status == 206:
+        return _RangeWindow(start, stop, start)
+    return _RangeWindow(start, math.inf if rest_of_body else stop, 0)
+
+
 async def _within(awaitable: Awaitable, timeout: float | None) -> Any:
     try:
         return await asyncio.wait_for(awaitable, timeout)
@@ -63,131 +117,223 @@ async def _within(awaitable: Awaitable, timeout: float | None) -> Any:
         raise TimeoutError(errno.ETIMEDOUT, f"no data from the server for {timeout:g}s") from None
 
 
-def _range_header(start: int, end: int) -> str:
-    return f"bytes={start}-{end - 1}"
+def _range_header(start: int, end: int | None) -> str:
+    return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
 
 
-async def _pump_aiohttp(response: Any, window: _RangeWindow, emit: Emit, timeout) -> None:
+async def _pump(read: Callable[[], Awaitable[bytes]], window: _RangeWindow, emit, timeout) -> None:
     while not window.done:
-        data = await _within(response.content.read(PIECE), timeout)
+        data = await _within(read(), timeout)
         if not data:
             return
         await emit(window.take(data))
 
 
-def _window(status: int, start: int, end: int, rest_of_body: bool) -> _RangeWindow:
-    """The part of a response body to pass on: a 206 body begins at ``start``; a 200 body is
-    the whole object (the server ignored the Range), kept to its end with ``rest_of_body``."""
-    if status == 206:
-        return _RangeWindow(start, end, start)
-    return _RangeWindow(start, math.inf if rest_of_body else end, 0)
+class _LoopTransport(abc.ABC):
+    """A transport whose requests run on the backend's event loop (``fs.loop``)."""
 
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
 
-async def _stream_http(fs, path, start, end, emit, timeout, rest_of_body) -> None:
-    session = await fs.set_session()
-    kwargs = dict(fs.kwargs)
-    headers = dict(kwargs.pop("headers", {}) or {})
-    headers["Range"] = _range_header(start, end)
-    response = await _within(session.get(fs.encode_url(path), headers=headers, **kwargs), timeout)
-    async with response:
-        fs._raise_not_found_for_status(response, path)
-        window = _window(response.status, start, end, rest_of_body)
-        await _pump_aiohttp(response, window, emit, timeout)
+    def stream(self, path, start, end, sink, timeout, rest_of_body=False, expect=None) -> Facts:
+        outcome: dict[str, Facts] = {}
 
-
-async def _stream_s3(fs, path, start, end, emit, timeout, rest_of_body) -> None:
-    bucket, key, version = fs.split_path(path)
-    extra = {"VersionId": version} if version else {}
-    response = await _within(
-        fs._call_s3("get_object", Bucket=bucket, Key=key, Range=_range_header(start, end), **extra),
-        timeout,
-    )
-    body = response["Body"]
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
-    window = _window(status, start, end, rest_of_body)
-    try:
-        while not window.done:
-            data = await _within(body.read(PIECE), timeout)
-            if not data:
-                return
-            await emit(window.take(data))
-    finally:
-        body.close()
-
-
-async def _stream_gcs(fs, path, start, end, emit, timeout, rest_of_body) -> None:
-    from gcsfs.retry import validate_response
-
-    await fs._set_session()
-    headers = fs._get_headers({"Range": _range_header(start, end)})
-    response = await _within(
-        fs.session.get(fs.url(path), headers=headers, params=fs._get_params({})), timeout
-    )
-    async with response:
-        if response.status >= 400:
-            validate_response(response.status, await response.read(), path)
-        window = _window(response.status, start, end, rest_of_body)
-        await _pump_aiohttp(response, window, emit, timeout)
-
-
-async def _stream_azure(fs, path, start, end, emit, timeout, rest_of_body) -> None:
-    from azure.core.exceptions import ResourceNotFoundError
-
-    container, blob, version = fs.split_path(fs._strip_protocol(path))
-    async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
-        try:
-            stream = await _within(
-                client.download_blob(
-                    offset=start, length=end - start, version_id=version, max_concurrency=1
-                ),
-                timeout,
+        async def produce(emit: Emit) -> None:
+            outcome["facts"] = await self._stream(
+                path, start, end, emit, timeout, rest_of_body, expect
             )
-        except ResourceNotFoundError as exc:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from exc
-        window = _RangeWindow(start, end, start)
-        pieces = stream.chunks()
-        while not window.done:
+
+        refused = False
+        try:
+            _pipelined(self.fs.loop, produce, sink)
+        except VersionMismatch:
+            raise
+        except Exception as exc:
+            refused = http_status(exc) == 412
+            if not refused:
+                raise
+        if refused:  # raised here, outside the except block: nothing chained
+            raise VersionMismatch(errno.ESTALE, "the server refused the version asked for (412)")
+        return outcome["facts"]
+
+    @abc.abstractmethod
+    async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
+        """Send the request, check the response, emit the body; return its facts."""
+
+
+class HttpTransport(_LoopTransport):
+    """fsspec's http backend: its aiohttp session, its headers and options."""
+
+    async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
+        fs = self.fs
+        session = await fs.set_session()
+        kwargs = dict(fs.kwargs)
+        headers = dict(kwargs.pop("headers", {}) or {})
+        headers["Range"] = _range_header(start, end)
+        if expect is not None and expect.strong_etag:
+            headers["If-Match"] = expect.strong_etag
+        response = await _within(
+            session.get(fs.encode_url(path), headers=headers, **kwargs), timeout
+        )
+        async with response:
+            fs._raise_not_found_for_status(response, path)
+            facts = facts_from_headers(response.status, response.headers)
+            check_response(facts, start, expect)
+            window = _window(response.status, start, end, rest_of_body)
+            await _pump(lambda: response.content.read(PIECE), window, emit, timeout)
+        return facts
+
+
+class S3Transport(_LoopTransport):
+    """s3fs: ``get_object`` through its aiobotocore client, pinned to the version expected."""
+
+    async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
+        fs = self.fs
+        bucket, key, version = fs.split_path(path)
+        extra: dict[str, str] = {}
+        if version:
+            extra["VersionId"] = version
+        elif expect is not None and expect.version and expect.version != "null":
+            extra["VersionId"] = str(expect.version)
+        if expect is not None and expect.strong_etag:
+            extra["IfMatch"] = expect.strong_etag
+        response = await _within(
+            fs._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=_range_header(start, end), **extra
+            ),
+            timeout,
+        )
+        body = response["Body"]
+        try:
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
+            first, total = parse_content_range(response.get("ContentRange"))
+            if status == 200 and not response.get("ContentEncoding"):
+                total = response.get("ContentLength")
+            facts = Facts(
+                status=status,
+                start=first,
+                total=total,
+                etag=response.get("ETag"),
+                version=response.get("VersionId"),
+                modified=timestamp(response.get("LastModified")),
+            )
+            check_response(facts, start, expect)
+            window = _window(status, start, end, rest_of_body)
+            await _pump(lambda: body.read(PIECE), window, emit, timeout)
+        finally:
+            body.close()
+        return facts
+
+
+class GcsTransport(_LoopTransport):
+    """gcsfs: the JSON API's media download, conditional on the generation expected."""
+
+    async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
+        from gcsfs.retry import validate_response
+
+        fs = self.fs
+        await fs._set_session()
+        headers = fs._get_headers({"Range": _range_header(start, end)})
+        params = fs._get_params({})
+        if expect is not None and expect.version and "generation=" not in fs.url(path):
+            params["ifGenerationMatch"] = str(expect.version)
+        response = await _within(
+            fs.session.get(
+                fs.url(path), headers=headers, params=params, timeout=fs.requests_timeout
+            ),
+            timeout,
+        )
+        async with response:
+            if response.status >= 400:
+                validate_response(response.status, await response.read(), path)
+            facts = facts_from_headers(response.status, response.headers, "x-goog-generation")
+            check_response(facts, start, expect)
+            window = _window(response.status, start, end, rest_of_body)
+            await _pump(lambda: response.content.read(PIECE), window, emit, timeout)
+        return facts
+
+
+class AzureTransport(_LoopTransport):
+    """adlfs: one raw Get Blob request through the SDK's pipeline (whose retries are off),
+    conditional on the ETag expected. The SDK's downloader is not used: it buffers pieces
+    whole and retries a cut piece inside itself, out of sight of the retry counters."""
+
+    async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
+        from azure.core.exceptions import ResourceNotFoundError
+        from azure.storage.blob._generated.models import ModifiedAccessConditions
+
+        fs = self.fs
+        container, blob, version = fs.split_path(fs._strip_protocol(path))
+        if not version and expect is not None and expect.version:
+            version = str(expect.version)
+        conditions = None
+        if expect is not None and expect.etag:
+            conditions = ModifiedAccessConditions(if_match=expect.etag)
+        async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
             try:
-                data = await _within(pieces.__anext__(), timeout)
+                pipeline_response, body, _ = await _within(
+                    client._client.blob.download(
+                        range=_range_header(start, end),
+                        version_id=version,
+                        modified_access_conditions=conditions,
+                        cls=lambda response, deserialized, headers: (
+                            response,
+                            deserialized,
+                            headers,
+                        ),
+                        **getattr(fs, "_timeout_kwargs", {}),
+                    ),
+                    timeout,
+                )
+            except ResourceNotFoundError:
+                missing = True
+            else:
+                missing = False
+            if missing:
+                raise FileNotFoundError(errno.ENOENT, "no such blob", path)
+            response = pipeline_response.http_response
+            try:
+                status = response.status_code
+                facts = facts_from_headers(status, response.headers, "x-ms-version-id")
+                check_response(facts, start, expect)
+                window = _window(response.status_code, start, end, rest_of_body)
+                await _pump(body.__anext__, window, emit, timeout)
             except StopAsyncIteration:
-                return
-            await emit(window.take(data))
+                pass
+            finally:
+                await response.close()
+        return facts
 
 
-_STREAMERS = {
-    **dict.fromkeys(HTTP_PROTOCOLS, _stream_http),
-    **dict.fromkeys(S3_PROTOCOLS, _stream_s3),
-    **dict.fromkeys(GCS_PROTOCOLS, _stream_gcs),
-    **dict.fromkeys(AZURE_PROTOCOLS, _stream_azure),
+class CatFileTransport:
+    """Any other backend: one ``cat_file`` call; its result says nothing about its version."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
+
+    def stream(self, path, start, end, sink, timeout, rest_of_body=False, expect=None) -> Facts:
+        data = call(self.fs, "cat_file", path, start=start, end=end, timeout=timeout)
+        ignored = end is not None and len(data) > end - start  # the Range was ignored
+        facts = Facts(status=200 if ignored else 206, start=0 if ignored else start)
+        check_response(facts, start, expect)
+        sink(_window(facts.status, start, end, rest_of_body).take(data))
+        return facts
+
+
+_TRANSPORTS = {
+    **dict.fromkeys(HTTP_PROTOCOLS, HttpTransport),
+    **dict.fromkeys(S3_PROTOCOLS, S3Transport),
+    **dict.fromkeys(GCS_PROTOCOLS, GcsTransport),
+    **dict.fromkeys(AZURE_PROTOCOLS, AzureTransport),
 }
 
 
-def stream_range(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
-    start: int,
-    end: int,
-    sink: Sink,
-    timeout: float | None,
-    rest_of_body: bool = False,
-) -> None:
-    """Pass bytes ``[start, end)`` of ``path`` to ``sink`` in order, as they arrive.
-
-    May pass fewer bytes (the body ended early) or raise after passing some (a cut); either
-    way everything passed is correct data from ``start`` on, to resume after. ``end`` must
-    not lie past the end of the object. With ``rest_of_body``, a server that ignored the
-    Range (and so sends the whole object) has everything from ``start`` on passed, past
-    ``end``: a whole-object download then takes one request, not one per chunk.
-    """
-    streamer = _STREAMERS.get(protocol_of(fs))
-    if streamer is None or getattr(fs, "asynchronous", False):
-        data = call(fs, "cat_file", path, start=start, end=end, timeout=timeout)
-        status = 200 if len(data) > end - start else 206  # 200: the Range was ignored
-        sink(_window(status, start, end, rest_of_body).take(data))
-        return
-    _pipelined(
-        fs.loop, lambda emit: streamer(fs, path, start, end, emit, timeout, rest_of_body), sink
-    )
+def transport_for(fs: fsspec.AbstractFileSystem) -> Transport:
+    """The streaming transport of backend ``fs``."""
+    kind = _TRANSPORTS.get(protocol_of(fs))
+    if kind is None or getattr(fs, "asynchronous", False):
+        return CatFileTransport(fs)
+    return kind(fs)
 
 
 def _pipelined(loop: asyncio.AbstractEventLoop, produce: Callable, sink: Sink) -> None:

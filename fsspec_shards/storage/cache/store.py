@@ -487,11 +487,12 @@ class ShardCache:
             os.fsync(file.fileno())
             size = os.fstat(file.fileno()).st_size
             os.fchmod(file.fileno(), 0o400)
-        if expected_size is not None and size != expected_size:
+        # The download says what it verified (a newer version may differ in size from
+        # what was reserved); otherwise the size announced beforehand must hold.
+        promised = (metadata or {}).get("size", expected_size)
+        if promised is not None and size != promised:
             self.incr("integrity_failures")
-            raise IntegrityError(
-                obj.shown, f"{expected_size} bytes", f"{size} bytes", "cached download"
-            )
+            raise IntegrityError(obj.shown, f"{promised} bytes", f"{size} bytes", "cached download")
         relative = layout.new_data_file(key)
         final = os.path.join(self.directory, relative)
         record = {

@@ -1,0 +1,201 @@
+"""A small HTTP server that misbehaves by plan, where no real server can be made to.
+
+It serves objects from memory with Range support (an object stored as `get?key=a` is named
+by its query too; others ignore the query, as signed URLs need), and, per object, follows
+a plan: an
+ordered list of actions, one taken by each GET of that object (HEAD requests take none).
+Actions: `Serve()`, `Replace(data)` (the object is replaced, then this GET is served),
+`WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
+Content-Range), `Cut(after_bytes)` (the connection closes mid-body).
+
+`identity=False` makes it a server that says nothing about versions: no ETag, no
+Last-Modified. With `identity=True` each version has an ETag and a Last-Modified, and
+`If-Match` is honoured (412 for another version). Every request is logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import http.server
+import re
+import threading
+
+from tests.integration.servers import _quiet_about_vanished_clients
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Serve:
+    """Answer as a well-behaved server would."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Replace:
+    """Replace the object with `data` (a new version), then answer this GET."""
+
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class WrongStart:
+    """Answer a range request with the bytes `shift` further on, labelled as such."""
+
+    shift: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """Send the headers and `after_bytes` bytes of the body, then close the connection."""
+
+    after_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Logged:
+    method: str
+    path: str
+    range: str | None
+    if_match: str | None
+    status: int
+
+
+@dataclasses.dataclass
+class _Object:
+    data: bytes
+    version: int
+
+
+class HostileServer:
+    """`HostileServer(identity=...)` listening on a free loopback port until `close()`."""
+
+    def __init__(self, identity: bool = True) -> None:
+        self.identity = identity
+        self.objects: dict[str, _Object] = {}
+        self.plans: dict[str, list] = {}
+        self.log: list[Logged] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(_Handler):
+            hostile = server
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._httpd.handle_error = _quiet_about_vanished_clients(self._httpd.handle_error)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/{path.lstrip('/')}"
+
+    def put(self, path: str, data: bytes, plan: list | None = None) -> str:
+        """Store `data` at `path` (a new version) with the plan for its next GETs."""
+        with self.lock:
+            previous = self.objects.get("/" + path.lstrip("/"))
+            version = previous.version + 1 if previous else 1
+            self.objects["/" + path.lstrip("/")] = _Object(data, version)
+            self.plans["/" + path.lstrip("/")] = list(plan or [])
+        return self.url(path)
+
+    def gets(self, path: str) -> list[Logged]:
+        return [entry for entry in self.log if entry.method == "GET" and entry.path.endswith(path)]
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> HostileServer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _take(self, target: str, method: str):
+        """The object a request target names (path and query, else the path alone: a query
+        may select content, or only sign the request), and the action the request takes."""
+        with self.lock:
+            path = target if target in self.objects else target.split("?", 1)[0]
+            action = Serve()
+            if method == "GET" and self.plans.get(path):
+                action = self.plans[path].pop(0)
+            if isinstance(action, Replace):
+                previous = self.objects[path]
+                self.objects[path] = _Object(action.data, previous.version + 1)
+            return self.objects.get(path), action
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    hostile: HostileServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer("HEAD")
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def _log(self, method: str, status: int) -> None:
+        self.hostile.log.append(
+            Logged(
+                method,
+                self.path,
+                self.headers.get("Range"),
+                self.headers.get("If-Match"),
+                status,
+            )
+        )
+
+    def _answer(self, method: str) -> None:
+        obj, action = self.hostile._take(self.path, method)
+        if obj is None:
+            self._log(method, 404)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        etag = f'"v{obj.version}-{len(obj.data)}"'
+        if_match = self.headers.get("If-Match")
+        if self.hostile.identity and if_match and if_match.strip() not in (etag, "*"):
+            self._log(method, 412)
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data, status, first = obj.data, 200, 0
+        match = _RANGE.match(self.headers.get("Range") or "")
+        if match is not None:
+            first = int(match.group(1))
+            last = int(match.group(2)) if match.group(2) else len(data) - 1
+            if isinstance(action, WrongStart):
+                first, last = first + action.shift, last + action.shift
+            last = min(last, len(data) - 1)
+            status = 206
+            body = data[first : last + 1]
+        else:
+            body = data
+        self._log(method, status)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
+        if self.hostile.identity:
+            self.send_header("ETag", etag)
+            modified = 1_700_000_000 + obj.version  # one second per version
+            self.send_header("Last-Modified", email.utils.formatdate(modified, usegmt=True))
+        self.end_headers()
+        if method == "HEAD":
+            return
+        if isinstance(action, Cut):
+            self.wfile.write(body[: action.after_bytes])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)

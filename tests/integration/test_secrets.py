@@ -1,0 +1,129 @@
+"""No secret of a URL leaves the storage layer: not in exceptions or anywhere in their
+cause/context chains, not in printed tracebacks, not in any log record (ours or the
+backends', at DEBUG), not in the stats. Swept over many query parameter names and a
+``user:password@`` URL, through the real wds filesystem against nginx."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import fsspec
+import pytest
+
+from fsspec_shards.storage.retry import RetriesExhaustedError
+from tests.integration.fault_proxy import Status
+
+PARAMETERS = [
+    "X-Amz-Signature",
+    "X-Amz-Credential",
+    "X-Amz-Security-Token",
+    "X-Amz-Date",
+    "AWSAccessKeyId",
+    "Signature",
+    "Expires",
+    "X-Goog-Signature",
+    "X-Goog-Credential",
+    "GoogleAccessId",
+    "sig",
+    "sv",
+    "se",
+    "sp",
+    "Policy",
+    "Key-Pair-Id",
+    "token",
+    "access_token",
+    "auth",
+    "auth_token",
+    "jwt",
+    "hdnts",
+    "client_secret",
+    "password",
+    "passwd",
+    "code",
+    "session",
+    "sas",
+    "api_key",
+    "private_token",
+]
+SECRETS = {name: f"s3cr3t{index:02d}q" for index, name in enumerate(PARAMETERS)}
+PASSWORD = "pa55w0rdzz"
+DATA = b"x" * 50_000
+
+
+def _signed(url: str) -> str:
+    """``url`` with a password and every parameter of the sweep carrying a secret."""
+    scheme, rest = url.split("://", 1)
+    query = "&".join(f"{name}={value}" for name, value in SECRETS.items())
+    return f"{scheme}://alice:{PASSWORD}@{rest}?{query}"
+
+
+def _leaks(text: str) -> list[str]:
+    return [value for value in [*SECRETS.values(), PASSWORD] if value in text]
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    links, seen, pending = [], set(), [error]
+    while pending:
+        link = pending.pop()
+        if link is None or id(link) in seen:
+            continue
+        seen.add(id(link))
+        links.append(link)
+        pending += [link.__cause__, link.__context__]
+    return links
+
+
+def _assert_clean(error: BaseException) -> None:
+    for link in _chain(error):
+        assert not _leaks(f"{link!s} {link!r} {link.args!r}"), (type(link), link)
+    assert not _leaks("".join(traceback.format_exception(error)))
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_no_secret_of_a_signed_url_reaches_errors_tracebacks_logs_or_stats(
+    http_backend, fault_proxy, tmp_path, caplog, cache
+):
+    present = _signed(http_backend.put("secret/present.bin", DATA))
+    missing = _signed(http_backend.url("secret/absent.bin"))
+    proxy, proxied = fault_proxy(http_backend)
+    http_backend.put("secret/unavailable.bin", DATA)
+    unavailable = _signed(proxied.url("secret/unavailable.bin"))
+    fs = fsspec.filesystem(
+        "wds",
+        target_protocol="http",
+        skip_instance_cache=True,
+        cache=cache,
+        cache_dir=str(tmp_path / "cache"),
+        retries=2,
+        backoff=0.01,
+    )
+    errors: list[BaseException] = []
+    with caplog.at_level(logging.DEBUG):
+        assert fs.cat_file(present) == DATA
+        assert fs.cat_file(present, 10, 20) == DATA[10:20]
+        with fs.open(present) as handle:
+            assert handle.read() == DATA
+        assert fs.info(present)["size"] == len(DATA)
+        for read in (
+            lambda: fs.cat_file(missing),
+            lambda: fs.open(missing),
+            lambda: fs.info(missing),
+            lambda: fs.cat_file(missing, 0, 10),
+        ):
+            with pytest.raises(FileNotFoundError) as raised:
+                read()
+            errors.append(raised.value)
+        errors += fs.cat_ranges([missing], [0], [10])
+        proxy.add(Status(503), times=None)
+        with pytest.raises(RetriesExhaustedError) as raised:
+            fs.cat_file(unavailable)
+        errors.append(raised.value)
+    assert len(errors) == 6
+    for error in errors:
+        assert "absent.bin" in str(error) or "unavailable.bin" in str(error)
+        _assert_clean(error)
+    assert any("Retrieve file size" in record.getMessage() for record in caplog.records)
+    for record in caplog.records:
+        assert not _leaks(logging.Formatter().format(record)), record.name
+    assert not _leaks(repr(fs.cache_stats()))

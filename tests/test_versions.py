@@ -1,0 +1,131 @@
+"""A response is used only if it is of the version expected and starts where asked."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from fsspec_shards.storage.retry import TransientError, is_transient
+from fsspec_shards.storage.versions import (
+    Facts,
+    Version,
+    VersionMismatch,
+    check_response,
+    expected_version,
+    facts_from_headers,
+    parse_content_range,
+    timestamp,
+)
+
+LAST_MODIFIED = "Wed, 02 Dec 2026 10:00:00 GMT"
+
+
+def test_content_range_gives_the_first_byte_and_the_total():
+    assert parse_content_range("bytes 100-199/1000") == (100, 1000)
+    assert parse_content_range("bytes 0-9/*") == (0, None)
+    assert parse_content_range("bytes */1000") == (None, None)
+    assert parse_content_range(None) == (None, None)
+
+
+def test_a_partial_response_starting_elsewhere_than_asked_is_a_retryable_error():
+    with pytest.raises(TransientError, match="starts at byte 7, asked for 0") as raised:
+        check_response(Facts(status=206, start=7, total=100), 0, Version(100))
+    assert is_transient(raised.value)
+    with pytest.raises(TransientError, match="without a valid Content-Range"):
+        check_response(Facts(status=206), 0, Version(100))
+    check_response(Facts(status=206, start=5, total=100), 5, Version(100))
+
+
+@pytest.mark.parametrize(
+    ("expected", "facts"),
+    [
+        (Version(100, '"abc"'), Facts(200, total=101)),
+        (Version(100, '"abc"'), Facts(206, 0, 100, etag='"abd"')),
+        (Version(100, None, "7"), Facts(206, 0, 100, version="8")),
+        (Version(100, None, None, 1000.0), Facts(206, 0, 100, modified=1001.0)),
+    ],
+)
+def test_another_size_etag_version_or_date_is_another_version(expected, facts):
+    with pytest.raises(VersionMismatch):
+        check_response(facts, 0, expected)
+
+
+def test_etags_compare_by_their_opaque_part_and_dates_only_without_etag():
+    Version(100, '"abc"').check(Facts(206, 0, 100, etag='W/"abc"'))
+    Version(100, "abc").check(Facts(206, 0, 100, etag='"abc"'))
+    Version(100, '"abc"', None, 1000.0).check(Facts(206, 0, 100, etag='"abc"', modified=5.0))
+
+
+def test_what_the_start_lacks_the_first_response_fills_in_and_later_ones_must_match():
+    version = Version()
+    assert not version.identified
+    version.check(Facts(206, 0, 100, etag='"e1"'))
+    assert (version.size, version.etag, version.identified) == (100, '"e1"', True)
+    with pytest.raises(VersionMismatch, match="size 120, expected 100"):
+        version.check(Facts(206, 50, 120))
+
+
+def test_responses_that_say_nothing_of_their_version_are_counted_unconfirmed():
+    version = Version(100, '"abc"')
+    version.check(Facts(206, 0, 100, etag='"abc"'))
+    assert version.unconfirmed == 0
+    version.check(Facts(206, 0, 100))
+    assert version.unconfirmed == 1
+    sizeless = Version(100)
+    sizeless.check(Facts(206, 0, 100))
+    assert sizeless.unconfirmed == 0  # without identity the size is what there is to compare
+
+
+def test_if_match_is_sent_only_for_a_strong_etag():
+    assert Version(1, '"abc"').strong_etag == '"abc"'
+    assert Version(1, "abc").strong_etag == '"abc"'
+    assert Version(1, 'W/"abc"').strong_etag is None
+    assert Version(1).strong_etag is None
+
+
+def test_headers_give_the_facts_and_a_200_its_length_as_the_total():
+    partial = facts_from_headers(
+        206,
+        {"Content-Range": "bytes 5-9/10", "ETag": '"e"', "Last-Modified": LAST_MODIFIED},
+    )
+    assert (partial.start, partial.total, partial.etag) == (5, 10, '"e"')
+    assert partial.modified == timestamp(LAST_MODIFIED)
+    whole = facts_from_headers(
+        200, {"Content-Length": "10", "x-goog-generation": "3"}, "x-goog-generation"
+    )
+    assert (whole.total, whole.version) == (10, "3")
+    assert (
+        facts_from_headers(200, {"Content-Length": "4", "Content-Encoding": "gzip"}).total is None
+    )
+
+
+def test_dates_compare_in_whole_seconds_whatever_their_form():
+    moment = datetime.datetime(2026, 12, 2, 10, 0, 0, 400_000, tzinfo=datetime.timezone.utc)
+    assert timestamp(moment) == timestamp(LAST_MODIFIED) == timestamp("2026-12-02T10:00:00Z")
+    assert timestamp("not a date") is None
+
+
+@pytest.mark.parametrize(
+    ("protocol", "info", "version"),
+    [
+        ("s3", {"size": 5, "ETag": '"e"', "VersionId": "v1"}, (5, '"e"', "v1")),
+        ("s3", {"size": 5, "ETag": '"e-2"', "VersionId": "null"}, (5, '"e-2"', None)),
+        ("gcs", {"size": 5, "etag": "CJ", "generation": 17}, (5, "CJ", "17")),
+        ("az", {"size": 5, "etag": '"0x8D"', "version_id": None}, (5, '"0x8D"', None)),
+        ("https", {"size": 5, "ETag": '"n-5"'}, (5, '"n-5"', None)),
+        ("https", {"size": 5}, (5, None, None)),
+    ],
+)
+def test_each_backend_describes_a_version_in_its_own_fields(protocol, info, version):
+    expected = expected_version(protocol, info)
+    assert (expected.size, expected.etag, expected.version) == version
+
+
+def test_a_fresh_info_matches_the_version_when_nothing_tells_them_apart():
+    read = Version(100, '"abc"')
+    assert read.matches(Version(100, 'W/"abc"', None, 5.0))
+    assert not read.matches(Version(100, '"abd"'))
+    assert not read.matches(Version(101))
+    assert Version(100, None, None, 7.0).matches(Version(100, None, None, 7.0))
+    assert not Version(100, None, None, 7.0).matches(Version(100, None, None, 8.0))
