@@ -1,4 +1,4 @@
-"""Objects, payloads and download callbacks shared by the cache tests."""
+"""Objects, payloads, download callbacks and views of the index shared by the cache tests."""
 
 from __future__ import annotations
 

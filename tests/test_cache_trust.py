@@ -669,6 +669,23 @@ def test_a_corrupt_index_on_a_read_only_cache_streams_with_a_warning(
     assert any("corrupt" in str(w.message) and str(view) in str(w.message) for w in caught)
 
 
+def test_a_read_only_cache_whose_index_was_never_set_up_is_an_empty_one(
+    tmp_path: Path, read_only_view
+) -> None:
+    source = tmp_path / "a.bin"
+    source.write_bytes(payload("a", 2000))
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    os.truncate(os.path.join(cache.directory, layout.INDEX), 0)  # made, killed before set-up
+    store._SHARED.clear()
+    view = read_only_view(Path(cache.directory))
+    fs = fsspec.filesystem(
+        "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
+    )
+    with pytest.warns(CacheWarning, match="read-only"):
+        assert fs.cat_file(str(source)) == payload("a", 2000)
+    assert fs.cache_stats()["cached_files"] == 0 and fs.shard_cache.entries() == []
+
+
 def test_a_read_only_cache_without_an_index_is_an_empty_one(tmp_path: Path, read_only_view) -> None:
     source = tmp_path / "a.bin"
     source.write_bytes(payload("a", 2000))

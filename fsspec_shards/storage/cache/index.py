@@ -120,7 +120,7 @@ class Row:
     def __init__(self, key: str, record: dict | None, size: int, accessed_at: float) -> None:
         record = record or {}
         self.key, self.file, self.size = key, record.get("file"), size
-        self.shown = str(record.get("shown", ""))
+        self.shown = str(record.get("shown") or f"an entry the cache did not write ({key})")
         self.stored_at = record.get("stored_at", accessed_at)
         self.validated_at = record.get("validated_at", self.stored_at)
         self.accessed_at = accessed_at
@@ -263,6 +263,10 @@ def _is_corrupt(error: BaseException) -> bool:
     return type(error) is sqlite3.DatabaseError
 
 
+def _is_unmade(error: BaseException) -> bool:
+    return isinstance(error, sqlite3.OperationalError) and "no such table" in str(error)
+
+
 def _is_read_only(error: BaseException) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     return isinstance(error, sqlite3.OperationalError) and (
@@ -381,6 +385,8 @@ class Index:
                     return operation()
             except (sqlite3.Error, diskcache.Timeout) as raised:
                 error = _cause(raised)
+                if _is_unmade(error):
+                    return default  # a database diskcache has not set up yet: empty
                 if _is_read_only(error):
                     if not self.writable:
                         return default  # read-only, and no index to read: an empty cache
