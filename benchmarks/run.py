@@ -30,7 +30,7 @@ for entry in (str(ROOT), str(HERE)):
         sys.path.insert(0, entry)
 
 Results = dict[str, dict[str, float]]
-PACKAGES = ("fsspec-shards", "fsspec", "webdataset", "torch", "s3fs")
+PACKAGES = ("fsspec-shards", "fsspec", "webdataset", "torch", "diskcache", "filelock", "s3fs")
 
 
 @dataclass(frozen=True)

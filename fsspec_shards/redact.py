@@ -107,15 +107,10 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return url.split("?", 1)[0].split("@")[-1] + ("?" + REDACTED if "?" in url else "")
-    return urlunsplit(
-        (
-            parts.scheme,
-            _redact_netloc(parts.netloc),
-            parts.path,
-            _redact_query(parts.query) if parts.query else "",
-            parts.fragment,
-        )
-    )
+    shown = f"{parts.scheme}://{_redact_netloc(parts.netloc)}{parts.path}"
+    if parts.query:
+        shown += "?" + _redact_query(parts.query)
+    return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 def redact_text(text: str, *urls: str) -> str:

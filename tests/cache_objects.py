@@ -1,8 +1,11 @@
-"""Objects, payloads and download callbacks shared by the cache tests."""
+"""Objects, payloads, download callbacks and views of the index shared by the cache tests."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.cache import layout
 from fsspec_shards.storage.identity import KEY_FORMAT, ObjectId
 
 
@@ -65,3 +69,54 @@ def read_only_view(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
     yield view
     for target in reversed(mounts):
         subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+# -- the index as another program sees it: diskcache's Cache table in cache.db ---------------
+
+
+def index_query(directory: str, sql: str, *args) -> list[tuple]:
+    """Rows of ``sql`` run (and committed) on the cache's index database: diskcache's
+    tables, as another program sees them."""
+    connection = sqlite3.connect(os.path.join(directory, layout.INDEX))
+    try:
+        rows = connection.execute(sql, args).fetchall()
+        connection.commit()
+        return rows
+    finally:
+        connection.close()
+
+
+def index_value(directory: str, name: str):
+    """The value diskcache keeps under ``name`` (``entry:<key>``, ``counter:<name>``, ...)."""
+    found = index_query(directory, "SELECT value FROM Cache WHERE key = ?", name)
+    return found[0][0] if found else None
+
+
+def indexed_entries(directory: str) -> list[tuple[str, dict, float]]:
+    """``(key, record, store time)`` of every entry, least recently used first."""
+    rows = index_query(
+        directory,
+        "SELECT key, value, store_time FROM Cache WHERE key LIKE 'entry:%' ORDER BY store_time",
+    )
+    return [(key[len("entry:") :], json.loads(value), stored) for key, value, stored in rows]
+
+
+def plant_row(
+    directory: str,
+    name: str,
+    value,
+    size: int,
+    stored_at: float = 0,
+    mode: int = 1,
+    filename: str | None = None,
+) -> None:
+    """Insert a row into diskcache's table the way another program would: straight into the
+    database (``mode`` 1 is diskcache's raw value, 4 a pickle; ``filename`` its value file)."""
+    connection = sqlite3.connect(os.path.join(directory, layout.INDEX))
+    connection.execute(
+        "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, "
+        "size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, ?, ?, ?, ?)",
+        (name, stored_at, stored_at, size, mode, filename, value),
+    )
+    connection.commit()
+    connection.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sqlite3
 import stat
 import threading
 import time
@@ -21,7 +20,16 @@ from fsspec_shards.storage.cache import (
     layout,
     usage,
 )
-from tests.cache_objects import fill, obj, payload, writer
+from fsspec_shards.storage.identity import KEY_FORMAT
+from tests.cache_objects import (
+    fill,
+    index_query,
+    index_value,
+    indexed_entries,
+    obj,
+    payload,
+    writer,
+)
 
 
 def cached_urls(cache: ShardCache) -> list[str]:
@@ -34,12 +42,8 @@ def index_header_change_counter(cache: ShardCache) -> bytes:
         return file.read(28)[24:28]
 
 
-def index_rows(cache: ShardCache, sql: str, *args) -> list[tuple]:
-    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
-    try:
-        return connection.execute(sql, args).fetchall()
-    finally:
-        connection.close()
+def hits_in_index(cache: ShardCache):
+    return index_value(cache.directory, "counter:hits")
 
 
 @pytest.fixture
@@ -90,16 +94,16 @@ def test_hits_write_nothing_to_the_index_until_the_batch_is_flushed(
     fill(cache, url)
     cache.flush()
     before = index_header_change_counter(cache)
-    [(accessed_before,)] = index_rows(cache, "SELECT accessed_at FROM entries")
+    [(_, _, accessed_before)] = indexed_entries(cache.directory)
     for _ in range(200):
         with cache.open(obj(url)) as handle:
             assert handle.read(4) == payload(url, 4)
     assert index_header_change_counter(cache) == before
     cache.flush()
     assert index_header_change_counter(cache) != before
-    [(accessed_after,)] = index_rows(cache, "SELECT accessed_at FROM entries")
+    [(_, _, accessed_after)] = indexed_entries(cache.directory)
     assert accessed_after > accessed_before
-    assert index_rows(cache, "SELECT value FROM counters WHERE name = 'hits'") == [(200,)]
+    assert hits_in_index(cache) == 200
 
 
 def test_batched_hits_reach_the_index_within_the_flush_interval(
@@ -110,7 +114,7 @@ def test_batched_hits_reach_the_index_within_the_flush_interval(
     fill(cache, url)
     cache.get(obj(url))
     deadline = time.monotonic() + 60
-    while index_rows(cache, "SELECT value FROM counters WHERE name = 'hits'") != [(1,)]:
+    while hits_in_index(cache) != 1:
         assert time.monotonic() < deadline, "the timer never wrote the batch"
         time.sleep(0.05)
 
@@ -524,7 +528,7 @@ def test_a_child_forked_while_a_thread_writes_the_index_can_use_the_cache(
     of a write in flight must not be inherited (the child saw "database is locked" forever)."""
     inside = threading.Event()
 
-    def hold_a_write(connection) -> None:
+    def hold_a_write(store) -> None:
         inside.set()
         threading.Event().wait(2.0)
 
@@ -598,18 +602,15 @@ def test_download_of_unknown_size_larger_than_the_cache_raises_once_and_evicts_n
 def test_entries_of_another_key_format_are_dropped_with_their_files(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "c"), 1000)
     path = fill(cache, "s3://bucket/a")
-    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
-    connection.execute("UPDATE meta SET value = 'fsspec-shards-key-v1' WHERE name = 'key_format'")
-    connection.commit()
-    connection.close()
+    index_query(
+        cache.directory, "UPDATE Cache SET value = 'fsspec-shards-key-v1' WHERE key = 'key_format'"
+    )
     from fsspec_shards.storage.cache import store
 
     store._SHARED.clear()  # as a new process would
     again = ShardCache(str(tmp_path / "c"), 1000)
     assert again.entries() == [] and not os.path.exists(path)
-    assert index_rows(again, "SELECT value FROM meta WHERE name = 'key_format'") != [
-        ("fsspec-shards-key-v1",)
-    ]
+    assert index_value(again.directory, "key_format") == KEY_FORMAT
 
 
 def _discard_and_publish_in_child(directory: str, gone: str, new: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sqlite3
 import stat
 import warnings
@@ -23,8 +24,9 @@ from fsspec_shards.storage.cache import (
     layout,
     store,
 )
+from fsspec_shards.storage.identity import KEY_FORMAT
 from tests import cache_objects
-from tests.cache_objects import fill, obj, payload, writer
+from tests.cache_objects import fill, obj, payload, plant_row, writer
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -47,23 +49,14 @@ def tree(directory: Path) -> dict[str, bytes | None]:
     }
 
 
-def plant_row(cache: ShardCache, url: str, file: str, size: int, accessed_at: float = 0) -> None:
-    """Insert an index row the way another program would: straight into the database."""
-    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
-    connection.execute(
-        "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (obj(url).key, file, size, url, 0, accessed_at, 0, "{}"),
-    )
-    connection.commit()
-    connection.close()
+def plant_entry(cache: ShardCache, url: str, file: str, size: int, accessed_at: float = 0) -> None:
+    """Insert an entry the way another program would: straight into the database."""
+    record = {"file": file, "size": size, "shown": url, "stored_at": 0, "metadata": {}}
+    plant_row(cache.directory, f"entry:{obj(url).key}", json.dumps(record), size, accessed_at)
 
 
 def index_keys(cache: ShardCache) -> list[str]:
-    connection = sqlite3.connect(os.path.join(cache.directory, layout.INDEX))
-    try:
-        return [row[0] for row in connection.execute("SELECT key FROM entries")]
-    finally:
-        connection.close()
+    return [key for key, _, _ in cache_objects.indexed_entries(cache.directory)]
 
 
 # -- a new cache, and which existing directories are used -------------------------------------
@@ -221,8 +214,8 @@ def test_a_planted_index_row_naming_a_file_outside_is_ignored_never_opened_or_de
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     url = "s3://bucket/a"
     relative = os.path.relpath(victim, Path(cache.directory) / "files" / "ab")
-    plant_row(cache, url, f"files/ab/{relative}", victim.stat().st_size)
-    plant_row(cache, "s3://bucket/b", str(victim), victim.stat().st_size)
+    plant_entry(cache, url, f"files/ab/{relative}", victim.stat().st_size)
+    plant_entry(cache, "s3://bucket/b", str(victim), victim.stat().st_size)
     with pytest.warns(CacheWarning) as caught:
         assert cache.open(obj(url)) is None
         assert cache.open(obj("s3://bucket/b")) is None
@@ -239,23 +232,64 @@ def test_eviction_discard_and_clear_never_delete_what_a_planted_row_names(
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"keep me")
     cache = ShardCache(str(tmp_path / "cache"), 250)
-    plant_row(cache, "s3://bucket/evicted", f"files/../../{victim.name}", 100, accessed_at=0)
-    plant_row(cache, "s3://bucket/discarded", f"files/../../{victim.name}", 1)
+    plant_entry(cache, "s3://bucket/evicted", f"files/../../{victim.name}", 100, accessed_at=0)
+    plant_entry(cache, "s3://bucket/discarded", f"files/../../{victim.name}", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheWarning)
         fill(cache, "s3://bucket/a")
         fill(cache, "s3://bucket/b")  # needs room: evicts the planted least-recent row
         cache.discard(obj("s3://bucket/discarded"))
-        plant_row(cache, "s3://bucket/cleared", str(victim), 1)
+        plant_entry(cache, "s3://bucket/cleared", str(victim), 1)
         cache.clear()
     assert victim.read_bytes() == b"keep me"
     assert index_keys(cache) == []
 
 
+class _MakesADirectory:
+    """Unpickling this makes a directory: the proof that a value was unpickled."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_rows_diskcache_would_unpickle_open_or_delete_are_data_never_followed(
+    tmp_path: Path,
+) -> None:
+    """diskcache unpickles a row of mode 4 and opens (and on delete, unlinks) the value
+    file a row names: the index's serializer does none of it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me")
+    unpickled = tmp_path / "unpickled"
+    cache = ShardCache(str(tmp_path / "cache"), 150)
+    pickled, named = obj("s3://bucket/pickled").key, obj("s3://bucket/named").key
+    payload_pickle = pickle.dumps(_MakesADirectory(unpickled))
+    plant_row(cache.directory, f"entry:{pickled}", payload_pickle, 100, mode=4)
+    plant_row(cache.directory, f"generation:{pickled}", payload_pickle, 0, mode=4)
+    relative = os.path.relpath(victim, cache.directory)
+    plant_row(cache.directory, f"entry:{named}", None, 100, mode=2, filename=relative)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        for url in ("s3://bucket/pickled", "s3://bucket/named"):
+            assert cache.open(obj(url)) is None and cache.metadata(obj(url)) is None
+            assert cache.generation(obj(url)) == 0
+        assert cache.stats()["cached_bytes"] == 200
+        fill(cache, "s3://bucket/a")  # needs room: evicts the planted rows, least recent first
+        assert index_keys(cache) == [obj("s3://bucket/a").key]
+        plant_row(cache.directory, f"entry:{named}", None, 1, mode=2, filename=relative)
+        cache.discard(obj("s3://bucket/named"))
+        plant_row(cache.directory, f"entry:{named}", None, 1, mode=2, filename=relative)
+        cache.clear()
+    assert victim.read_bytes() == b"keep me" and not unpickled.exists()
+    assert index_keys(cache) == [] and cache.stats()["cached_bytes"] == 0
+
+
 def test_a_row_naming_another_keys_file_is_not_served(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     other = Path(fill(cache, "s3://bucket/other"))
-    plant_row(cache, "s3://bucket/a", str(other.relative_to(cache.directory)), 100)
+    plant_entry(cache, "s3://bucket/a", str(other.relative_to(cache.directory)), 100)
     with pytest.warns(CacheWarning, match="not a file this cache made"):
         assert cache.open(obj("s3://bucket/a")) is None
     assert other.read_bytes() == payload("s3://bucket/other", 100)
@@ -381,6 +415,15 @@ def make_previous_layout(directory: Path) -> dict[str, Path]:
     return {"data": data, "temp": temp, "lock": lock, "foreign": foreign}
 
 
+def old_index_rows(directory: Path) -> list[tuple]:
+    """Rows of the index that the current index would never write (the old index's)."""
+    return [
+        row
+        for row in cache_objects.index_query(str(directory), "SELECT key FROM Cache")
+        if not row[0].startswith(("entry:", "generation:", "counter:", "key_format"))
+    ]
+
+
 def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entries(
     tmp_path: Path,
 ) -> None:
@@ -391,7 +434,8 @@ def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entrie
     cache = ShardCache(str(directory), 1000)
     assert json.loads((directory / layout.MARKER).read_text())["format"] == layout.FORMAT
     assert not paths["data"].exists() and not paths["temp"].exists()
-    assert not (directory / "cache.db").exists() and not (directory / "state").exists()
+    assert not (directory / "state").exists()
+    assert old_index_rows(directory) == []  # cache.db is a new index: the old one is gone
     assert paths["lock"].exists() and paths["foreign"].read_bytes() == b"not the cache's"
     assert cache.entries() == [] and cache.stats()["hits"] == 0
     assert Path(fill(cache, "s3://bucket/old")).read_bytes() == payload("s3://bucket/old", 100)
@@ -400,12 +444,121 @@ def test_a_cache_of_the_previous_layout_is_adopted_and_serves_none_of_its_entrie
 def test_an_adoption_cut_short_is_finished_by_the_next_process(tmp_path: Path) -> None:
     directory = tmp_path / "old"
     paths = make_previous_layout(directory)
-    (directory / layout.MARKER).write_text(json.dumps({"format": layout.FORMAT, "adopting": True}))
+    (directory / layout.MARKER).write_text(json.dumps({"format": layout.FORMAT, "adopting": 1}))
     os.chmod(directory / layout.MARKER, 0o600)
     cache = ShardCache(str(directory), 1000)
     assert "adopting" not in json.loads((directory / layout.MARKER).read_text())
-    assert not paths["data"].exists() and not (directory / "cache.db").exists()
+    assert not paths["data"].exists() and old_index_rows(directory) == []
     assert cache.entries() == []
+
+
+FORMAT_2_SCHEMA = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE entries (key TEXT PRIMARY KEY, file TEXT NOT NULL, size INTEGER NOT NULL, "
+    "shown TEXT NOT NULL, stored_at REAL NOT NULL, accessed_at REAL NOT NULL, "
+    "validated_at REAL NOT NULL, metadata TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE generations (key TEXT PRIMARY KEY, generation INTEGER NOT NULL)",
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+
+
+def make_format_2_cache(directory: Path, key_format: str = KEY_FORMAT) -> dict[str, Path]:
+    """A cache as the own-SQLite-index version (layout format 2) left it: two whole entries,
+    one whose file is short, one naming a file outside, an unindexed file, a temp file."""
+    directory.mkdir(mode=0o700)
+    for name in layout.SUBDIRECTORIES:
+        (directory / name).mkdir(mode=0o700)
+    marker = {"format": 2, "made_by": "fsspec-shards", "tier": "local"}
+    (directory / layout.MARKER).write_text(json.dumps(marker))
+    os.chmod(directory / layout.MARKER, 0o600)
+    victim = directory.parent / "victim.txt"
+    victim.write_bytes(b"keep me")
+    paths = {"victim": victim}
+    index = sqlite3.connect(directory / "index.db")
+    for statement in FORMAT_2_SCHEMA:
+        index.execute(statement)
+    index.execute("INSERT INTO meta VALUES ('format', '2'), ('key_format', ?)", (key_format,))
+    rows = [("older", 100, 100, 10), ("kept", 100, 100, 20), ("short", 100, 50, 30)]
+    for name, recorded, actual, accessed in rows:
+        key = obj(f"s3://bucket/{name}").key
+        data = directory / "files" / key[:2] / f"{key}.0badf00d"
+        data.parent.mkdir(mode=0o700, exist_ok=True)
+        data.write_bytes(payload(f"s3://bucket/{name}", actual))
+        relative = str(data.relative_to(directory))
+        metadata = json.dumps({"identity": f"etag-{name}"})
+        index.execute(
+            "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, relative, recorded, f"s3://bucket/{name}", 1.0, accessed, 2.0, metadata),
+        )
+        paths[name] = data
+    outside = obj("s3://bucket/outside").key
+    index.execute(
+        "INSERT INTO entries VALUES (?, ?, 7, 's3://bucket/outside', 0, 0, 0, '{}')",
+        (outside, f"files/{outside[:2]}/../../../victim.txt"),
+    )
+    index.execute("INSERT INTO generations VALUES (?, 3)", (obj("s3://bucket/kept").key,))
+    index.execute("INSERT INTO counters VALUES ('hits', 7)")
+    index.commit()
+    index.close()
+    unindexed = obj("s3://bucket/unindexed").key
+    paths["unindexed"] = directory / "files" / unindexed[:2] / f"{unindexed}.12345678"
+    paths["unindexed"].parent.mkdir(mode=0o700, exist_ok=True)
+    paths["unindexed"].write_bytes(b"left by a killed process")
+    paths["temp"] = directory / "tmp" / f"{unindexed}.123.deadbeef.10.part"
+    paths["temp"].write_bytes(b"partial")
+    paths["foreign"] = directory / "files" / "user-notes.txt"
+    paths["foreign"].write_bytes(b"not the cache's")
+    return paths
+
+
+def test_a_cache_of_format_2_is_adopted_keeping_the_entries_that_check_out(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "own-index"
+    paths = make_format_2_cache(directory)
+    before = tree(directory)
+    with pytest.raises(NotACacheError, match="earlier fsspec-shards version") as raised:
+        ShardCache.existing(str(directory))
+    assert raised.value.kind == "previous" and tree(directory) == before
+    cache = ShardCache(str(directory), 1000)
+    marker = json.loads((directory / layout.MARKER).read_text())
+    assert marker["format"] == layout.FORMAT and "adopting" not in marker
+    assert not (directory / "index.db").exists()
+    assert cache.stats()["hits"] == 7 and cache.generation(obj("s3://bucket/kept")) == 3
+    assert [e["url"] for e in cache.entries()] == ["s3://bucket/older", "s3://bucket/kept"]
+    with cache.fetch(obj("s3://bucket/kept"), writer(b"never downloaded")) as handle:
+        assert handle.read() == payload("s3://bucket/kept", 100)
+    assert cache.metadata(obj("s3://bucket/kept"))["identity"] == "etag-kept"
+    assert cache.open(obj("s3://bucket/short")) is None and not paths["short"].exists()
+    assert cache.open(obj("s3://bucket/outside")) is None
+    assert paths["victim"].read_bytes() == b"keep me"
+    assert not paths["unindexed"].exists() and not paths["temp"].exists()
+    assert paths["foreign"].read_bytes() == b"not the cache's"
+
+
+def test_a_cache_of_format_2_under_another_key_format_serves_none_of_its_entries(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "own-index"
+    paths = make_format_2_cache(directory, key_format="fsspec-shards-key-v1")
+    cache = ShardCache(str(directory), 1000)
+    assert cache.entries() == [] and cache.generation(obj("s3://bucket/kept")) == 0
+    assert not any(paths[name].exists() for name in ("older", "kept", "short", "unindexed"))
+    assert paths["foreign"].exists() and paths["victim"].read_bytes() == b"keep me"
+    assert Path(fill(cache, "s3://bucket/kept")).read_bytes() == payload("s3://bucket/kept", 100)
+
+
+def test_an_adoption_of_format_2_cut_short_is_finished_by_the_next_process(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "own-index"
+    paths = make_format_2_cache(directory)
+    marker = {"format": layout.FORMAT, "tier": "local", "adopting": 2}
+    (directory / layout.MARKER).write_text(json.dumps(marker))
+    cache = ShardCache(str(directory), 1000)
+    assert "adopting" not in json.loads((directory / layout.MARKER).read_text())
+    assert [e["url"] for e in cache.entries()] == ["s3://bucket/older", "s3://bucket/kept"]
+    assert not (directory / "index.db").exists() and not paths["unindexed"].exists()
 
 
 # -- degraded modes: read-only, unusable, corrupt -------------------------------------------
@@ -483,7 +636,7 @@ def test_a_corrupt_index_is_moved_aside_and_the_cache_starts_empty(
         cache = ShardCache(cache.directory, 1000)
         assert cache.open(obj("s3://bucket/a")) is None
     assert any(str(index) in str(w.message) for w in caught)
-    assert (Path(cache.directory) / "index.db.corrupt").exists()
+    assert (Path(cache.directory) / f"{layout.INDEX}.corrupt").exists()
     assert not old.exists()  # the files the lost index described are gone with it
     assert Path(fill(cache, "s3://bucket/a")).read_bytes() == payload("s3://bucket/a", 100)
     assert cache.stats()["cached_files"] == 1
@@ -514,6 +667,23 @@ def test_a_corrupt_index_on_a_read_only_cache_streams_with_a_warning(
         with pytest.raises(ReadOnlyCacheError):
             broken.fetch(obj("s3://bucket/a"), writer(b"x"))
     assert any("corrupt" in str(w.message) and str(view) in str(w.message) for w in caught)
+
+
+def test_a_read_only_cache_whose_index_was_never_set_up_is_an_empty_one(
+    tmp_path: Path, read_only_view
+) -> None:
+    source = tmp_path / "a.bin"
+    source.write_bytes(payload("a", 2000))
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    os.truncate(os.path.join(cache.directory, layout.INDEX), 0)  # made, killed before set-up
+    store._SHARED.clear()
+    view = read_only_view(Path(cache.directory))
+    fs = fsspec.filesystem(
+        "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
+    )
+    with pytest.warns(CacheWarning, match="read-only"):
+        assert fs.cat_file(str(source)) == payload("a", 2000)
+    assert fs.cache_stats()["cached_files"] == 0 and fs.shard_cache.entries() == []
 
 
 def test_a_read_only_cache_without_an_index_is_an_empty_one(tmp_path: Path, read_only_view) -> None:

@@ -86,6 +86,15 @@ def test_each_source_keeps_its_own_order_shuffle_and_split(sources, monkeypatch)
         ]
 
 
+def test_the_mixer_splits_like_its_sources_given_an_explicit_rank(sources, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ranks = [make_mix(sources, rank=rank, world_size=2) for rank in (0, 1)]
+    assert [mix.state_dict()["fingerprint"]["rank"] for mix in ranks] == [0, 1]
+    first, second = (take(mix, 20) for mix in ranks)
+    assert not set(first) & set(second)  # each rank mixes its own part of every source
+
+
 def test_all_exhausted_yields_every_sample_of_every_source_once(sources):
     mixed = take(make_mix(sources, stop="all_exhausted"))
     assert len(mixed) == len(set(mixed)) == sum(sum(counts) for counts in SOURCES.values())

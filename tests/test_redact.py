@@ -70,6 +70,10 @@ def test_a_url_password_is_redacted_and_the_user_kept():
     assert "PASSWORD" not in redact_text("GET https://alice:PASSWORD@host/x failed")
 
 
+def test_a_url_without_a_host_keeps_its_three_slashes():
+    assert redact_url("memory:///data/x.tar?sig=1") == "memory:///data/x.tar?sig=REDACTED"
+
+
 def test_plain_paths_and_urls_without_query_are_unchanged():
     for url in ("/data/shard-0001.tar", "s3://bucket/key.tar", "memory:///data/key.tar"):
         assert redact_url(url) == url

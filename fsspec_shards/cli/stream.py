@@ -25,7 +25,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     """Register ``stream`` and its options."""
     parser = commands.add_parser(
         NAME,
-        parents=[shared.output, shared.storage, shared.cache, shared.json],
+        parents=[shared.output, shared.storage, shared.cache, shared.reading, shared.json],
         help="iterate a dataset and report samples/s, MB/s, cache hit rate, retries",
         description="Iterate the samples of URL_PATTERN (braces and globs expand; plain "
         "URLs and paths are read through wds::) and report on the throughput.",
@@ -84,6 +84,7 @@ def dataset_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "handler": args.handler,
         "prefetch": args.prefetch,
+        "max_member_size": args.max_member_size,
         "split_by_node": False,
         "split_by_worker": False,
     }

@@ -187,7 +187,7 @@ class MixedDataset(_DatasetBase):
     set_state = load_state_dict
 
     def _fingerprint(self) -> dict[str, Any]:
-        rank, world_size, worker, num_workers = _consumer()
+        rank, world_size, worker, num_workers = _consumer(self.datasets)
         return {
             "sources": len(self.datasets),
             "weights": list(self.weights),
@@ -222,7 +222,7 @@ class MixedDataset(_DatasetBase):
         return MixState.start(self._fingerprint(), self.epoch, len(self.datasets))
 
     def _mix(self, state: MixState) -> Iterator[Any]:
-        rank, _, worker, _ = _consumer()
+        rank, _, worker, _ = _consumer(self.datasets)
         rng = CounterRNG(derive_key("mix", self.seed, state.epoch, rank, worker), state.rng_counter)
         iterators: list[Iterator[Any] | None] = [
             None if done else iter(dataset)
@@ -294,9 +294,14 @@ class _WeightedChoice:
         return self.running[min(position, len(self.running) - 1)]
 
 
-def _consumer() -> tuple[int, int, int, int]:
-    """(rank, world size, DataLoader worker id, workers) of this process: the first and third
-    key the draws of each consumer; all four must match for a state to resume."""
+def _consumer(sources: Sequence[Any]) -> tuple[int, int, int, int]:
+    """(rank, world size, DataLoader worker id, workers) of this process, as the first source
+    sees it (its ``rank``/``group`` arguments included): the first and third key the draws
+    of each consumer; all four must match for a state to resume."""
+    consumer = getattr(sources[0], "consumer", None)
+    if callable(consumer):
+        found = consumer()
+        return found.rank, found.world_size, found.worker, found.num_workers
     try:
         rank, world_size = node_split()
     except ValueError:

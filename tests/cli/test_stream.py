@@ -68,3 +68,12 @@ def test_stream_and_cache_info_json_report_the_same_numbers_as_text(dataset, cac
     empty = run_cli("cache", "info", "--json", "--cache-dir", str(cache / "none"), cache=cache)
     assert json.loads(empty.stdout)["exists"] is False
     assert not (cache / "none").exists()
+
+
+def test_stream_max_member_size_makes_larger_members_malformed(dataset, cache):
+    small = run_cli("stream", dataset.pattern, "--max-member-size", "1KiB", "-q", cache=cache)
+    assert small.returncode != 0
+    [line] = error_lines(small)
+    assert "exceeds limit" in line
+    enough = run_cli("stream", dataset.pattern, "--max-member-size", "1MiB", "-q", cache=cache)
+    assert enough.returncode == 0, enough.stderr

@@ -3,6 +3,7 @@ per shard, manifest entries storage lacks, and the manifest parser shared with c
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -44,6 +45,17 @@ def test_verify_catches_a_truncated_tar_without_a_manifest(dataset, tmp_path, ca
     assert result.returncode == 1, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if "demo-000002.tar" in line]
     assert len(rows) == 1 and "malformed tar" in rows[0]
+
+
+def test_verify_calls_a_gzip_shard_with_a_cut_trailer_malformed(dataset, tmp_path, cache):
+    shard = tmp_path / "cut-000000.tar.gz"
+    whole = gzip.compress(dataset.shards[0].read_bytes())
+    shard.write_bytes(whole[:-8])  # every tar member intact, the gzip trailer gone
+    result = run_cli("verify", str(shard), "-q", cache=cache)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if "cut-000000.tar.gz" in line]
+    assert len(rows) == 1 and "malformed tar" in rows[0] and "gzip" in rows[0]
+    assert "Traceback" not in result.stderr
 
 
 def test_verify_reports_a_shard_missing_from_the_manifest(dataset, tmp_path, cache):

@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fsspec_shards.storage.cache import CacheFullError, ShardCache, locks
-from tests.cache_objects import obj
+from tests.cache_objects import indexed_entries, obj
 
 if TYPE_CHECKING:  # spawned workers import this module: keep it light
     from tests.integration import servers
@@ -451,14 +450,9 @@ def test_touches_reach_other_processes_within_the_batching_window(tmp_path: Path
     touched = [known[0], known[2]]
     for name in touched:
         assert cache.get(obj(name)) is not None
-    index = os.path.join(directory, "index.db")
     deadline = time.monotonic() + JOIN_TIMEOUT
     while True:  # wait, without flushing, until the order on disk shows the touches
-        connection = sqlite3.connect(index)
-        order = [
-            row[0] for row in connection.execute("SELECT shown FROM entries ORDER BY accessed_at")
-        ]
-        connection.close()
+        order = [record["shown"] for _, record, _ in indexed_entries(directory)]
         if order[-2:] == touched:
             break
         assert time.monotonic() < deadline, f"touches never written: {order}"

@@ -52,3 +52,18 @@ def test_resume_at_85_percent_over_s3_reads_under_10_percent(
     assert head + tail == expected
     assert to_first_sample < 0.10 * total_bytes, (to_first_sample, total_bytes)
     assert for_the_rest < 0.25 * total_bytes, (for_the_rest, total_bytes)
+
+
+def test_a_plain_s3_counts_url_is_read_with_the_datasets_per_protocol_options(s3_backend, tmp_path):
+    counts = {}
+    for shard in range(3):
+        s3_backend.put(f"shard-{shard:02d}.tar", shard_tar(shard, 2 + shard, 1024))
+        counts[f"shard-{shard:02d}.tar"] = 2 + shard
+    sidecar = s3_backend.put("counts.json", json.dumps(counts).encode())
+    dataset = ShardDataset(
+        [f"wds::{s3_backend.url(f'shard-{shard:02d}.tar')}" for shard in range(3)],
+        storage_options={"wds": {"cache_dir": str(tmp_path)}, "s3": s3_backend.storage_options},
+        samples_per_shard=sidecar,
+    )
+    assert len(dataset) == sum(counts.values())
+    assert len(list(dataset)) == sum(counts.values())

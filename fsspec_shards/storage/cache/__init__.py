@@ -1,9 +1,10 @@
 """The shard cache: whole, verified files on local disk, shared by any number of processes.
 
 :class:`ShardCache` (:mod:`.store`) keeps the files; :mod:`.trust` decides which directories
-it uses, :mod:`.layout` which names it makes (and so may delete), :mod:`.index` records
-entries, write generations and counters, :mod:`.usage` batches what hits record, and
-:mod:`.locks` serializes processes.
+it uses and :mod:`.adoption` takes over those of earlier layouts, :mod:`.layout` says which
+names it makes (and so may delete), :mod:`.index` records entries, write generations and
+counters in a diskcache, :mod:`.usage` batches what hits record, :mod:`.locks` serializes
+processes with filelock, and :mod:`.shared` is the tier all nodes mount.
 """
 
 from fsspec_shards.storage.cache.index import ReadOnlyCacheError

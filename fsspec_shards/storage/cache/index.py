@@ -1,21 +1,45 @@
-"""The SQLite index of a cache directory: entries, write generations and counters.
+"""The index of a cache directory, kept by diskcache: entries, write generations, counters.
+
+One ``diskcache.Cache`` on the cache directory (its database, ``cache.db``) holds, under
+string keys::
+
+    entry:<key>        a published file: JSON {file, size, shown, stored_at, validated_at,
+                       metadata}; the row's size column is the file's size
+    generation:<key>   the key's write generation (int)
+    counter:<name>     a counter shared by every process (int)
+    key_format         the ObjectId key format the entries were made under
 
 Invariants:
 
-- One row per published file: key, the file's relative name, size, display URL (redacted),
-  times and metadata. The index never holds a secret: keys are digests, URLs are shown text.
-- ``generations`` holds a per-key write generation. A write bumps it and drops the entry
-  in one transaction; a download publishes only inside a transaction that finds the
+- One entry per published file. The index never holds a secret: keys are digests, URLs
+  are shown (redacted) text.
+- A write bumps the key's generation and drops its entry in one transaction
+  (``Cache.transact``); a download publishes only inside a transaction that finds the
   generation it started from (:meth:`Index.publish`), so no interleaving lets a download
   begun before a write publish after it.
-- Rollback-journal mode (no WAL): every lock is a ``fcntl`` lock on the database file, held
-  only inside a statement or transaction, which survives ``fork`` (no shared-memory file
-  whose lock bookkeeping a child would inherit) and reads on read-only media. No fork
-  happens while a thread of this process is inside the index (:data:`FORK_GUARD`).
-- The database file (and its journal) is created 0600 and never through a symlink.
-- A corrupt database is moved aside to ``index.db.corrupt`` and started empty, once, with
-  a warning naming the path (:meth:`Index.on_reset` lets the cache delete the files it
-  held). Read-only, it is ignored instead: every lookup misses.
+- Rollback journal (``sqlite_journal_mode="delete"``, no WAL): every SQLite lock is a
+  ``fcntl`` lock on ``cache.db`` held only inside a statement or transaction, which
+  survives ``fork`` (no shared-memory file whose lock bookkeeping a child would inherit)
+  and reads on read-only media. No fork happens while a thread of this process is inside
+  the index (:data:`FORK_GUARD`, taken after the cache's file locks, never before: filelock
+  holds forks back while a lock changes hands).
+- Least-recently-used order is diskcache's store time (``eviction_policy=
+  "least-recently-stored"``): a use of an entry re-stores it (batched per process by
+  :mod:`.usage`), so a lookup is a plain read, never a write transaction, and an entry's
+  place only moves forward. diskcache never evicts by itself (``cull_limit=0``): the cache
+  evicts, and deletes its files, itself. Statistics and the tag index are off.
+- Values stay inside ``cache.db``, and nothing read from a row is unpickled, opened or
+  deleted by diskcache (:class:`_IndexDisk`): a planted row is data, never a path followed.
+- Rows other than entries have size 0, so diskcache's maintained total size is the bytes
+  of the cached files.
+- ``cache.db`` is created 0600 (its journal takes the same mode) before diskcache opens it,
+  never through a symlink.
+- A corrupt database is moved aside to ``cache.db.corrupt`` and started empty, once, with a
+  warning naming the path (:meth:`Index.on_reset` lets the cache delete the files it held).
+  Read-only, it is ignored instead: every lookup misses.
+- What diskcache's API does not give is read from its documented tables, read-only, in
+  :class:`_Table` alone: entries in least-recently-used order, their number and bytes, and
+  every read of a read-only cache (``diskcache.Cache`` writes its settings when it opens).
 """
 
 from __future__ import annotations
@@ -26,10 +50,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.request import pathname2url
+
+import diskcache
+from diskcache.core import MODE_RAW, UNKNOWN
 
 from fsspec_shards.storage.cache import layout
 from fsspec_shards.storage.cache.notices import warn_once
@@ -37,33 +63,25 @@ from fsspec_shards.storage.identity import KEY_FORMAT
 
 T = TypeVar("T")
 
-_SCHEMA = (
-    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE entries (key TEXT PRIMARY KEY, file TEXT NOT NULL, size INTEGER NOT NULL, "
-    "shown TEXT NOT NULL, stored_at REAL NOT NULL, accessed_at REAL NOT NULL, "
-    "validated_at REAL NOT NULL, metadata TEXT NOT NULL) WITHOUT ROWID",
-    "CREATE INDEX entries_by_access ON entries (accessed_at)",
-    "CREATE TABLE generations (key TEXT PRIMARY KEY, generation INTEGER NOT NULL)",
-    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    "CREATE TABLE totals (id INTEGER PRIMARY KEY CHECK (id = 0), files INTEGER, bytes INTEGER)",
-    "INSERT INTO totals VALUES (0, 0, 0)",
-    "CREATE TRIGGER entries_added AFTER INSERT ON entries "
-    "BEGIN UPDATE totals SET files = files + 1, bytes = bytes + NEW.size; END",
-    "CREATE TRIGGER entries_removed AFTER DELETE ON entries "
-    "BEGIN UPDATE totals SET files = files - 1, bytes = bytes - OLD.size; END",
-    "CREATE TRIGGER entries_resized AFTER UPDATE OF size ON entries "
-    "BEGIN UPDATE totals SET bytes = bytes - OLD.size + NEW.size; END",
-)
+ENTRY, GENERATION, COUNTER, KEY_FORMAT_NAME = "entry:", "generation:", "counter:", "key_format"
+_SETTINGS = {
+    "eviction_policy": "least-recently-stored",
+    "cull_limit": 0,
+    "statistics": False,
+    "tag_index": False,
+    "sqlite_journal_mode": "delete",
+}
 _CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
+_UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 _BUSY_TIMEOUT_SECONDS = 120
+_OPEN_RETRY_SECONDS = 0.01
 _REMEMBERED_LOOKUPS = 65536
 
 # SQLite keeps each process's lock state in memory, and a forked child inherits it: a child
 # forked while another thread is inside a transaction believes that lock held by itself.
 # No fork happens while a thread of this process is inside the index.
 FORK_GUARD = threading.RLock()
-_ABANDONED: list[sqlite3.Connection] = []  # a parent's connections, never closed in a child
 
 
 def _hold_forks() -> None:
@@ -94,17 +112,134 @@ class ReadOnlyCacheError(OSError):
 
 
 class Row:
-    """An index row: file (relative name as stored), size, shown URL, times, metadata."""
+    """An entry: file (relative name as stored; None if the row is not one the cache
+    wrote), size, shown URL and times."""
 
     __slots__ = ("key", "file", "size", "shown", "stored_at", "accessed_at", "validated_at")
 
-    def __init__(self, key, file, size, shown, stored_at, accessed_at, validated_at) -> None:
-        self.key, self.file, self.size, self.shown = key, file, size, shown
-        self.stored_at, self.accessed_at, self.validated_at = stored_at, accessed_at, validated_at
+    def __init__(self, key: str, record: dict | None, size: int, accessed_at: float) -> None:
+        record = record or {}
+        self.key, self.file, self.size = key, record.get("file"), size
+        self.shown = str(record.get("shown") or f"an entry the cache did not write ({key})")
+        self.stored_at = record.get("stored_at", accessed_at)
+        self.validated_at = record.get("validated_at", self.stored_at)
+        self.accessed_at = accessed_at
 
 
-_ROW_COLUMNS = "key, file, size, shown, stored_at, accessed_at, validated_at"
-_LOOKUP = "SELECT file, size FROM entries WHERE key = ?"
+class _Entry:
+    """An entry's value as diskcache stores it: JSON text, and the file's size."""
+
+    __slots__ = ("size", "text")
+
+    def __init__(self, record: dict) -> None:
+        self.size = record["size"]
+        self.text = json.dumps(record, default=str)
+
+
+def _record(value: Any) -> dict | None:
+    """The record of an entry's stored text; None for anything the index did not write."""
+    if not isinstance(value, str):
+        return None
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("file"), str):
+        return None
+    return record if type(record.get("size")) is int else None
+
+
+def _integer(value: Any) -> int:
+    return value if type(value) is int else 0
+
+
+class _IndexDisk(diskcache.Disk):
+    """diskcache's serializer for the index: every value stays inside ``cache.db``, an
+    entry's row carries its file's size, and a row's value is never unpickled and its
+    filename never opened or deleted (the cache deletes its own files, by the names it
+    makes)."""
+
+    def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple:
+        if isinstance(value, _Entry):
+            return value.size, MODE_RAW, None, value.text
+        if type(value) in (int, str):
+            return 0, MODE_RAW, None, value
+        raise TypeError(f"the cache index stores no {type(value).__name__}")
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        return value if mode == MODE_RAW else None
+
+    def remove(self, file_path: str) -> None:
+        """Nothing: diskcache writes no files for the index."""
+
+
+class _Table:
+    """Read-only queries of diskcache's ``Cache`` and ``Settings`` tables (the schema
+    ``diskcache.core.Cache.__init__`` creates and documents), for what diskcache's API does
+    not give: entries in least-recently-used (store time) order, their number, the total
+    size diskcache maintains, and every read of a read-only cache. Only SELECTs run here.
+
+    A writable cache's connection may roll back a journal a killed writer left; a read-only
+    one opens the file ``mode=ro``, or ``immutable`` when a hot journal cannot be rolled back.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def connection(self, epoch: int, writable: bool) -> sqlite3.Connection:
+        local = self._local
+        if getattr(local, "pid", None) == os.getpid() and local.epoch == epoch:
+            return local.connection
+        if getattr(local, "connection", None) is not None:
+            local.connection.close()
+        url = pathname2url(self.path)
+        if writable:
+            connection = sqlite3.connect(
+                f"file:{url}?mode=rw", uri=True, timeout=_BUSY_TIMEOUT_SECONDS
+            )
+        else:
+            try:
+                connection = sqlite3.connect(f"file:{url}?mode=ro", uri=True, timeout=5)
+                connection.execute("SELECT count(*) FROM Settings").fetchall()
+            except sqlite3.OperationalError:  # a hot journal no one can roll back, no file
+                connection = sqlite3.connect(f"file:{url}?immutable=1", uri=True)
+        connection.isolation_level = None
+        local.connection, local.pid, local.epoch = connection, os.getpid(), epoch
+        return connection
+
+    @staticmethod
+    def value(connection: sqlite3.Connection, name: str) -> Any:
+        found = connection.execute(
+            "SELECT value FROM Cache WHERE key = ? AND raw = 1 AND mode = ?", (name, MODE_RAW)
+        ).fetchone()
+        return None if found is None else found[0]
+
+    @staticmethod
+    def rows(connection: sqlite3.Connection, prefix: str, limit: int = -1) -> list[tuple]:
+        """``(name, value, size, store_time)`` of the rows named ``prefix...``, least
+        recently stored first (value None where diskcache did not keep it inline)."""
+        return connection.execute(
+            "SELECT key, CASE mode WHEN ? THEN value END, size, store_time FROM Cache "
+            "WHERE key >= ? AND key < ? AND raw = 1 ORDER BY store_time LIMIT ?",
+            (MODE_RAW, *_range(prefix), limit),
+        ).fetchall()
+
+    @staticmethod
+    def count(connection: sqlite3.Connection, prefix: str) -> int:
+        return connection.execute(
+            "SELECT count(*) FROM Cache WHERE key >= ? AND key < ?", _range(prefix)
+        ).fetchone()[0]
+
+    @staticmethod
+    def total_size(connection: sqlite3.Connection) -> int:
+        found = connection.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
+        return 0 if found is None else _integer(found[0])
+
+
+def _range(prefix: str) -> tuple[str, str]:
+    """Bounds of the names starting with ``prefix`` (which ends with ':')."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _inode(path: str) -> int | None:
@@ -114,11 +249,22 @@ def _inode(path: str) -> int | None:
         return None
 
 
+def _cause(error: BaseException) -> BaseException:
+    """The sqlite3 error behind ``error`` (diskcache raises its Timeout from one)."""
+    if isinstance(error, diskcache.Timeout) and isinstance(error.__context__, sqlite3.Error):
+        return error.__context__
+    return error
+
+
 def _is_corrupt(error: BaseException) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in _CORRUPT_CODES
     return type(error) is sqlite3.DatabaseError
+
+
+def _is_unmade(error: BaseException) -> bool:
+    return isinstance(error, sqlite3.OperationalError) and "no such table" in str(error)
 
 
 def _is_read_only(error: BaseException) -> bool:
@@ -149,127 +295,128 @@ class Index:
         self.broken = False
         self._space_lock = space_lock
         self._on_reset = on_reset
-        self._local = threading.local()
+        self._table = _Table(self.path)
+        self._opening = threading.Lock()
+        self._store: diskcache.Cache | None = None
+        self._store_epoch = -1
         self._epoch = 0
+        self._inode: int | None = None
         self._header: tuple[int, int, int] = (-1, -1, -1)  # pid, epoch, descriptor
         self._remembered: dict[str, tuple[bytes, tuple[str, int] | None]] = {}
 
-    # -- connections -------------------------------------------------------------------
+    # -- the database --------------------------------------------------------------------
+
+    def _diskcache(self) -> diskcache.Cache | None:
+        """The diskcache of a writable index, opened again after the file was replaced;
+        None once the index turned out read-only."""
+        if self._store is not None and self._store_epoch == self._epoch and self.writable:
+            return self._store
+        with self._opening:
+            if not self.writable:
+                return None
+            if self._store is None or self._store_epoch != self._epoch:
+                try:
+                    store = self._open()
+                except OSError as error:
+                    if error.errno not in _UNWRITABLE:
+                        raise
+                    self._become_read_only()
+                    return None
+                except sqlite3.OperationalError as error:
+                    if not _is_read_only(error):
+                        raise
+                    self._become_read_only()
+                    return None
+                self._store, self._store_epoch, self._inode = store, self._epoch, _inode(self.path)
+            return self._store
+
+    def _open(self) -> diskcache.Cache:
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(self.path, flags, 0o600))
+        except FileExistsError:
+            pass
+        deadline = time.monotonic() + _BUSY_TIMEOUT_SECONDS
+        while True:
+            try:
+                return diskcache.Cache(
+                    self.directory, timeout=_BUSY_TIMEOUT_SECONDS, disk=_IndexDisk, **_SETTINGS
+                )
+            except sqlite3.OperationalError as error:
+                # diskcache's set-up retries a busy database for most statements, not all
+                # (its tag index): processes opening one index at once try again.
+                if "database is locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(_OPEN_RETRY_SECONDS)
 
     def _connection(self) -> sqlite3.Connection:
-        local = self._local
-        inode = _inode(self.path)
-        if getattr(local, "pid", None) == os.getpid() and local.epoch == self._epoch:
-            if local.inode == inode:
-                return local.connection
-            self._epoch += 1  # the file was replaced (another process set a corrupt one aside)
-        if getattr(local, "pid", None) not in (None, os.getpid()):
-            _ABANDONED.append(local.connection)
-        elif getattr(local, "connection", None) is not None:
-            local.connection.close()
-        local.connection = self._connect()
-        local.pid, local.epoch, local.inode = os.getpid(), self._epoch, _inode(self.path)
-        return local.connection
-
-    def _connect(self) -> sqlite3.Connection:
+        """The table reader's connection (a writable index's file opened first)."""
         if self.writable:
-            try:
-                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                os.close(os.open(self.path, flags, 0o600))
-            except FileExistsError:
-                pass
-            connection = sqlite3.connect(
-                self.path,
-                timeout=_BUSY_TIMEOUT_SECONDS,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            connection.execute("PRAGMA journal_mode=DELETE")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            self._create_schema(connection)
-            return connection
-        url = pathname2url(self.path)
-        try:
-            connection = sqlite3.connect(
-                f"file:{url}?mode=ro", uri=True, timeout=5, check_same_thread=False
-            )
-            connection.execute("SELECT value FROM meta WHERE name = 'format'").fetchall()
-        except sqlite3.OperationalError:  # a hot journal no one can roll back, no such file
-            connection = sqlite3.connect(
-                f"file:{url}?immutable=1", uri=True, check_same_thread=False
-            )
-        connection.isolation_level = None
-        return connection
+            self._diskcache()
+        return self._table.connection(self._epoch, self.writable)
 
-    @staticmethod
-    def _create_schema(connection: sqlite3.Connection) -> None:
-        with FORK_GUARD:
-            known = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
-            if known:
-                return
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                if not connection.execute(
-                    "SELECT 1 FROM sqlite_master WHERE name = 'meta'"
-                ).fetchone():
-                    for statement in _SCHEMA:
-                        connection.execute(statement)
-                    connection.executemany(
-                        "INSERT INTO meta VALUES (?, ?)",
-                        [("format", str(layout.FORMAT)), ("key_format", KEY_FORMAT)],
-                    )
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
+    def _become_read_only(self) -> None:
+        self.writable = False
+        warn_once(
+            self.directory,
+            "read-only",
+            f"cache {self.directory} is read-only: cached files are served, "
+            "everything else is read without caching",
+        )
 
-    # -- running statements ------------------------------------------------------------
+    def _notice_replacement(self) -> None:
+        """Reconnect everything when another process replaced the index file."""
+        inode = _inode(self.path)
+        if inode != self._inode:
+            self._inode = inode
+            self._epoch += 1
 
-    def _run(self, operation: Callable[[sqlite3.Connection], T], default: T) -> T:
-        """``operation(connection)``; a corrupt index is replaced once and the operation
-        run again; a broken read-only index gives ``default``."""
+    # -- running operations --------------------------------------------------------------
+
+    def _run(self, operation: Callable[[], T], default: T) -> T:
+        """``operation()``; a corrupt index is replaced once and the operation run again; a
+        broken read-only index gives ``default``."""
         for attempt in range(2):
             if self.broken:
                 return default
+            self._notice_replacement()
             try:
-                connection = self._connection()
                 with FORK_GUARD:
-                    return operation(connection)
-            except sqlite3.DatabaseError as error:
+                    return operation()
+            except (sqlite3.Error, diskcache.Timeout) as raised:
+                error = _cause(raised)
+                if _is_unmade(error):
+                    return default  # a database diskcache has not set up yet: empty
                 if _is_read_only(error):
                     if not self.writable:
                         return default  # read-only, and no index to read: an empty cache
-                    self.writable = False
-                    warn_once(
-                        self.directory,
-                        "read-only",
-                        f"cache {self.directory} is read-only: cached files are served, "
-                        "everything else is read without caching",
-                    )
+                    self._become_read_only()
                     raise ReadOnlyCacheError(self.directory) from None
                 if not _is_corrupt(error) or attempt:
-                    raise
+                    if error is raised:
+                        raise
+                    raise error from None
             self._replace_corrupt()
         return default
 
-    @contextmanager
-    def _transaction(self, connection: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        if not self.writable:
-            raise ReadOnlyCacheError(self.directory)
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            yield connection
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        connection.execute("COMMIT")
+    def _write(self, operation: Callable[[diskcache.Cache], T], default: T = None) -> T:
+        """``operation(cache)`` inside one write transaction."""
 
-    def _write(self, operation: Callable[[sqlite3.Connection], T], default: T = None) -> T:
-        def transact(connection: sqlite3.Connection) -> T:
-            with self._transaction(connection):
-                return operation(connection)
+        def transact() -> T:
+            store = self._diskcache()
+            if store is None:
+                raise ReadOnlyCacheError(self.directory)
+            with store.transact():
+                return operation(store)
 
         return self._run(transact, default)
+
+    def _value(self, name: str) -> Any:
+        """The value stored under ``name`` (through diskcache when the index is writable)."""
+        store = self._diskcache()
+        if store is not None:
+            return store.get(name)
+        return self._table.value(self._connection(), name)
 
     def _replace_corrupt(self) -> None:
         """Move a corrupt index aside and start empty (read-only: ignore the index)."""
@@ -284,17 +431,8 @@ class Index:
             return
         self._epoch += 1  # every thread reconnects
         with self._space_lock():
-            probe = None
-            try:
-                probe = self._connect()
-                probe.execute("SELECT count(*) FROM entries").fetchone()
+            if not self._is_corrupt_now():
                 return  # another process replaced it already
-            except sqlite3.DatabaseError as error:
-                if not _is_corrupt(error):
-                    raise
-            finally:
-                if probe is not None:
-                    probe.close()
             aside = self.path + ".corrupt"
             os.replace(self.path, aside)
             with_journal = self.path + "-journal"
@@ -307,10 +445,27 @@ class Index:
                 "empty (the files it described are deleted)",
             )
             self._epoch += 1  # threads that reconnected meanwhile reached the corrupt file
-            self._connection()
+            self._inode = None
+            with FORK_GUARD:  # taken after the space lock, as everywhere: never the other way
+                self._diskcache()
             self._on_reset()
 
-    # -- reading -----------------------------------------------------------------------
+    def _is_corrupt_now(self) -> bool:
+        url = pathname2url(self.path)
+        with FORK_GUARD:
+            try:
+                probe = sqlite3.connect(f"file:{url}?mode=rw", uri=True, timeout=5)
+            except sqlite3.OperationalError:
+                return False  # moved aside by another process: the next open makes a new one
+            try:
+                probe.execute("SELECT count(*) FROM Cache").fetchone()
+            except sqlite3.DatabaseError as error:
+                return _is_corrupt(error)
+            finally:
+                probe.close()
+        return False
+
+    # -- reading -------------------------------------------------------------------------
 
     def lookup(self, key: str) -> tuple[str, int] | None:
         """``(file, size)`` recorded for ``key``, or None: the hit path, kept short.
@@ -325,22 +480,12 @@ class Index:
             remembered = self._remembered.get(key)
             if remembered is not None and remembered[0] == counter:
                 return remembered[1]
-        found = self._query_lookup(key)
+        found = self._run(lambda: _file_and_size(self._value(ENTRY + key)), None)
         if counter is not None:
             if len(self._remembered) >= _REMEMBERED_LOOKUPS:
                 self._remembered.clear()
             self._remembered[key] = (counter, found)
         return found
-
-    def _query_lookup(self, key: str) -> tuple[str, int] | None:
-        local = self._local
-        if getattr(local, "pid", None) == os.getpid() and local.epoch == self._epoch:
-            try:
-                with FORK_GUARD:
-                    return local.connection.execute(_LOOKUP, (key,)).fetchone()
-            except sqlite3.DatabaseError:
-                pass  # handled (corrupt, read-only) by the general path below
-        return self._run(lambda c: c.execute(_LOOKUP, (key,)).fetchone(), None)
 
     def _change_counter(self) -> bytes | None:
         """The database's file change counter, through a descriptor kept per process and
@@ -360,77 +505,51 @@ class Index:
             return None
         return counter if len(counter) == 4 else None
 
-    def row(self, key: str) -> Row | None:
-        found = self._run(
-            lambda c: c.execute(
-                f"SELECT {_ROW_COLUMNS} FROM entries WHERE key = ?", (key,)
-            ).fetchone(),
-            None,
-        )
-        return None if found is None else Row(*found)
-
     def metadata(self, key: str) -> tuple[Row, dict] | None:
-        found = self._run(
-            lambda c: c.execute(
-                f"SELECT {_ROW_COLUMNS}, metadata FROM entries WHERE key = ?", (key,)
-            ).fetchone(),
-            None,
-        )
-        if found is None:
+        """The entry of ``key`` and the metadata its download returned."""
+        record = self._run(lambda: _record(self._value(ENTRY + key)), None)
+        if record is None:
             return None
-        try:
-            metadata = json.loads(found[-1])
-        except ValueError:
-            metadata = {}
-        return Row(*found[:-1]), metadata if isinstance(metadata, dict) else {}
+        metadata = record.get("metadata")
+        row = Row(key, record, record["size"], record.get("stored_at", 0.0))
+        return row, metadata if isinstance(metadata, dict) else {}
 
-    def rows(self) -> list[Row]:
-        """Every row, least recently used first."""
-        found = self._run(
-            lambda c: c.execute(
-                f"SELECT {_ROW_COLUMNS} FROM entries ORDER BY accessed_at"
-            ).fetchall(),
-            [],
-        )
-        return [Row(*values) for values in found]
+    def rows(self, limit: int = -1) -> list[Row]:
+        """Entries, least recently used first."""
+        found = self._run(lambda: _Table.rows(self._connection(), ENTRY, limit), [])
+        return [
+            Row(name[len(ENTRY) :], _record(value), size, stored)
+            for name, value, size, stored in found
+        ]
 
     def least_recent(self) -> Row | None:
-        found = self._run(
-            lambda c: c.execute(
-                f"SELECT {_ROW_COLUMNS} FROM entries ORDER BY accessed_at LIMIT 1"
-            ).fetchone(),
-            None,
-        )
-        return None if found is None else Row(*found)
+        found = self.rows(limit=1)
+        return found[0] if found else None
 
     def generation(self, key: str) -> int:
-        found = self._run(
-            lambda c: c.execute(
-                "SELECT generation FROM generations WHERE key = ?", (key,)
-            ).fetchone(),
-            None,
-        )
-        return 0 if found is None else found[0]
+        return self._run(lambda: _integer(self._value(GENERATION + key)), 0)
 
     def totals(self) -> tuple[int, int]:
         """Files and bytes in the index."""
-        found = self._run(
-            lambda c: c.execute("SELECT files, bytes FROM totals WHERE id = 0").fetchone(), None
-        )
-        return (0, 0) if found is None else (found[0], found[1])
+
+        def count() -> tuple[int, int]:
+            connection = self._connection()
+            return _Table.count(connection, ENTRY), _Table.total_size(connection)
+
+        return self._run(count, (0, 0))
+
+    def cached_bytes(self) -> int:
+        """Bytes of the files in the index (diskcache's maintained total: no scan)."""
+        return self._run(lambda: _Table.total_size(self._connection()), 0)
 
     def counters(self) -> dict[str, int]:
-        found = self._run(lambda c: c.execute("SELECT name, value FROM counters").fetchall(), [])
-        return dict(found)
+        found = self._run(lambda: _Table.rows(self._connection(), COUNTER), [])
+        return {name[len(COUNTER) :]: _integer(value) for name, value, _, _ in found}
 
     def key_format(self) -> str | None:
-        found = self._run(
-            lambda c: c.execute("SELECT value FROM meta WHERE name = 'key_format'").fetchone(),
-            None,
-        )
-        return None if found is None else found[0]
+        return self._run(lambda: self._value(KEY_FORMAT_NAME), None)
 
-    # -- writing -----------------------------------------------------------------------
+    # -- writing -------------------------------------------------------------------------
 
     def publish(
         self, key: str, file: str, size: int, shown: str, metadata: dict, since: int
@@ -440,20 +559,14 @@ class Index:
         Returns whether it was recorded and the file of the entry it replaced.
         """
 
-        def insert(connection: sqlite3.Connection) -> tuple[bool, str | None]:
-            found = connection.execute(
-                "SELECT generation FROM generations WHERE key = ?", (key,)
-            ).fetchone()
-            if (0 if found is None else found[0]) != since:
+        def insert(store: diskcache.Cache) -> tuple[bool, str | None]:
+            if _integer(store.get(GENERATION + key)) != since:
                 return False, None
-            old = connection.execute("SELECT file FROM entries WHERE key = ?", (key,)).fetchone()
-            connection.execute("DELETE FROM entries WHERE key = ?", (key,))
+            old = _record(store.get(ENTRY + key))
             now = time.time()
-            connection.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, file, size, shown, now, now, now, json.dumps(metadata, default=str)),
-            )
-            return True, None if old is None else old[0]
+            record = {"file": file, "size": size, "shown": shown, "metadata": metadata}
+            store.set(ENTRY + key, _Entry({**record, "stored_at": now, "validated_at": now}))
+            return True, None if old is None else old["file"]
 
         return self._write(insert, (False, None))
 
@@ -461,84 +574,106 @@ class Index:
         """Delete the entry of ``key``; with ``written`` also bump its generation, so no
         download begun before now publishes. Returns the file the entry named."""
 
-        def delete(connection: sqlite3.Connection) -> str | None:
+        def delete(store: diskcache.Cache) -> str | None:
             if written:
-                connection.execute(
-                    "INSERT INTO generations VALUES (?, 1) "
-                    "ON CONFLICT (key) DO UPDATE SET generation = generation + 1",
-                    (key,),
-                )
-            found = connection.execute("SELECT file FROM entries WHERE key = ?", (key,)).fetchone()
-            connection.execute("DELETE FROM entries WHERE key = ?", (key,))
-            return None if found is None else found[0]
+                store.incr(GENERATION + key)
+            old = _record(store.get(ENTRY + key))
+            store.delete(ENTRY + key)
+            return None if old is None else old["file"]
 
         return self._write(delete)
 
-    def drop_if(self, key: str, file: str) -> bool:
-        """Delete the entry of ``key`` only if it still names ``file``."""
+    def drop_if(self, key: str, file: str | None) -> bool:
+        """Delete the entry of ``key`` only if it still names ``file`` (None: a row the
+        index did not write)."""
 
-        def delete(connection: sqlite3.Connection) -> bool:
-            return (
-                connection.execute(
-                    "DELETE FROM entries WHERE key = ? AND file = ?", (key, file)
-                ).rowcount
-                > 0
-            )
+        def delete(store: diskcache.Cache) -> bool:
+            value = store.get(ENTRY + key)
+            record = _record(value)
+            if (None if record is None else record["file"]) != file:
+                return False
+            return store.delete(ENTRY + key)
 
         return self._write(delete, False)
 
     def record_usage(self, touches: dict[str, float], counts: dict[str, int]) -> None:
-        """Apply batched access times (never moving one back) and counter increments."""
+        """Re-store the entries used (in the order of their use: their least-recently-used
+        place moves forward) and add counter increments, in one transaction."""
 
-        def apply(connection: sqlite3.Connection) -> None:
-            connection.executemany(
-                "UPDATE entries SET accessed_at = ? WHERE key = ? AND accessed_at < ?",
-                [(when, key, when) for key, when in touches.items()],
-            )
-            connection.executemany(
-                "INSERT INTO counters VALUES (?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
-                list(counts.items()),
-            )
+        def apply(store: diskcache.Cache) -> None:
+            for key in sorted(touches, key=touches.__getitem__):
+                record = _record(store.get(ENTRY + key))
+                if record is not None:
+                    store.set(ENTRY + key, _Entry(record))
+            for name, amount in counts.items():
+                store.incr(COUNTER + name, amount)
 
         self._write(apply)
 
     def touch_validated(self, key: str) -> None:
-        self._write(
-            lambda c: c.execute(
-                "UPDATE entries SET validated_at = ? WHERE key = ?", (time.time(), key)
-            )
-        )
+        def update(store: diskcache.Cache) -> None:
+            record = _record(store.get(ENTRY + key))
+            if record is not None:
+                store.set(ENTRY + key, _Entry({**record, "validated_at": time.time()}))
 
-    def clear(self) -> list[tuple[str, str]]:
+        self._write(update)
+
+    def clear(self) -> list[tuple[str, str | None]]:
         """Delete every entry and counter; the ``(key, file)`` of the entries deleted.
         Generations stay, so a download in flight still cannot publish over a write."""
 
-        def delete(connection: sqlite3.Connection) -> list[tuple[str, str]]:
-            found = connection.execute("SELECT key, file FROM entries").fetchall()
-            connection.execute("DELETE FROM entries")
-            connection.execute("DELETE FROM counters")
-            return found
+        def delete(store: diskcache.Cache) -> list[tuple[str, str | None]]:
+            dropped = self._drop_entries(store)
+            for name, _, _, _ in _Table.rows(self._connection(), COUNTER):
+                store.delete(name)
+            return dropped
 
         return self._write(delete, [])
 
-    def set_key_format(self) -> list[tuple[str, str]]:
+    def set_key_format(self) -> list[tuple[str, str | None]]:
         """Drop every entry made under another key format (they could never be hit) and
         record the current one; the ``(key, file)`` of the entries dropped."""
 
-        def reset(connection: sqlite3.Connection) -> list[tuple[str, str]]:
-            found = connection.execute(
-                "SELECT value FROM meta WHERE name = 'key_format'"
-            ).fetchone()
-            if found is not None and found[0] == KEY_FORMAT:
+        def reset(store: diskcache.Cache) -> list[tuple[str, str | None]]:
+            if store.get(KEY_FORMAT_NAME) == KEY_FORMAT:
                 return []
-            dropped = connection.execute("SELECT key, file FROM entries").fetchall()
-            connection.execute("DELETE FROM entries")
-            connection.execute(
-                "INSERT INTO meta VALUES ('key_format', ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                (KEY_FORMAT,),
-            )
+            dropped = self._drop_entries(store)
+            store.set(KEY_FORMAT_NAME, KEY_FORMAT)
             return dropped
 
         return self._write(reset, [])
+
+    def _drop_entries(self, store: diskcache.Cache) -> list[tuple[str, str | None]]:
+        """Inside a transaction: delete every entry; their ``(key, file)``."""
+        dropped = []
+        for name, value, _, _ in _Table.rows(self._connection(), ENTRY):
+            store.delete(name)
+            record = _record(value)
+            dropped.append((name[len(ENTRY) :], None if record is None else record["file"]))
+        return dropped
+
+    def adopt(
+        self,
+        entries: Iterable[tuple[str, dict]],
+        generations: dict[str, int],
+        counters: dict[str, int],
+    ) -> None:
+        """Take over what an index of an earlier layout held, in one transaction: entries
+        ``(key, record)`` (records as :meth:`publish` makes them, least recently used
+        first), generations and counters, made under the current key format."""
+
+        def insert(store: diskcache.Cache) -> None:
+            for names, values in ((GENERATION, generations), (COUNTER, counters)):
+                for name, value in values.items():  # max: a second run changes nothing
+                    current = _integer(store.get(names + name))
+                    store.set(names + name, max(_integer(value), current))
+            for key, record in entries:
+                store.set(ENTRY + key, _Entry(record))
+            store.set(KEY_FORMAT_NAME, KEY_FORMAT)
+
+        self._write(insert)
+
+
+def _file_and_size(value: Any) -> tuple[str, int] | None:
+    record = _record(value)
+    return None if record is None else (record["file"], record["size"])

@@ -3,7 +3,7 @@
 Layout (format :data:`FORMAT`)::
 
     fsspec-shards-cache.json   marker: says the directory is a cache, and its format
-    index.db                   SQLite index: entries, write generations, counters (0600)
+    cache.db                   diskcache index: entries, write generations, counters (0600)
     files/ab/<key>.<token>     cached bytes (0400), published by rename, never rewritten
     tmp/<key>.<pid>.<token>.<reserved>.part   downloads in flight and the bytes they reserve
     locks/<key>.lock           one download per key across processes (0600, kept)
@@ -29,12 +29,15 @@ import re
 import secrets
 import stat
 
-FORMAT = 2
-"""Layout format written into the marker. Format 1 was the diskcache-based layout (no
-marker, ``cache.db`` + ``state/``), which :mod:`.trust` recognises and adopts."""
+from diskcache.core import DBNAME
+
+FORMAT = 3
+"""Layout format written into the marker. Earlier formats, which :mod:`.adoption` adopts:
+1, the diskcache layout of the released versions (no marker; ``cache.db`` + ``state/``);
+2, a marker and an index of the cache's own SQLite schema (``index.db``)."""
 
 MARKER = "fsspec-shards-cache.json"
-INDEX = "index.db"
+INDEX = DBNAME  # diskcache names its database; the index is a diskcache.Cache on the root
 FILES, TMP, LOCKS = "files", "tmp", "locks"
 SUBDIRECTORIES = (FILES, TMP, LOCKS)
 SPACE_LOCK = "space.lock"

@@ -1,73 +1,75 @@
-"""Inter-process locks of a cache: ``flock`` on files the cache keeps.
+"""Inter-process locks of a cache: filelock's ``flock`` locks, with the cache's rules.
 
-Invariants:
+filelock (``UnixFileLock``, >= 3.30) does the locking; this module fixes how the cache uses
+it, in one place:
 
-- A lock file is created 0600, never through a symlink, and never unlinked: every waiter
-  locks the same inode, so two holders can never lock two different files of one name.
+- A lock file is created 0600 (``mode``), never through a symlink (filelock opens it with
+  ``O_NOFOLLOW``), and never unlinked (``preserve_lock_file``): every waiter locks the same
+  inode, so two holders can never lock two different files of one name.
 - ``flock`` locks belong to an open file description; the kernel releases them when the
-  holder dies, so a killed process never leaves a lock held. A lock is released with
-  ``LOCK_UN`` before its descriptor closes, so a forked child still holding a copy of the
-  descriptor does not keep it.
-- Two threads of one process exclude each other too (each opens its own descriptor).
+  holder dies, so a killed process never leaves a lock held. filelock releases with
+  ``LOCK_UN`` before it closes the descriptor, so a forked child still holding a copy does
+  not keep the lock (and a child never unlocks what its parent holds).
+- No existence-lock fallback (``fallback_to_soft=False``): on a filesystem without
+  ``flock`` a lock raises instead of turning into a marker file a killed holder would leave.
+- Two threads of one process exclude each other too: every hold is a lock object of its
+  own, with a descriptor of its own. A thread that asks again for a lock it holds gets
+  filelock's ``RuntimeError`` instead of waiting for itself forever.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from filelock import Timeout, UnixFileLock, lock_descriptor, unlock_descriptor
 
-def _open_lock_file(path: str) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EINVAL})
+"""errnos of a filesystem that cannot lock (some network filesystems)."""
+
+
+def _lock(path: str) -> UnixFileLock:
+    return UnixFileLock(path, mode=0o600, fallback_to_soft=False, preserve_lock_file=True)
 
 
 @contextmanager
 def hold(path: str) -> Iterator[None]:
     """Hold the exclusive lock of ``path``, waiting as long as it takes."""
-    descriptor = _open_lock_file(path)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-    finally:
-        os.close(descriptor)
+    with _lock(path):
+        yield
 
 
 @contextmanager
-def try_hold(path: str) -> Iterator[bool]:
-    """Take the lock of ``path`` if it is free; yields whether it was taken."""
-    descriptor = _open_lock_file(path)
+def hold_if_supported(path: str) -> Iterator[bool]:
+    """Hold the lock of ``path`` where its filesystem can lock; yields whether it holds it
+    (False: the filesystem cannot lock, and the caller goes on unlocked)."""
+    lock = _lock(path)
     try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        lock.acquire()
+    except OSError as error:
+        if error.errno not in UNSUPPORTED | {errno.EROFS, errno.EACCES}:
+            raise
+        yield False
+        return
+    try:
+        yield True
     finally:
-        os.close(descriptor)
+        lock.release()
 
 
 def is_free(path: str) -> bool:
-    """Whether nobody holds the lock of ``path`` right now (a lock file never made is free)."""
-    try:
-        descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    """Whether nobody holds the lock of ``path`` right now (a lock file never made is free,
+    and is not made)."""
+    if not os.path.lexists(path):
         return True
+    lock = _lock(path)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        lock.acquire(timeout=0)
+    except Timeout:
         return False
-    finally:
-        os.close(descriptor)  # closing the only descriptor releases a lock just taken
+    lock.release()
     return True
 
 
@@ -82,16 +84,15 @@ def hold_directory(path: str) -> Iterator[None]:
     descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            locked = True
+            locked = lock_descriptor(descriptor)
         except OSError as error:
-            if error.errno not in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            if error.errno not in UNSUPPORTED:
                 raise
             locked = False
         try:
             yield
         finally:
             if locked:
-                fcntl.flock(descriptor, fcntl.LOCK_UN)
+                unlock_descriptor(descriptor)
     finally:
         os.close(descriptor)

@@ -15,8 +15,8 @@ Invariants:
 - A copy out of the tier is checked like a download: the size always, the checksum whenever
   one is known. A copy that fails is deleted and the object downloaded from the backend.
 - One download per version across hosts where the filesystem's locks reach across hosts
-  (``flock`` on ``locks/<version>.lock``); where they do not, two hosts may each download
-  (each copy is still whole).
+  (``flock`` on ``locks/<version>.lock``, through :mod:`.locks`); where they do not, two
+  hosts may each download (each copy is still whole).
 - Its own size cap and least-recently-used order (a hit refreshes the file's modification
   time): at most once every :data:`SCAN_INTERVAL_SECONDS` per process, a publication scans
   the tier and deletes the least recently used files until it fits, and temp files older
@@ -29,7 +29,6 @@ Invariants:
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import logging
 import os
@@ -39,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-from fsspec_shards.storage.cache import layout, trust
+from fsspec_shards.storage.cache import layout, locks, trust
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.identity import ObjectId
 from fsspec_shards.storage.integrity import StreamingHasher
@@ -50,7 +49,6 @@ SCAN_INTERVAL_SECONDS = 30.0
 STALE_TEMP_SECONDS = 3600.0
 _CHUNK = 4 * 1024 * 1024
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL, errno.EROFS, errno.EACCES)
 Counter = Callable[[str, int], None]
 
 
@@ -199,28 +197,8 @@ class SharedTier:
             yield
             return
         path = os.path.join(self.directory, layout.LOCKS, layout.key_lock_name(version))
-        try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as error:
-            if error.errno not in _NO_LOCKS:
-                raise
+        with locks.hold_if_supported(path):
             yield
-            return
-        try:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX)
-                locked = True
-            except OSError as error:
-                if error.errno not in _NO_LOCKS:
-                    raise
-                locked = False
-            try:
-                yield
-            finally:
-                if locked:
-                    fcntl.flock(descriptor, fcntl.LOCK_UN)
-        finally:
-            os.close(descriptor)
 
     def _refresh(self, path: str) -> None:
         """A hit: the file is now the most recently used (its modification time)."""

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
 from fsspec_shards.config import verbose_cache
@@ -57,6 +57,7 @@ _WAIT_FOR_ROOM_SECONDS = 0.05
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SHARED: dict[tuple[str, bool], tuple[Index, Usage]] = {}
 _SHARED_LOCK = threading.Lock()
+_HOLDING_SPACE = threading.local()
 
 
 class CacheFullError(OSError):
@@ -146,7 +147,7 @@ class ShardCache:
                 index = Index(
                     directory,
                     writable,
-                    space_lock=lambda: locks.hold(_space_lock_path(directory)),
+                    space_lock=lambda: _holding_space(directory),
                     on_reset=lambda: _remove_data_files(directory),
                 )
                 shared = (index, Usage(index))
@@ -555,7 +556,7 @@ class ShardCache:
                 if os.path.join(self.directory, layout.TMP, name) != excluding
                 and not self._remove_if_stale(name)
             )
-            cached = self._index.totals()[1]
+            cached = self._index.cached_bytes()
             if cached + reserved + needed <= self.size_limit:
                 return True
             if not self._evict_least_recently_used():
@@ -620,14 +621,24 @@ class ShardCache:
     def _lock_path(self, key: str) -> str:
         return os.path.join(self.directory, layout.LOCKS, layout.key_lock_name(key))
 
-    @contextmanager
-    def _space_lock(self) -> Iterator[None]:
-        with locks.hold(_space_lock_path(self.directory)):
+    def _space_lock(self) -> AbstractContextManager[None]:
+        return _holding_space(self.directory)
+
+
+@contextmanager
+def _holding_space(directory: str) -> Iterator[None]:
+    """The space lock of ``directory``. A thread holding it already goes on: the index
+    replaces a corrupt file under it, also when the operation that found it holds it."""
+    held = _HOLDING_SPACE.__dict__.setdefault("directories", set())
+    if directory in held:
+        yield
+        return
+    with locks.hold(os.path.join(directory, layout.LOCKS, layout.SPACE_LOCK)):
+        held.add(directory)
+        try:
             yield
-
-
-def _space_lock_path(directory: str) -> str:
-    return os.path.join(directory, layout.LOCKS, layout.SPACE_LOCK)
+        finally:
+            held.discard(directory)
 
 
 def _reopen(directory: str, size_limit: int, create: bool, read_only: bool) -> ShardCache:

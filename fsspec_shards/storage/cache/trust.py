@@ -8,10 +8,11 @@ Invariants (as ssh's StrictModes):
   current user, and is not writable by group or others; the same holds for the marker,
   the subdirectories and the index file, none of which may be a symlink. Anything else is
   a :class:`CacheDirectoryError` naming the path, the reason and the fix.
-- A directory made by the previous layout (no marker; diskcache's ``cache.db``, ``files/``,
-  ``tmp/``, ``locks/``, ``state/`` and nothing else) is adopted: its cached files (names that
-  layout made) and its index are deleted, so nothing it cached is ever served, and the
-  marker is written. A marker saying ``"adopting"`` makes the next process finish the job.
+- A directory of an earlier layout format (format 1: no marker, the released versions'
+  diskcache layout and nothing else; format 2: a marker of format 2) is adopted
+  (:mod:`.adoption`) under the directory's lock, the marker saying ``"adopting"`` until it
+  is done, so a process killed midway leaves the next one to finish the job. Nothing it
+  cached is served unless it was made under the current key format and checks out.
 - Inspection (``create=False``) writes nothing, anywhere; a directory that is not a cache
   is a :class:`NotACacheError`.
 - The marker names the tier (``"local"`` or ``"shared"``): a node's local cache is never
@@ -24,17 +25,11 @@ import errno
 import json
 import os
 import secrets
-import sqlite3
 import stat
 from dataclasses import dataclass
-from urllib.request import pathname2url
 
-from fsspec_shards.storage.cache import layout, locks
+from fsspec_shards.storage.cache import adoption, layout, locks
 
-_PREVIOUS_NAMES = frozenset(
-    {"cache.db", "cache.db-wal", "cache.db-shm", "files", "tmp", "locks", "state"}
-)
-_PREVIOUS_STATE = ("counters", "validated")
 _SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -58,7 +53,7 @@ class NotACacheError(CacheDirectoryError):
     """Inspection of a directory that is not a fsspec-shards cache (nothing was created).
 
     ``kind`` says why: ``"missing"``, ``"empty"`` (no cache yet), ``"foreign"`` (other
-    files), ``"previous"`` (a cache of the previous layout, adopted at first use).
+    files), ``"previous"`` (a cache of an earlier layout format, adopted at first use).
     """
 
     def __init__(self, path: str, reason: str, kind: str, code: int = errno.ENOENT) -> None:
@@ -103,7 +98,7 @@ def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prep
     _check_private(path, info)
     marker = _read_marker(path)
     writable = os.access(path, os.W_OK)
-    if marker is None or marker.get("adopting"):
+    if marker is None or _earlier_format(marker) is not None:
         if not create:
             raise _not_a_cache(path, marker)
         if not writable:
@@ -138,8 +133,8 @@ def _create(path: str) -> str:
 
 
 def _take(path: str, tier: str) -> dict:
-    """Under the directory's lock: mark an empty directory, or adopt one of the previous
-    layout, or refuse anything else. Returns the marker."""
+    """Under the directory's lock: mark an empty directory, or adopt one of an earlier
+    layout format, or refuse anything else. Returns the marker."""
     with locks.hold_directory(path):
         marker = _read_marker(path)
         if marker is None:
@@ -147,32 +142,45 @@ def _take(path: str, tier: str) -> dict:
             if not names:
                 _make_subdirectories(path)
                 return _write_marker(path, tier=tier)
-            if tier != "local" or not _is_previous_layout(path, names):
+            if tier != "local" or not adoption.is_format_1(path, names):
                 raise CacheDirectoryError(
                     path,
                     f"is not empty and is not a fsspec-shards cache (no {layout.MARKER})",
                     _CHOOSE_ANOTHER,
                     errno.EEXIST,
                 )
-            marker = _write_marker(path, tier=tier, adopting=True)
-        if marker.get("adopting"):
-            _adopt_previous_layout(path)
-            _make_subdirectories(path)
-            marker = _write_marker(path, tier=tier)
-        return marker
+            earlier = 1
+        else:
+            earlier = _earlier_format(marker)
+            if earlier is None or marker.get("tier", "local") != tier:
+                return marker
+        _write_marker(path, tier=tier, adopting=earlier)
+        _make_subdirectories(path)
+        if tier == "local":  # the shared tier's layout is the same in every format
+            adoption.adopt(path, earlier)
+        return _write_marker(path, tier=tier)
+
+
+def _earlier_format(marker: dict) -> int | None:
+    """The earlier layout format a marked directory is still to be adopted from, if any
+    (format 2 marked a directory "adopting" while it adopted one of format 1)."""
+    if marker["format"] in adoption.MARKED_FORMATS:
+        return 1 if marker.get("adopting") else marker["format"]
+    adopting = marker.get("adopting")
+    return adopting if adopting in (1, *adoption.MARKED_FORMATS) else None
 
 
 def _not_a_cache(path: str, marker: dict | None) -> NotACacheError:
     previous = (
-        "is a cache of an earlier fsspec-shards version: its entries are removed (not "
-        "served) the first time a read uses it"
+        "is a cache of an earlier fsspec-shards version: it is adopted the first time a "
+        "read uses it (what cannot be served under this version is removed)"
     )
     if marker is not None:
         return NotACacheError(path, previous, "previous")
     names = os.listdir(path)
     if not names:
         return NotACacheError(path, "is empty: no cache yet", "empty")
-    if _is_previous_layout(path, names):
+    if adoption.is_format_1(path, names):
         return NotACacheError(path, previous, "previous")
     return NotACacheError(path, f"is not a fsspec-shards cache (no {layout.MARKER})", "foreign")
 
@@ -223,7 +231,7 @@ def _read_marker(path: str) -> dict | None:
         raise CacheDirectoryError(
             marker_path, "is damaged", f"remove the directory, or {_CHOOSE_ANOTHER}"
         ) from None
-    if version != layout.FORMAT:
+    if version != layout.FORMAT and version not in adoption.MARKED_FORMATS:
         raise CacheDirectoryError(
             path,
             f"holds a cache of layout format {version!r}, this version of fsspec-shards "
@@ -233,11 +241,12 @@ def _read_marker(path: str) -> dict | None:
     return marker
 
 
-def _write_marker(path: str, *, tier: str, adopting: bool = False) -> dict:
-    """Write the marker atomically (a temp file renamed over it), 0600; returns it."""
+def _write_marker(path: str, *, tier: str, adopting: int | None = None) -> dict:
+    """Write the marker atomically (a temp file renamed over it), 0600; returns it.
+    ``adopting``: the earlier layout format being adopted."""
     content = {"format": layout.FORMAT, "made_by": "fsspec-shards", "tier": tier}
-    if adopting:
-        content["adopting"] = True
+    if adopting is not None:
+        content["adopting"] = adopting
     temp = os.path.join(path, f".{layout.MARKER}.{secrets.token_hex(4)}")
     descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -275,50 +284,3 @@ def _check_contents(path: str, writable: bool) -> None:
     info = _check_entry(index, "file")
     if info is not None and info.st_mode & 0o077 and writable:
         os.chmod(index, 0o600)
-
-
-def _is_previous_layout(path: str, names: list[str]) -> bool:
-    """Whether ``path`` holds the previous (diskcache) layout and nothing else."""
-    if "cache.db" not in names or not set(names) <= _PREVIOUS_NAMES:
-        return False
-    database = os.path.join(path, "cache.db")
-    info = os.lstat(database)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-        return False
-    try:
-        connection = sqlite3.connect(f"file:{pathname2url(database)}?mode=ro", uri=True)
-        try:
-            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
-        finally:
-            connection.close()
-    except sqlite3.DatabaseError:
-        return False
-    return {"Cache", "Settings"} <= tables
-
-
-def _adopt_previous_layout(path: str) -> None:
-    """Delete what the previous layout cached (its data files, temp files, indexes).
-
-    Only names that layout made are deleted (``files/ab/<key>.<token>``,
-    ``tmp/<key>.<pid>.<token>.<bytes>.part``, the diskcache databases); lock files stay.
-    """
-    files = os.path.join(path, layout.FILES)
-    for shard in layout.list_directory(files):
-        shard_path = os.path.join(files, shard)
-        if layout.is_shard_directory(shard) and layout.is_real_directory(shard_path):
-            for name in layout.list_directory(shard_path):
-                if layout.is_data_name(name, shard):
-                    layout.remove_file(os.path.join(shard_path, name))
-    temp = os.path.join(path, layout.TMP)
-    for name in layout.list_directory(temp):
-        if layout.parse_temp_name(name) is not None:
-            layout.remove_file(os.path.join(temp, name))
-    state = os.path.join(path, "state")
-    if layout.is_real_directory(state):
-        for name in _PREVIOUS_STATE:
-            for suffix in _SQLITE_SUFFIXES:
-                layout.remove_file(os.path.join(state, name, "cache.db" + suffix))
-            layout.remove_empty_directory(os.path.join(state, name))
-        layout.remove_empty_directory(state)
-    for suffix in _SQLITE_SUFFIXES:
-        layout.remove_file(os.path.join(path, "cache.db" + suffix))

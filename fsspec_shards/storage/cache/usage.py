@@ -2,12 +2,13 @@
 
 Invariants:
 
-- A hit records its key's access time and counts in this process's memory only; a
-  background timer writes what gathered to the index in one transaction, at most once a
-  second, and so does process exit (``atexit``, and multiprocessing's exit of forked
-  workers, which skips ``atexit``). Least-recently-used order is therefore exact up to
-  that one-second window; an eviction made by this process writes its own first.
-- Access times only move forward, so a late batch never makes a file look older.
+- A hit records its key's use and counts in this process's memory only; a background
+  timer writes what gathered to the index in one transaction, at most once a second, and
+  so does process exit (``atexit``, and multiprocessing's exit of forked workers, which
+  skips ``atexit``). Least-recently-used order is therefore exact up to that one-second
+  window; an eviction made by this process writes its own first.
+- Writing a use re-stores the entry (:meth:`.Index.record_usage`): its place only moves
+  forward, so a late batch never makes a file look older.
 - A forked child starts with nothing pending: what the parent gathered, the parent writes.
 - When the index cannot be written (read-only), counts stay in memory, and
   :meth:`Usage.pending_counts` lets the cache report them.
