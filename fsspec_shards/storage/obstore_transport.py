@@ -870,12 +870,17 @@ def _seconds(moment: datetime | None) -> float | None:
 _stores: dict[tuple, Any] = {}
 _stores_lock = threading.Lock()
 _regions: dict[str, str] = {}
+_parents_stores: list[dict[tuple, Any]] = []
+"""In a forked child: the stores of the parent, kept referenced forever. Dropping one runs
+its Rust destructor, which reaches for the parent's runtime and hangs (seen in DataLoader
+workers); they are never used either."""
 
 
 def _forget_stores_after_fork() -> None:
-    global _stores_lock
+    global _stores, _stores_lock
     _stores_lock = threading.Lock()
-    _stores.clear()
+    _parents_stores.append(_stores)
+    _stores = {}
 
 
 os.register_at_fork(after_in_child=_forget_stores_after_fork)

@@ -264,3 +264,24 @@ def test_a_server_that_ignores_range_sends_a_large_object_once_not_once_per_chun
             server.shutdown()
     ranged = [header for header in _RangeIgnoringHandler.gets if header]
     assert len(ranged) == 1, ranged
+
+
+def test_auto_falls_back_to_fsspec_for_a_server_obstore_cannot_read_and_says_why_once(
+    gcs_backend, tmp_path, caplog
+):
+    """gcp-storage-emulator answers obstore's GCS reads with 501 (see docs/transport.md):
+    "auto" reads through gcsfs from then on, "obstore" raises naming the server's answer."""
+    pytest.importorskip("obstore")
+    first = gcs_backend.put("fallback-0.bin", DATA[:3000])
+    second = gcs_backend.put("fallback-1.bin", DATA[3000:6000])
+    fs = _wds_fs(gcs_backend, tmp_path)
+    assert "using obstore" in repr(fs.download_transport)
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+        assert fs.cat_file(first) == DATA[:3000]
+        assert fs.cat_file(second) == DATA[3000:6000]
+    assert "using fsspec" in repr(fs.download_transport)
+    switches = [r for r in caplog.records if "from now on" in r.getMessage()]
+    assert len(switches) == 1 and "cannot serve obstore" in switches[0].getMessage()
+    required = _wds_fs(gcs_backend, tmp_path / "required", transport="obstore")
+    with pytest.raises(OSError, match="cannot serve obstore"):
+        required.cat_file(first)
