@@ -12,7 +12,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from fsspec_shards.storage.cache import CacheDirectoryError, CacheWarning, ShardCache, layout
+from fsspec_shards.storage.cache import CacheDirectoryError, CacheWarning, ShardCache, layout, locks
 from fsspec_shards.storage.cache import shared as shared_module
 from fsspec_shards.storage.cache.shared import SharedTier
 from tests import cache_objects
@@ -139,6 +139,36 @@ def test_the_shared_tier_keeps_its_own_cap_evicting_least_recently_used(
         [payload("shard-0", 50_000), payload("shard-2", 50_000)]
     )
     assert one.cache_stats()["shared_evictions"] == 1
+
+
+def test_the_tier_is_scanned_once_per_interval_for_the_whole_cluster(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared, shared_cache_size=60_000)
+    one.cat_file(str(source / "shard-0.tar"))  # the first publication scans (nothing to do)
+    marker = shared / "locks" / "scan.lock"
+    scanned_at = marker.stat().st_mtime
+    two = wds(tmp_path, "two", shared, shared_cache_size=60_000)
+    two.cat_file(str(source / "shard-1.tar"))  # over the cap, but "one" scanned just now
+    assert len(shared_files(shared)) == 2 and marker.stat().st_mtime == scanned_at
+    os.utime(marker, (time.time() - 100, time.time() - 100))  # the interval has passed
+    three = wds(tmp_path, "three", shared, shared_cache_size=60_000)
+    three.cat_file(str(source / "shard-2.tar"))
+    assert sorted(shared_files(shared).values()) == [payload("shard-2", 50_000)]
+    assert marker.stat().st_mtime > time.time() - 10
+
+
+def test_a_scan_in_progress_elsewhere_is_not_repeated(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared_module, "SCAN_INTERVAL_SECONDS", 0.0)
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared, shared_cache_size=60_000)
+    one.cat_file(str(source / "shard-0.tar"))
+    with locks.hold(str(shared / "locks" / "scan.lock")):  # another host is scanning
+        one.cat_file(str(source / "shard-1.tar"))
+    assert len(shared_files(shared)) == 2
 
 
 def test_eviction_and_stale_temp_clean_up_delete_only_names_the_tier_makes(

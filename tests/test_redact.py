@@ -11,41 +11,13 @@ from fsspec_shards.redact import (
     redact_url,
     without_signing,
 )
+from tests.secrets import SECRET_PARAMETERS
 
 SIGNED = (
     "https://user:hunter2@bucket.s3.amazonaws.com/train/0001.tar"
     "?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=deadbeef&versionId=7"
 )
 SAS = "https://acct.blob.core.windows.net/c/0001.tar?sv=2024&sig=c2VjcmV0&se=2030"
-SECRET_PARAMETERS = [
-    "X-Amz-Signature",
-    "X-Amz-Credential",
-    "X-Amz-Security-Token",
-    "X-Goog-Signature",
-    "X-Goog-Credential",
-    "GoogleAccessId",
-    "AWSAccessKeyId",
-    "Signature",
-    "sig",
-    "sv",
-    "se",
-    "token",
-    "access_token",
-    "auth",
-    "auth_token",
-    "jwt",
-    "hdnts",
-    "client_secret",
-    "private_token",
-    "code",
-    "passwd",
-    "password",
-    "sas",
-    "session",
-    "key",
-    "Policy",
-    "Key-Pair-Id",
-]
 
 
 @pytest.mark.parametrize("url", [SIGNED, SAS, "wds::" + SIGNED])

@@ -11,6 +11,7 @@ import fsspec
 import pytest
 
 from tests.cli.running import run_cli
+from tests.secrets import SECRET_PARAMETERS
 
 OTHER_UID = 12345
 
@@ -109,39 +110,6 @@ def test_a_cache_owned_by_another_user_is_named_with_the_reason(filled_cache: Pa
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert str(filled_cache) in line and f"owned by uid {OTHER_UID}" in line
-
-
-SECRET_PARAMETERS = [
-    "X-Amz-Signature",
-    "X-Amz-Credential",
-    "X-Amz-Security-Token",
-    "X-Goog-Signature",
-    "X-Goog-Credential",
-    "GoogleAccessId",
-    "AWSAccessKeyId",
-    "Signature",
-    "Policy",
-    "Key-Pair-Id",
-    "Expires",
-    "sig",
-    "sv",
-    "se",
-    "sp",
-    "token",
-    "access_token",
-    "auth",
-    "auth_token",
-    "jwt",
-    "hdnts",
-    "client_secret",
-    "private_token",
-    "code",
-    "passwd",
-    "password",
-    "sas",
-    "session",
-    "key",
-]
 
 
 def test_no_secret_of_any_signed_url_reaches_cache_ls_or_any_file_of_the_cache(

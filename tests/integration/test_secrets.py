@@ -15,40 +15,9 @@ import pytest
 from fsspec_shards.storage.retry import RetriesExhaustedError
 from tests.integration import servers
 from tests.integration.fault_proxy import Reset, Status
+from tests.secrets import SECRET_PARAMETERS
 
-PARAMETERS = [
-    "X-Amz-Signature",
-    "X-Amz-Credential",
-    "X-Amz-Security-Token",
-    "X-Amz-Date",
-    "AWSAccessKeyId",
-    "Signature",
-    "Expires",
-    "X-Goog-Signature",
-    "X-Goog-Credential",
-    "GoogleAccessId",
-    "sig",
-    "sv",
-    "se",
-    "sp",
-    "Policy",
-    "Key-Pair-Id",
-    "token",
-    "access_token",
-    "auth",
-    "auth_token",
-    "jwt",
-    "hdnts",
-    "client_secret",
-    "password",
-    "passwd",
-    "code",
-    "session",
-    "sas",
-    "api_key",
-    "private_token",
-]
-SECRETS = {name: f"s3cr3t{index:02d}q" for index, name in enumerate(PARAMETERS)}
+SECRETS = {name: f"s3cr3t{index:02d}q" for index, name in enumerate(SECRET_PARAMETERS)}
 PASSWORD = "pa55w0rdzz"
 DATA = b"x" * 50_000
 

@@ -8,6 +8,7 @@ Layout (format :data:`FORMAT`)::
     tmp/<key>.<pid>.<token>.<reserved>.part   downloads in flight and the bytes they reserve
     locks/<key>.lock           one download per key across processes (0600, kept)
     locks/space.lock           reservation, publication, eviction, clearing
+    locks/scan.lock            shared tier: one eviction scan at a time; its mtime is the last
 
 The shared tier (:mod:`.shared`) has the same marker, ``tmp/`` and ``locks/``, no index,
 and one file per object *version*: ``files/ab/<version>``, ``<version>`` a 64-digit digest.
@@ -41,6 +42,7 @@ INDEX = DBNAME  # diskcache names its database; the index is a diskcache.Cache o
 FILES, TMP, LOCKS = "files", "tmp", "locks"
 SUBDIRECTORIES = (FILES, TMP, LOCKS)
 SPACE_LOCK = "space.lock"
+SCAN_LOCK = "scan.lock"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DATA_NAME = re.compile(r"([0-9a-f]{64})\.[0-9a-f]{8}")

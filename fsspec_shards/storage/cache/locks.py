@@ -59,6 +59,27 @@ def hold_if_supported(path: str) -> Iterator[bool]:
         lock.release()
 
 
+@contextmanager
+def hold_if_free(path: str) -> Iterator[bool]:
+    """Take the lock of ``path`` only if nobody holds it; yields whether the caller may go
+    on (True also where the filesystem cannot lock: then nothing is held)."""
+    lock = _lock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        yield False
+        return
+    except OSError as error:
+        if error.errno not in UNSUPPORTED | {errno.EROFS, errno.EACCES}:
+            raise
+        yield True
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
 def is_free(path: str) -> bool:
     """Whether nobody holds the lock of ``path`` right now (a lock file never made is free,
     and is not made)."""

@@ -18,10 +18,12 @@ Invariants:
   (``flock`` on ``locks/<version>.lock``, through :mod:`.locks`); where they do not, two
   hosts may each download (each copy is still whole).
 - Its own size cap and least-recently-used order (a hit refreshes the file's modification
-  time): at most once every :data:`SCAN_INTERVAL_SECONDS` per process, a publication scans
-  the tier and deletes the least recently used files until it fits, and temp files older
-  than :data:`STALE_TEMP_SECONDS`. Between scans it may overshoot by what the cluster
-  publishes meanwhile.
+  time): a publication scans the tier and deletes the least recently used files until it
+  fits, and temp files older than :data:`STALE_TEMP_SECONDS` — at most once every
+  :data:`SCAN_INTERVAL_SECONDS` for the whole cluster, not per process: the modification
+  time of ``locks/scan.lock`` records the last scan, and its lock lets one process scan at
+  a time (a thousand nodes must not list the tier every few seconds). Between scans it may
+  overshoot by what the cluster publishes meanwhile.
 - The same trust rules as the local cache (:mod:`.trust`, marker tier ``"shared"``), and
   only names the tier makes are ever deleted.
 """
@@ -213,6 +215,16 @@ class SharedTier:
         if now - self._last_scan < SCAN_INTERVAL_SECONDS:
             return
         self._last_scan = now
+        marker = os.path.join(self.directory, layout.LOCKS, layout.SCAN_LOCK)
+        last = _modified_at(marker)  # None: the tier was never scanned
+        if last is not None and time.time() - last < SCAN_INTERVAL_SECONDS:
+            return  # another process, maybe on another host, scanned lately
+        with locks.hold_if_free(marker) as mine:
+            if mine and (last is None or _modified_at(marker) == last):
+                _touch(marker)
+                self._evict()
+
+    def _evict(self) -> None:
         files = os.path.join(self.directory, layout.FILES)
         found = []
         for shard in layout.list_directory(files):
@@ -247,6 +259,20 @@ class SharedTier:
                     layout.remove_file(path)
             except FileNotFoundError:
                 pass
+
+
+def _modified_at(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _copy(source: int, target: int, size: int) -> None:

@@ -1,0 +1,37 @@
+"""The query parameters the secret sweeps put in URLs: AWS, GCS, Azure SAS and CloudFront
+signatures, and the token and password names that web services use. Every value of every
+one of them must show as REDACTED wherever the library shows a URL."""
+
+SECRET_PARAMETERS = (
+    "X-Amz-Signature",
+    "X-Amz-Credential",
+    "X-Amz-Security-Token",
+    "X-Amz-Date",
+    "AWSAccessKeyId",
+    "Signature",
+    "Expires",
+    "X-Goog-Signature",
+    "X-Goog-Credential",
+    "GoogleAccessId",
+    "sig",
+    "sv",
+    "se",
+    "sp",
+    "Policy",
+    "Key-Pair-Id",
+    "token",
+    "access_token",
+    "auth",
+    "auth_token",
+    "jwt",
+    "hdnts",
+    "client_secret",
+    "password",
+    "passwd",
+    "code",
+    "session",
+    "sas",
+    "api_key",
+    "private_token",
+    "key",
+)
