@@ -273,6 +273,23 @@ def test_auto_transport_uses_the_fsspec_backend_where_obstore_has_no_store_and_s
     assert "obstore has no store for protocol 'file'" in caplog.records[0].getMessage()
 
 
+def test_an_option_obstore_cannot_carry_over_is_named_or_sends_auto_to_fsspec(tmp_path, caplog):
+    pytest.importorskip("obstore")
+    pytest.importorskip("s3fs")
+    options = {
+        "key": "AKID",
+        "secret": "not-used",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+        "config_kwargs": {"signature_version": "s3"},  # SigV2: obstore signs SigV4 only
+    }
+    with pytest.raises(ValueError, match="config_kwargs.signature_version"):
+        _wds(target_protocol="s3", target_options=options, transport="obstore")
+    fs = _wds(target_protocol="s3", target_options=options, cache_dir=str(tmp_path))
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+        assert type(fs.download_transport).__name__ == "S3Transport"
+    assert "config_kwargs.signature_version" in caplog.records[0].getMessage()
+
+
 def test_transport_comes_from_the_environment(monkeypatch, tmp_path):
     conf: dict = {}
     fsspec.config.set_conf_env(conf, {"FSSPEC_WDS_TRANSPORT": "fsspec"})
