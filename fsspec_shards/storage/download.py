@@ -6,10 +6,10 @@ continues from the byte it reached, never from 0. A transport that streams hands
 byte that arrived before a cut, so one request to the end suffices (each extra request costs
 a round trip, and some servers copy the whole object for each); with one that does not, the
 object is read in ranged chunks whose size adapts (doubling on success, halving after a
-failure that delivered nothing). Bytes are hashed as
-they stream past, on a worker thread (``filling.OrderedHasher``); at the end size and
-checksum are checked. A large object written into a file may be filled by several ranged
-GETs at once (``filling.fill_ranges``, see :class:`Target`).
+failure that delivered nothing). Bytes are hashed as they stream past (large objects on a
+worker thread: ``filling.OrderedHasher``); at the end size and checksum are checked. A
+large object written into a file may be filled by several ranged GETs at once
+(``filling.fill_ranges``, see :class:`Target`).
 
 Invariants:
 
@@ -358,7 +358,7 @@ def _fill(
         before = position
         if expect.size is None:
             end = None  # to the end of the body
-        elif requests == 0 and _parallel_planned(target, expect):
+        elif requests == 0 and _parallel_planned(target, expect, out) is not None:
             end = target.range_bytes  # then, if answered as a range, the rest in ranges
         else:
             end = expect.size if whole else min(expect.size, position + chunks.size)
@@ -413,31 +413,31 @@ def _fill(
     return position
 
 
-def _parallel_planned(target: Target, expect: Version) -> bool:
-    """Whether the object is one to fill by several ranges at once (module docstring)."""
-    return (
-        target.ranges_in_flight > 1
-        and expect.size is not None
-        and expect.size > max(PARALLEL_ABOVE, target.range_bytes)
-        and bool(expect.etag or expect.version)
-    )
+def _parallel_planned(target: Target, expect: Version, out: BinaryIO) -> int | None:
+    """The descriptor of ``out`` when the object is one to fill by several ranges at once
+    (module docstring); else None."""
+    if (
+        target.ranges_in_flight < 2
+        or expect.size is None
+        or expect.size <= max(PARALLEL_ABOVE, target.range_bytes)
+        or not (expect.etag or expect.version)
+    ):
+        return None
+    try:
+        return out.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # in memory: no pwrite
+        return None
 
 
 def _parallel_file(
     target: Target, out: BinaryIO, expect: Version, position: int, facts: Any
 ) -> int | None:
-    """The descriptor of ``out`` when the rest of the object, from ``position``, should be
-    filled by several ranges at once (see the module docstring); else None."""
-    if (
-        not _parallel_planned(target, expect)
-        or expect.size - position <= target.range_bytes
-        or getattr(facts, "status", None) != 206
-    ):
+    """The descriptor of ``out`` when the rest of the object, from ``position``, is to be
+    filled by several ranges at once: planned, more than one range left, and the first
+    request was answered as a range; else None."""
+    if expect.size - position <= target.range_bytes or getattr(facts, "status", None) != 206:
         return None
-    try:
-        return out.fileno()
-    except (AttributeError, io.UnsupportedOperation):
-        return None
+    return _parallel_planned(target, expect, out)
 
 
 def _changed(target: Target, expect: Version) -> bool:

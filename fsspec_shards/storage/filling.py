@@ -266,8 +266,11 @@ def _fill_range(
         nonlocal position
         if stop.is_set():
             raise _Stopped
-        os.pwrite(descriptor, data, position)
-        position += len(data)
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(descriptor, view, position)
+            view = view[written:]
+            position += written
         count(len(data))
 
     while position < end:
