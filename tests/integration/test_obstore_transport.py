@@ -34,7 +34,6 @@ from fsspec_shards.storage.retry import http_status, is_transient, permanent_err
 from fsspec_shards.storage.versions import Version, VersionMismatch
 from tests.integration import servers
 from tests.integration.fault_proxy import Cut, Reset, Stall, Status
-from tests.integration.gcs_xml_front import GcsXmlFront
 
 pytest.importorskip("obstore")
 
@@ -80,12 +79,6 @@ class Target:
         return dataclasses.replace(
             self, backend=backend, options=backend.storage_options, server=proxy.address
         )
-
-
-@pytest.fixture(scope="session")
-def gcs_front(gcs_service) -> Iterator[GcsXmlFront]:
-    with GcsXmlFront(gcs_service.endpoint_url) as front:
-        yield front
 
 
 def _target(request, name: str) -> Target:
