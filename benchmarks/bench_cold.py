@@ -11,17 +11,18 @@ bytes (and to ``simplecache::``). The readers:
 
 - plain GET: one ``urllib`` stream (of a presigned URL on S3), bytes read and dropped: the
   line rate
+- no network: the same bytes written from memory to a file and fsynced, the disk's ceiling
+  for any cache fill that makes its files durable
 - obstore ``get``: one streamed GET through the Rust client, bytes dropped
 - the fsspec backend's ``open`` + ``read`` (s3fs, fsspec's http); ``simplecache::`` cold
-- ``wds::`` cold with ``verify=False`` and with ``verify="auto"`` + SHA256SUMS (the download
-  path of today, over the fsspec backend)
-- no network: the same bytes written from memory to a file and fsynced, the disk's ceiling
-- the obstore transport alone (``storage/obstore_transport.py``) filling a file as the cache
-  does (written, sha256 checked, fsynced): hashing inline in the receiving thread; hashing
-  on a worker thread (and the same without the fsync, to show its cost); writing and
-  hashing on a worker thread (also flushing to disk every 16 MiB as it goes); several
-  ranges in flight written with ``os.pwrite`` into a preallocated file while a worker
-  hashes the finished ranges in order.
+- ``wds::`` cold (open + read of each object, which fills the cache) through each download
+  transport (``transport="fsspec"`` / ``"obstore"``), with ``verify=False`` and with
+  ``verify="auto"`` + SHA256SUMS
+- the obstore fill with ``verify="auto"`` in three variants, to show what each choice of
+  the download path is worth here: ``ranges_in_flight=4`` (16 MiB ranges written with
+  ``os.pwrite``), hashing inline instead of on a worker thread, and no early writeback
+- the obstore transport alone filling a file with sha256 on a thread but no fsync: what
+  the fsync every cached file gets costs
 
     python benchmarks/bench_cold.py [--rounds 5] [--objects 4] [--mib 64] [--servers moto nginx]
 """
@@ -32,18 +33,15 @@ import argparse
 import contextlib
 import hashlib
 import os
-import queue
 import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,15 +51,14 @@ if str(ROOT) not in sys.path:
 
 import fsspec  # noqa: E402
 
+from fsspec_shards.storage import download, filling  # noqa: E402
+from fsspec_shards.storage.filling import OrderedHasher  # noqa: E402
 from fsspec_shards.storage.obstore_transport import ObstoreTransport, choose_transport  # noqa: E402
 from tests.integration import servers  # noqa: E402
 
 MiB = 1024 * 1024
 BUCKET = "bench"
 KEY, SECRET = "testing", "testing"
-RANGE_BYTES = 16 * MiB
-RANGES_IN_FLIGHT = 4
-HASH_PIECE = 8 * MiB
 TIMEOUT = 60.0
 
 
@@ -246,10 +243,28 @@ def simplecache_cold(setup: Setup) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def wds_cold(verify: str | bool) -> Callable[[Setup], None]:
+@contextlib.contextmanager
+def _variant(hash_inline: bool = False, no_writeback: bool = False) -> Iterator[None]:
+    """The download path with one of its choices undone, for the comparison rows: hashing
+    inline (no object is large enough for the worker thread), no early writeback (never
+    enough bytes written to start it)."""
+    saved = download.HASH_ON_A_THREAD_ABOVE, filling._WRITEBACK_EVERY
+    if hash_inline:
+        download.HASH_ON_A_THREAD_ABOVE = 1 << 62
+    if no_writeback:
+        filling._WRITEBACK_EVERY = 1 << 62
+    try:
+        yield
+    finally:
+        download.HASH_ON_A_THREAD_ABOVE, filling._WRITEBACK_EVERY = saved
+
+
+def wds_cold(
+    transport: str, verify: str | bool, ranges_in_flight: int = 1, **variant: bool
+) -> Callable[[Setup], None]:
     def read(setup: Setup) -> None:
         directory = setup.fresh_dir("wds")
-        options = {"verify": verify}
+        options = {"verify": verify, "transport": transport, "ranges_in_flight": ranges_in_flight}
         if verify == "auto":
             options["checksums"] = setup.sums_url
         fs = fsspec.filesystem(
@@ -261,9 +276,10 @@ def wds_cold(verify: str | bool) -> Callable[[Setup], None]:
             **options,
         )
         try:
-            for url in setup.urls:
-                with fs.open(url, "rb") as handle:
-                    handle.read()
+            with _variant(**variant):
+                for url in setup.urls:
+                    with fs.open(url, "rb") as handle:
+                        handle.read()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -279,13 +295,14 @@ def _check(path: str, digest: str, expected: str) -> None:
         raise RuntimeError(f"sha256 mismatch for {path}")
 
 
-def transport_inline(setup: Setup) -> None:
-    """One GET per object; the receiving thread writes and hashes each piece."""
+def transport_no_fsync(setup: Setup) -> None:
+    """One GET per object through the obstore transport; the receiving thread writes, a
+    worker thread hashes; no fsync (what the cache's fsync costs, by difference)."""
     transport = _transport(setup)
-    directory = setup.fresh_dir("inline")
+    directory = setup.fresh_dir("nofsync")
     try:
         for _, key, size, expected in setup.objects:
-            hasher = hashlib.sha256()
+            hasher = OrderedHasher("sha256")
             with open(os.path.join(directory, "part"), "wb") as out:
 
                 def sink(data: bytes, out=out, hasher=hasher) -> None:
@@ -293,153 +310,9 @@ def transport_inline(setup: Setup) -> None:
                     hasher.update(data)
 
                 transport.stream(key, 0, size, sink, TIMEOUT)
-                out.flush()
-                os.fsync(out.fileno())
-            _check(key, hasher.hexdigest(), expected)
+            _check(key, hasher.checksum().hexdigest, expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def transport_hash_thread(fsync: bool) -> Callable[[Setup], None]:
-    """One GET per object; the receiving thread writes, a worker thread hashes; the file is
-    fsynced at the end as the cache does, or (to show what that costs) not."""
-
-    def read(setup: Setup) -> None:
-        transport = _transport(setup)
-        directory = setup.fresh_dir("thread")
-        try:
-            for _, key, size, expected in setup.objects:
-                pieces: queue.Queue = queue.Queue(maxsize=64)
-                hasher = hashlib.sha256()
-
-                def hash_pieces(pieces=pieces, hasher=hasher) -> None:
-                    while (piece := pieces.get()) is not None:
-                        hasher.update(piece)
-
-                worker = threading.Thread(target=hash_pieces)
-                worker.start()
-                try:
-                    with open(os.path.join(directory, "part"), "wb") as out:
-
-                        def sink(data: bytes, out=out, pieces=pieces) -> None:
-                            out.write(data)
-                            pieces.put(data)
-
-                        transport.stream(key, 0, size, sink, TIMEOUT)
-                        out.flush()
-                        if fsync:
-                            os.fsync(out.fileno())
-                finally:
-                    pieces.put(None)
-                    worker.join()
-                _check(key, hasher.hexdigest(), expected)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-
-    return read
-
-
-def transport_write_thread(sync_every: int | None) -> Callable[[Setup], None]:
-    """One GET per object; the receiving thread only receives, a worker writes and hashes
-    (the network read never waits for the disk); with ``sync_every``, the worker also
-    flushes what it wrote to disk every so many bytes, so that the final fsync finds little
-    left to write (the disk works while the network does)."""
-
-    def read(setup: Setup) -> None:
-        transport = _transport(setup)
-        directory = setup.fresh_dir("writer")
-        try:
-            for _, key, size, expected in setup.objects:
-                pieces: queue.Queue = queue.Queue(maxsize=256)
-                hasher = hashlib.sha256()
-                descriptor = os.open(
-                    os.path.join(directory, "part"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
-                )
-
-                def write_pieces(pieces=pieces, hasher=hasher, descriptor=descriptor) -> None:
-                    unsynced = 0
-                    while (piece := pieces.get()) is not None:
-                        os.write(descriptor, piece)
-                        hasher.update(piece)
-                        unsynced += len(piece)
-                        if sync_every and unsynced >= sync_every:
-                            os.fdatasync(descriptor)
-                            unsynced = 0
-
-                worker = threading.Thread(target=write_pieces)
-                worker.start()
-                try:
-                    transport.stream(key, 0, size, pieces.put, TIMEOUT)
-                finally:
-                    pieces.put(None)
-                    worker.join()
-                    os.fsync(descriptor)
-                    os.close(descriptor)
-                _check(key, hasher.hexdigest(), expected)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-
-    return read
-
-
-def transport_parallel(setup: Setup) -> None:
-    """Ranges of RANGE_BYTES, RANGES_IN_FLIGHT at a time, written with ``os.pwrite`` into a
-    preallocated file; a worker hashes the finished ranges in order (read back with
-    ``os.pread``, from the page cache)."""
-    transport = _transport(setup)
-    directory = setup.fresh_dir("parallel")
-    try:
-        with ThreadPoolExecutor(RANGES_IN_FLIGHT) as pool:
-            for _, key, size, expected in setup.objects:
-                path = os.path.join(directory, "part")
-                digest = _fill_in_ranges(transport, key, size, path, pool)
-                _check(key, digest, expected)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _fill_in_ranges(
-    transport: ObstoreTransport, key: str, size: int, path: str, pool: ThreadPoolExecutor
-) -> str:
-    """Fill ``path`` with object ``key`` by ranges in flight on ``pool``; its sha256."""
-    starts = range(0, size, RANGE_BYTES)
-    finished = {start: threading.Event() for start in starts}
-    hasher = hashlib.sha256()
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-
-    def fetch(start: int) -> None:
-        offset = start
-
-        def sink(data: bytes) -> None:
-            nonlocal offset
-            os.pwrite(descriptor, data, offset)
-            offset += len(data)
-
-        transport.stream(key, start, min(size, start + RANGE_BYTES), sink, TIMEOUT)
-        finished[start].set()
-
-    def hash_in_order() -> None:
-        for start in starts:
-            finished[start].wait()
-            end = min(size, start + RANGE_BYTES)
-            for piece in range(start, end, HASH_PIECE):
-                hasher.update(os.pread(descriptor, min(HASH_PIECE, end - piece), piece))
-
-    try:
-        os.posix_fallocate(descriptor, 0, size)
-        hashing = threading.Thread(target=hash_in_order)
-        hashing.start()
-        try:
-            for future in [pool.submit(fetch, start) for start in starts]:
-                future.result()
-        finally:
-            for event in finished.values():
-                event.set()  # a failed range must not leave the hasher waiting
-            hashing.join()
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    return hasher.hexdigest()
 
 
 def local_write_fsync(setup: Setup) -> None:
@@ -464,14 +337,14 @@ READERS: dict[str, Callable[[Setup], None]] = {
     "obstore_get": obstore_get,
     "fsspec_open_read": fsspec_read,
     "simplecache_cold": simplecache_cold,
-    "wds_cold_verify_off": wds_cold(False),
-    "wds_cold_verify_auto_sha256sums": wds_cold("auto"),
-    "transport_file_sha256_inline": transport_inline,
-    "transport_file_sha256_thread": transport_hash_thread(fsync=True),
-    "transport_file_sha256_thread_no_fsync": transport_hash_thread(fsync=False),
-    "transport_file_write_thread": transport_write_thread(None),
-    "transport_file_write_thread_sync_16MiB": transport_write_thread(16 * MiB),
-    "transport_file_4_ranges_pwrite": transport_parallel,
+    "wds_fsspec_verify_off": wds_cold("fsspec", False),
+    "wds_fsspec_verify_auto_sha256sums": wds_cold("fsspec", "auto"),
+    "wds_obstore_verify_off": wds_cold("obstore", False),
+    "wds_obstore_verify_auto_sha256sums": wds_cold("obstore", "auto"),
+    "wds_obstore_auto_4_ranges_in_flight": wds_cold("obstore", "auto", ranges_in_flight=4),
+    "wds_obstore_auto_hash_inline": wds_cold("obstore", "auto", hash_inline=True),
+    "wds_obstore_auto_no_early_writeback": wds_cold("obstore", "auto", no_writeback=True),
+    "transport_file_sha256_no_fsync": transport_no_fsync,
 }
 SERVERS = ("moto", "nginx")
 

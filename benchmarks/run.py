@@ -200,13 +200,16 @@ BENCHMARKS = (
     ),
     Benchmark(
         "cold",
-        "Cold downloads from S3 (moto on loopback): plain GET, obstore, s3fs, simplecache, wds",
-        "moto's S3 server in its own process; 4 objects of 64 MiB, every reader reads all of "
-        "them cold each round. `vs_plain_get` is the median per-round speed ratio to one "
-        "urllib GET of the same bytes (the line rate), `vs_simplecache` to fsspec's "
-        "`simplecache::` cold. The `transport_file_*` rows are the obstore transport alone "
-        "filling a file as the cache does (sha256 checked, fsynced): hashing inline, on a "
-        "worker thread, or 4 ranges of 16 MiB in flight written with `os.pwrite`.",
+        "Cold downloads from S3 (moto on loopback) and nginx: plain GET, obstore, s3fs, "
+        "simplecache, wds through each transport",
+        "moto's S3 server in its own process, then nginx; 4 objects of 64 MiB, every reader "
+        "reads all of them cold each round. `vs_plain_get` is the median per-round speed "
+        "ratio to one urllib GET of the same bytes (the line rate), `vs_simplecache` to "
+        "fsspec's `simplecache::` cold. `wds_<transport>_*` rows fill the cache through "
+        '`transport="fsspec"` / `"obstore"`; the `wds_obstore_auto_*` variants undo one '
+        "choice of the download path each (4 ranges in flight, hashing inline, no early "
+        "writeback); `transport_file_sha256_no_fsync` is the obstore transport alone "
+        "filling a file without the fsync the cache makes.",
         lambda: cold_suite(5, 4, 64),
         lambda: cold_suite(2, 2, 32),
     ),

@@ -253,6 +253,52 @@ def test_ranged_reads_option_is_checked(tmp_path, options, message):
         _wds(target_protocol="file", cache_dir=str(tmp_path), **options)
 
 
+def test_transport_option_is_checked_and_named(tmp_path):
+    with pytest.raises(ValueError, match="'transport'.*auto, obstore, fsspec"):
+        _wds(target_protocol="file", cache_dir=str(tmp_path), transport="fast")
+    pytest.importorskip("obstore")
+    with pytest.raises(ValueError, match="transport='obstore' cannot serve 'file'"):
+        _wds(target_protocol="file", cache_dir=str(tmp_path), transport="obstore")
+
+
+def test_auto_transport_uses_the_fsspec_backend_where_obstore_has_no_store_and_says_why(
+    tmp_path, caplog
+):
+    from fsspec_shards.storage.streams import CatFileTransport
+
+    fs = _wds(target_protocol="file", cache_dir=str(tmp_path))
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+        assert isinstance(fs.download_transport, CatFileTransport)
+    pytest.importorskip("obstore")  # with it installed, the reason is the protocol
+    assert "obstore has no store for protocol 'file'" in caplog.records[0].getMessage()
+
+
+def test_an_option_obstore_cannot_carry_over_is_named_or_sends_auto_to_fsspec(tmp_path, caplog):
+    pytest.importorskip("obstore")
+    pytest.importorskip("s3fs")
+    options = {
+        "key": "AKID",
+        "secret": "not-used",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+        "config_kwargs": {"signature_version": "s3"},  # SigV2: obstore signs SigV4 only
+    }
+    with pytest.raises(ValueError, match="config_kwargs.signature_version"):
+        _wds(target_protocol="s3", target_options=options, transport="obstore")
+    fs = _wds(target_protocol="s3", target_options=options, cache_dir=str(tmp_path))
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+        assert type(fs.download_transport).__name__ == "S3Transport"
+    assert "config_kwargs.signature_version" in caplog.records[0].getMessage()
+
+
+def test_transport_comes_from_the_environment(monkeypatch, tmp_path):
+    conf: dict = {}
+    fsspec.config.set_conf_env(conf, {"FSSPEC_WDS_TRANSPORT": "fsspec"})
+    monkeypatch.setitem(fsspec.config.conf, "wds", conf["wds"])
+    fs = _wds(target_protocol="http", cache_dir=str(tmp_path))
+    assert fs.transport == "fsspec"
+    assert type(fs.download_transport).__name__ == "HttpTransport"
+
+
 def test_cat_ranges_reports_a_missing_path_without_failing_the_others(tmp_path):
     fs, _, path = _planned(tmp_path)
     results = fs.cat_ranges([path, path + ".missing"], [0, 0], [3, 3])

@@ -1,10 +1,15 @@
 """Fetch bytes from a backend: retried ranged reads, resumable whole-object downloads, verify.
 
-A whole-object download reads the object in ranged chunks whose bodies are streamed by the
-backend's transport (``streams.py``). When a transfer breaks off it continues from the byte
-it reached, never from 0; the chunk size adapts (doubling on success, halving after a
-failure that delivered nothing). Bytes are hashed as they stream past; at the end size and
-checksum are checked.
+A whole-object download asks the backend's transport (``streams.py``, or obstore:
+``obstore_transport.py``) for the rest of the object; when a transfer breaks off it
+continues from the byte it reached, never from 0. A transport that streams hands over every
+byte that arrived before a cut, so one request to the end suffices (each extra request costs
+a round trip, and some servers copy the whole object for each); with one that does not, the
+object is read in ranged chunks whose size adapts (doubling on success, halving after a
+failure that delivered nothing). Bytes are hashed as they stream past (large objects on a
+worker thread: ``filling.OrderedHasher``); at the end size and checksum are checked. A
+large object written into a file may be filled by several ranged GETs at once
+(``filling.fill_ranges``, see :class:`Target`).
 
 Invariants:
 
@@ -13,6 +18,9 @@ Invariants:
   from byte 0, never splices. Where responses say nothing of their version (backends read
   through ``cat_file``), ``info()`` is asked again after a fault and at the end.
 - An object with no identity beyond its size is read in one request; only a fault splits it.
+- Ranges in flight at once only for an object with an ETag, generation or version id that
+  every range response is checked against, after a first ranged request was answered as
+  one (206).
 - A pass that fails verification is discarded and the object downloaded once more; a
   second failure raises ``IntegrityError`` (one warning logged per object, not per try).
 """
@@ -20,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import errno
+import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +38,9 @@ import fsspec
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends import backend_checksums, call, object_identity, protocol_of
+from fsspec_shards.storage.filling import OrderedHasher, Writeback, fill_ranges, preallocate
 from fsspec_shards.storage.identity import ObjectId
-from fsspec_shards.storage.integrity import Checksum, StreamingHasher, choose_expected
+from fsspec_shards.storage.integrity import Checksum, choose_expected
 from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch, expected_version
@@ -42,6 +52,12 @@ INTEGRITY_PASSES = 2
 """Downloads of one object whose bytes fail verification before ``IntegrityError``: a copy
 corrupted in transit is fetched once more; one corrupt at rest costs two downloads, not more."""
 Counter = Callable[[str, int], None]
+PARALLEL_ABOVE = 32 * MiB
+"""Objects larger than this may be filled by several ranges in flight (``Target``)."""
+RANGE_BYTES = 16 * MiB
+HASH_ON_A_THREAD_ABOVE = 8 * MiB
+"""Larger objects are hashed on a worker thread while they arrive; smaller ones inline (a
+thread per download would cost more than it saves)."""
 
 
 @dataclass
@@ -137,6 +153,10 @@ class Target:
     manifest_checksum: Checksum | None = None
     count: Counter | None = None
     transport: Transport | None = None
+    ranges_in_flight: int = 1
+    """Ranged GETs at once when filling a file with an object over :data:`PARALLEL_ABOVE`
+    that has a version identity (1: one after the other)."""
+    range_bytes: int = RANGE_BYTES
 
     def __post_init__(self) -> None:
         if self.transport is None:
@@ -267,21 +287,62 @@ def _download_once(
 ) -> dict[str, Any] | _Mismatch | _Changed:
     """One pass over one version of the object, resuming after each broken-off read.
 
-    Every response is checked against the version ``info`` describes. An object with no
-    identity beyond its size (or of unknown size) is read in one request to its end:
-    ranges of it could come from two same-size versions, undetectably. After a fault the
-    read resumes, and the total size each response states must stay the same.
+    Every response is checked against the version ``info`` describes. The object is read
+    in one request to its end when the transport streams (a cut keeps what arrived), and
+    when it has no identity beyond its size (or its size is unknown): ranges of it could
+    come from two same-size versions, undetectably. After a fault the read resumes, and the
+    total size each response states must stay the same. A large object with a version
+    identity, written into a file, may be read by several ranges at once
+    (``Target.ranges_in_flight``).
     """
     out.seek(0)
     out.truncate()
     expect = target.expected_version(info)
     identity = object_identity(info)
     expected = target.expected_checksum(info)
-    hasher = StreamingHasher(expected.algorithm) if expected else None
+    hasher = None
+    if expected is not None:
+        large = expect.size is None or expect.size > HASH_ON_A_THREAD_ABOVE
+        hasher = OrderedHasher(expected.algorithm, threaded=large)
+    try:
+        position = _fill(target, out, expect, chunks, hasher, on_bytes)
+    except VersionMismatch as exc:
+        position = _Changed(exc.strerror or str(exc))
+    except BaseException:
+        if hasher is not None:
+            hasher.abandon()
+        raise
+    if isinstance(position, _Changed):
+        if hasher is not None:
+            hasher.abandon()
+        return position
+    actual = hasher.checksum() if hasher is not None else None
+    if expect.size is not None and position != expect.size:
+        return _Mismatch(f"{expect.size} bytes", f"{position} bytes")
+    if actual is not None and actual != expected:
+        return _Mismatch(str(expected), str(actual))
+    return {
+        "size": position,
+        "identity": identity,
+        "checksum": str(actual) if actual is not None else None,
+    }
+
+
+def _fill(
+    target: Target,
+    out: BinaryIO,
+    expect: Version,
+    chunks: ChunkSizer,
+    hasher: OrderedHasher | None,
+    on_bytes: Callable[[int], None],
+) -> int | _Changed:
+    """Write the object into ``out`` from byte 0; the bytes written (``VersionMismatch``
+    or :class:`_Changed` when another version turned up)."""
     attempts = target.attempts("download")
-    whole = expect.size is None or not expect.identified
+    whole = expect.size is None or not expect.identified or target.transport.streaming
     position = 0
     requests = 0
+    writeback = Writeback.of(out)
 
     def sink(data: bytes) -> None:
         nonlocal position
@@ -290,21 +351,26 @@ def _download_once(
             hasher.update(data)
         position += len(data)
         on_bytes(len(data))
+        if writeback is not None:
+            writeback.written(position)
 
     while expect.size is None or position < expect.size:
         before = position
         if expect.size is None:
             end = None  # to the end of the body
+        elif requests == 0 and _parallel_planned(target, expect, out) is not None:
+            end = target.range_bytes  # then, if answered as a range, the rest in ranges
         else:
             end = expect.size if whole else min(expect.size, position + chunks.size)
         requests += 1
         error: Exception | None = None
+        facts = None
         try:
-            target.transport.stream(
+            facts = target.transport.stream(
                 target.path, position, end, sink, target.policy.timeout, True, expect
             )
-        except VersionMismatch as exc:
-            return _Changed(exc.strerror or str(exc))
+        except VersionMismatch:
+            raise
         except Exception as exc:
             error = exc
         if position > before:
@@ -319,6 +385,23 @@ def _download_once(
             break  # read to the end of the body
         elif end is not None and position >= end:  # (past it: a Range ignored, all sent)
             chunks.succeeded()
+            descriptor = _parallel_file(target, out, expect, position, facts)
+            if descriptor is not None:
+                out.flush()
+                preallocate(descriptor, expect.size)
+                fill_ranges(
+                    target,
+                    descriptor,
+                    position,
+                    expect,
+                    hasher,
+                    on_bytes,
+                    target.ranges_in_flight,
+                    target.range_bytes,
+                )
+                requests += 1  # (at least)
+                position = expect.size
+                out.seek(position)
             continue
         else:
             attempts.failed(TransientError(f"short read at offset {position} of {expect.size}"))
@@ -327,17 +410,34 @@ def _download_once(
     out.flush()
     if requests > 1 and expect.unconfirmed and _changed(target, expect):
         return _Changed("its info() changed")
-    if expect.size is not None and position != expect.size:
-        return _Mismatch(f"{expect.size} bytes", f"{position} bytes")
-    if hasher is not None:
-        actual = hasher.checksum()
-        if actual != expected:
-            return _Mismatch(str(expected), str(actual))
-    return {
-        "size": position,
-        "identity": identity,
-        "checksum": str(hasher.checksum()) if hasher is not None else None,
-    }
+    return position
+
+
+def _parallel_planned(target: Target, expect: Version, out: BinaryIO) -> int | None:
+    """The descriptor of ``out`` when the object is one to fill by several ranges at once
+    (module docstring); else None."""
+    if (
+        target.ranges_in_flight < 2
+        or expect.size is None
+        or expect.size <= max(PARALLEL_ABOVE, target.range_bytes)
+        or not (expect.etag or expect.version)
+    ):
+        return None
+    try:
+        return out.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # in memory: no pwrite
+        return None
+
+
+def _parallel_file(
+    target: Target, out: BinaryIO, expect: Version, position: int, facts: Any
+) -> int | None:
+    """The descriptor of ``out`` when the rest of the object, from ``position``, is to be
+    filled by several ranges at once: planned, more than one range left, and the first
+    request was answered as a range; else None."""
+    if expect.size - position <= target.range_bytes or getattr(facts, "status", None) != 206:
+        return None
+    return _parallel_planned(target, expect, out)
 
 
 def _changed(target: Target, expect: Version) -> bool:

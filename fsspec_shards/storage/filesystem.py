@@ -36,7 +36,9 @@ from fsspec_shards.storage.integrity import (
     load_manifest,
     parse_verify,
 )
+from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transport
 from fsspec_shards.storage.retry import RetryPolicy
+from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.filesystem")
@@ -116,6 +118,17 @@ class WdsFileSystem(ChainedFileSystem):
         cache with the whole verified file and serves the range from it. ``"direct"``: read
         just the range, checked for identity and size but not against a checksum (the only
         choice with ``cache=False``).
+    transport:
+        What downloads (cache fills, prefetch, uncached and direct ranged reads) go through:
+        ``"auto"`` (default: obstore for s3, gcs, az and http(s) when it is installed and
+        the backend's options map onto it, else the fsspec backend), ``"obstore"`` (an
+        error naming what obstore cannot serve) or ``"fsspec"``. Chosen once per process.
+        Listing, ``info`` and writes always use the fsspec backend.
+    ranges_in_flight:
+        Ranged GETs at once when a file over 32 MiB with an ETag, generation or version id
+        is downloaded into the cache (default 1: one request to the end). More may help
+        where one connection is slower than the link; on loopback it does not (see
+        docs/transport.md).
     block_size:
         Read size of streamed (uncached) files.
     check_stale, stale_ttl:
@@ -148,6 +161,8 @@ class WdsFileSystem(ChainedFileSystem):
         deadline: float | str = 300.0,
         timeout: float | str = 30.0,
         ranged_reads: str | None = None,
+        transport: str = "auto",
+        ranges_in_flight: int | str = 1,
         block_size: int | str | None = None,
         check_stale: bool | str = False,
         stale_ttl: float | str | None = None,
@@ -183,6 +198,8 @@ class WdsFileSystem(ChainedFileSystem):
         self.verify = parse_verify(verify)
         self.cache_enabled = config.parse_bool(cache, "cache")
         self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
+        self.transport = _parse_transport(transport)
+        self.ranges_in_flight = config.parse_int(ranges_in_flight, "ranges_in_flight", minimum=1)
         self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
@@ -216,6 +233,7 @@ class WdsFileSystem(ChainedFileSystem):
         self._backend: fsspec.AbstractFileSystem | None = None
         self._cache = None
         self._cache_pid = -1
+        self._transport: tuple[int, Transport] | None = None
         self._shared = None
         self._shared_pid = -1
         self._objects: dict[str, ObjectId] = {}
@@ -231,6 +249,8 @@ class WdsFileSystem(ChainedFileSystem):
             self.policy = dataclasses.replace(self.policy, timeout=shorter)
         if isinstance(checksums, dict):  # checked now: a bad entry is a bad option
             self._manifest = load_manifest(checksums, self.fs)
+        if self.transport == "obstore":  # an option obstore cannot carry over is a bad option
+            self.download_transport  # noqa: B018 - chosen now for the error
 
     # -- the backend, the cache and the manifest (per process) ----------------------------
 
@@ -277,6 +297,27 @@ class WdsFileSystem(ChainedFileSystem):
         with self._lock:
             self._backend = backend
             self._pid = pid
+
+    @property
+    def download_transport(self) -> Transport:
+        """What downloads go through (the ``transport`` option), chosen once per process:
+        a forked child chooses again (obstore does not survive ``fork()`` once used)."""
+        chosen = self._transport
+        if chosen is not None and chosen[0] == os.getpid():
+            return chosen[1]
+        with self._lock:
+            fs = self.fs
+            if self._given_fs is not None:
+                protocol, options = backends.protocol_of(fs), fs.storage_options
+            else:
+                protocol, options = self._target_protocol, self._target_options
+            if isinstance(protocol, tuple | list):
+                protocol = protocol[0]
+            transport = download_transport(
+                protocol, options, self.transport, fallback=transport_for(fs)
+            )
+            self._transport = (os.getpid(), transport)
+            return transport
 
     @property
     def shard_cache(self):
@@ -365,6 +406,8 @@ class WdsFileSystem(ChainedFileSystem):
             verify=self.verify,
             manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
             count=self._count,
+            transport=self.download_transport,
+            ranges_in_flight=self.ranges_in_flight,
         )
 
     def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -936,6 +979,15 @@ class RetryingFile(AbstractBufferedFile):
                 raise IntegrityError(
                     self.target.shown, str(self._expected), str(actual), "streamed without cache"
                 )
+
+
+def _parse_transport(value: Any) -> str:
+    if value not in TRANSPORTS:
+        raise ValueError(
+            f"invalid value {value!r} for option 'transport': expected one of "
+            f"{', '.join(TRANSPORTS)}"
+        )
+    return value
 
 
 def _parse_ranged_reads(value: str | None, cache_enabled: bool) -> str:

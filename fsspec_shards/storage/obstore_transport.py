@@ -19,8 +19,11 @@ Invariants:
 - Retries are ours: stores are built with obstore's retries off, so that every failure
   reaches the retry layer (``retry.py``) once, classified: 404 -> ``FileNotFoundError``,
   401/403 -> ``PermissionError``, 412 or a response of another version ->
-  :class:`PreconditionFailed`, 5xx/408/429 -> an ``OSError`` carrying ``.status``, cuts and
+  ``versions.VersionMismatch``, 5xx/408/429 -> an ``OSError`` carrying ``.status``, cuts and
   resets -> ``ConnectionError``, no progress within the time-out -> ``TimeoutError``.
+- One set of types with the fsspec transports (``streams.py``): ``expect`` is a
+  ``versions.Version``, the answer ``versions.Facts``, and every response passes
+  ``versions.check_response`` before a byte of it reaches the sink.
 - Bytes reach the sink as they arrive (the GIL is released while Rust waits for them); a
   transfer that breaks off has handed over every byte received before the break, all of
   them correct data from ``start`` on. The time-out bounds each wait for the server (the
@@ -60,6 +63,7 @@ from fsspec_shards.storage.backends import (
     S3_PROTOCOLS,
 )
 from fsspec_shards.storage.retry import TransientError
+from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, check_response
 
 logger = logging.getLogger("fsspec_shards.storage.obstore_transport")
 
@@ -143,6 +147,7 @@ _S3_WRITE_ONLY = frozenset(
 _HTTP_IGNORED_CLIENT = frozenset({"timeout", "trust_env", "headers", "auth"})
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _KIND_RE = re.compile(r"kind: (\w+)")
+_OTHER_RANGE_RE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 
 
 # --------------------------------------------------------------------------- mapping
@@ -752,6 +757,71 @@ def choose_transport(
     return ObstoreTransport(protocol, spec)
 
 
+class DownloadTransport:
+    """The transport of one filesystem's downloads: obstore where it serves, else the fsspec
+    backend's transport (``fallback``, any ``streams.Transport``).
+
+    With ``required`` (``transport="obstore"``) whatever obstore cannot serve raises
+    :class:`TransportUnavailable` naming why. Otherwise a path obstore cannot address goes
+    to ``fallback``, and a server obstore cannot read (:class:`ServerUnsupported`, raised
+    before any byte is passed) sends this and every later download to ``fallback``: the
+    switch is logged once at DEBUG.
+    """
+
+    def __init__(self, fast: ObstoreTransport, fallback: Any, required: bool = False) -> None:
+        self.fast = fast
+        self.fallback = fallback
+        self.required = required
+        self.unserved: str | None = None  # why obstore stopped serving this backend
+
+    def __repr__(self) -> str:
+        using = "obstore" if self.unserved is None else "fsspec"
+        return f"DownloadTransport({self.fast.spec.shown}, using {using})"
+
+    @property
+    def streaming(self) -> bool:
+        """Whether bytes reach the sink as they arrive (see ``streams.Transport``)."""
+        return self.unserved is None or getattr(self.fallback, "streaming", False)
+
+    def stream(
+        self,
+        path: str,
+        start: int,
+        end: int | None,
+        sink: Sink,
+        timeout: float | None,
+        rest_of_body: bool = False,
+        expect: Version | None = None,
+    ) -> Facts:
+        """As ``streams.Transport.stream``, through obstore where it serves."""
+        reason = self.unserved or self.fast.unserved_reason(path)
+        if reason is None:
+            try:
+                return self.fast.stream(path, start, end, sink, timeout, rest_of_body, expect)
+            except TransportUnavailable as exc:
+                if self.required:
+                    raise
+                reason = str(exc)
+                self.unserved = reason
+            logger.debug("transport 'auto' uses the fsspec backend from now on: %s", reason)
+        elif self.required:
+            raise TransportUnavailable(
+                errno.ENOTSUP, f"transport='obstore' cannot read {redact_url(path)}: {reason}"
+            )
+        return self.fallback.stream(path, start, end, sink, timeout, rest_of_body, expect)
+
+
+def download_transport(
+    protocol: str, options: Mapping[str, Any] | None, transport: str, fallback: Any
+) -> Any:
+    """The transport downloads of a backend use: a :class:`DownloadTransport` when obstore
+    can serve it (:func:`choose_transport`), else ``fallback`` itself."""
+    fast = choose_transport(protocol, options, transport)
+    if fast is None:
+        return fallback
+    return DownloadTransport(fast, fallback, required=transport == "obstore")
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -764,13 +834,6 @@ class ServerUnsupported(TransportUnavailable):
     obstore's requests with 501 Not Implemented, or without a header obstore requires
     (gcp-storage-emulator: no Last-Modified, no decoding of encoded paths). Use fsspec for
     this backend."""
-
-
-class PreconditionFailed(OSError):
-    """The object is not the version asked for: the server refused the conditional request
-    (HTTP 412), or answered with another ETag, version, size or modification time."""
-
-    status = 412
 
 
 class HttpStatusError(OSError):
@@ -797,35 +860,6 @@ _TRANSIENT_KINDS = {"Connect", "Request", "Interrupted", "Decode"}
 # --------------------------------------------------------------------------- the transport
 
 
-@dataclass(frozen=True)
-class ObjectVersion:
-    """Which version of an object: what a download requires of every response. (Any object
-    with these four attributes serves as ``expect``.)"""
-
-    size: int | None
-    etag: str | None = None  # as the server sent it, quotes included (If-Match wants them)
-    version: str | None = None  # S3 version id, GCS generation, Azure version id
-    modified: float | None = None  # Last-Modified, whole seconds since the epoch
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What one GET answered: the status (206 for a range, 200 for the whole object), the
-    bytes its body covers ``[start, end)`` of ``total``, and the object's version."""
-
-    status: int
-    start: int
-    end: int
-    total: int | None
-    etag: str | None
-    version: str | None
-    modified: float | None  # Last-Modified, whole seconds since the epoch
-
-    @property
-    def object(self) -> ObjectVersion:
-        return ObjectVersion(self.total, self.etag, self.version, self.modified)
-
-
 def _seconds(moment: datetime | None) -> float | None:
     """A Last-Modified as whole seconds since the epoch (HTTP dates carry no more); None
     for the epoch itself, which obstore's HTTP store reports when the header is missing."""
@@ -833,23 +867,20 @@ def _seconds(moment: datetime | None) -> float | None:
     return seconds or None
 
 
-def _opaque(etag: str | None) -> str | None:
-    """An ETag compared by its opaque part: quotes and a weak marker do not matter."""
-    if not etag:
-        return None
-    text = str(etag).strip()
-    return (text[2:] if text.startswith("W/") else text).strip('"') or None
-
-
 _stores: dict[tuple, Any] = {}
 _stores_lock = threading.Lock()
 _regions: dict[str, str] = {}
+_parents_stores: list[dict[tuple, Any]] = []
+"""In a forked child: the stores of the parent, kept referenced forever. Dropping one runs
+its Rust destructor, which reaches for the parent's runtime and hangs (seen in DataLoader
+workers); they are never used either."""
 
 
 def _forget_stores_after_fork() -> None:
-    global _stores_lock
+    global _stores, _stores_lock
     _stores_lock = threading.Lock()
-    _stores.clear()
+    _parents_stores.append(_stores)
+    _stores = {}
 
 
 os.register_at_fork(after_in_child=_forget_stores_after_fork)
@@ -881,6 +912,8 @@ class ObstoreTransport:
     Paths are the fsspec backend's: ``bucket/key`` (s3, optionally ``?versionId=``),
     ``bucket/key`` (gcs), ``container/blob`` (az), full URLs (http).
     """
+
+    streaming = True  # bytes reach the sink as they arrive
 
     def __init__(self, protocol: str, spec: StoreSpec) -> None:
         self.protocol = protocol
@@ -1001,9 +1034,15 @@ class ObstoreTransport:
         ):
             error = PermissionError(errno.EACCES, f"permission denied: {shown} ({detail})")
         elif isinstance(exc, oe.PreconditionError) or status == 412:
-            error = PreconditionFailed(errno.ESTALE, f"{shown} changed: {detail}")
+            error = VersionMismatch(errno.ESTALE, f"{shown} changed: {detail}")
         elif isinstance(exc, oe.NotSupportedError) and "Range" in text:
             error = RangeNotSupported(errno.EINVAL, f"no range requests: {message}")
+        elif (other := _OTHER_RANGE_RE.search(text)) is not None:  # checked by obstore
+            error = TransientError(
+                errno.EIO,
+                f"Content-Range starts at byte {other.group(3)}, asked for {other.group(1)}: "
+                f"{message}",
+            )
         elif status == 501 or "source: Header" in text:
             error = ServerUnsupported(errno.ENOTSUP, f"the server cannot serve obstore: {message}")
         elif status is not None:
@@ -1043,7 +1082,7 @@ class ObstoreTransport:
 
     # ---- the operations
 
-    def info(self, path: str, timeout: float | None = None) -> ObjectVersion:
+    def info(self, path: str, timeout: float | None = None) -> Version:
         """Size and version of the object at ``path`` (a HEAD request)."""
         import obstore
 
@@ -1056,7 +1095,7 @@ class ObstoreTransport:
             )
         else:
             meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
-        return ObjectVersion(
+        return Version(
             meta["size"], meta["e_tag"], meta["version"], _seconds(meta["last_modified"])
         )
 
@@ -1068,18 +1107,19 @@ class ObstoreTransport:
         sink: Sink,
         timeout: float | None,
         rest_of_body: bool = False,
-        expect: ObjectVersion | None = None,
+        expect: Version | None = None,
     ) -> Facts:
         """Pass bytes ``[start, end)`` of ``path`` to ``sink`` in order, as they arrive, and
         return what the server said about them. ``end=None`` reads to the object's end.
 
         With ``expect``, the request is conditional on that version (If-Match on its strong
         ETag, else If-Unmodified-Since; its version id / generation is asked for), and an
-        answer of any other version raises :class:`PreconditionFailed` before a byte is
-        passed. May pass fewer bytes than asked (the object is shorter) or raise after
-        passing some (a cut, a stall): everything passed is correct data from ``start``
-        on. A server that ignores Range sends the whole object: bytes ``[start, end)`` of it
-        are passed, or with ``rest_of_body`` everything from ``start`` on.
+        answer of any other version raises ``VersionMismatch`` before a byte is passed
+        (``versions.check_response``, which also fills in what ``expect`` lacks). May pass
+        fewer bytes than asked (the object is shorter) or raise after passing some (a cut,
+        a stall): everything passed is correct data from ``start`` on. A server that ignores
+        Range sends the whole object: bytes ``[start, end)`` of it are passed, or with
+        ``rest_of_body`` everything from ``start`` on.
         """
         import obstore
 
@@ -1103,15 +1143,14 @@ class ObstoreTransport:
         meta = result.meta
         first, last = result.range
         facts = Facts(
-            status,
-            first,
-            last,
-            meta["size"],
-            meta["e_tag"],
-            meta["version"],
-            _seconds(meta["last_modified"]),
+            status=status,
+            start=first if status == 206 else None,
+            total=meta["size"],
+            etag=meta["e_tag"],
+            version=meta["version"],
+            modified=_seconds(meta["last_modified"]),
         )
-        _check_version(facts, expect, url)
+        check_response(facts, start, expect)
         expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
         if status == 206 and (first, last) != expected_range:
             raise TransientError(
@@ -1145,41 +1184,17 @@ class ObstoreTransport:
             raise failure
 
 
-def _conditions(expect: ObjectVersion | None, path_version: str | None) -> dict[str, Any]:
+def _conditions(expect: Version | None, path_version: str | None) -> dict[str, Any]:
+    """obstore's GET options pinning the request to ``expect``: its version id / generation
+    (or the one the path names), If-Match on a strong ETag, else If-Unmodified-Since."""
     options: dict[str, Any] = {}
     version = path_version or (expect.version if expect else None)
     if version:
         options["version"] = str(version)
     if expect is None:
         return options
-    etag = str(expect.etag) if expect.etag else None
-    if etag and not etag.startswith("W/"):  # If-Match compares strong ETags only
-        options["if_match"] = etag if etag.startswith('"') else f'"{etag}"'
+    if expect.strong_etag:  # If-Match compares strong ETags only
+        options["if_match"] = expect.strong_etag
     elif expect.modified is not None:
         options["if_unmodified_since"] = datetime.fromtimestamp(expect.modified, timezone.utc)
     return options
-
-
-def _check_version(facts: Facts, expect: ObjectVersion | None, url: str) -> None:
-    """Raise :class:`PreconditionFailed` when a response is of another version than
-    ``expect`` (for servers that ignore conditional requests)."""
-    if expect is None:
-        return
-    differences = []
-    if expect.size is not None and facts.total is not None and expect.size != facts.total:
-        differences.append(f"size {expect.size} -> {facts.total}")
-    if expect.etag and facts.etag and _opaque(expect.etag) != _opaque(facts.etag):
-        differences.append(f"ETag {expect.etag} -> {facts.etag}")
-    if expect.version and facts.version and str(expect.version) != str(facts.version):
-        differences.append(f"version {expect.version} -> {facts.version}")
-    if (
-        not (expect.etag or expect.version)
-        and expect.modified is not None
-        and facts.modified is not None
-        and expect.modified != facts.modified
-    ):
-        differences.append("Last-Modified differs")
-    if differences:
-        raise PreconditionFailed(
-            errno.ESTALE, f"{redact_url(url)} changed: {', '.join(differences)}"
-        )

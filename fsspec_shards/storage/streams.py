@@ -22,6 +22,10 @@ A *transport* reads one range of one object for the download loop (``download.py
   lacks, the first response fills in (the identity taken at the download's start).
 - returns ``versions.Facts``: status, Content-Range start and total, ETag, version id or
   generation, Last-Modified.
+- ``streaming`` (an attribute): whether bytes reach the sink as they arrive, so that a cut
+  keeps what arrived. The download loop then asks for the whole rest of an object in one
+  request; a transport that hands over nothing until its request completes
+  (``CatFileTransport``) is asked for chunks that grow while they succeed.
 
 Invariant: bytes reach the sink only from a response that passed ``check_response``.
 :func:`transport_for` picks the transport of a backend: http, s3, gcs and az stream on the
@@ -68,6 +72,8 @@ Emit = Callable[[bytes], Awaitable[None]]
 
 class Transport(Protocol):
     """Streams ranges of one backend's objects (see the module docstring)."""
+
+    streaming: bool
 
     def stream(
         self,
@@ -131,6 +137,8 @@ async def _pump(read: Callable[[], Awaitable[bytes]], window: _RangeWindow, emit
 
 class _LoopTransport(abc.ABC):
     """A transport whose requests run on the backend's event loop (``fs.loop``)."""
+
+    streaming = True
 
     def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
         self.fs = fs
@@ -307,6 +315,8 @@ class AzureTransport(_LoopTransport):
 
 class CatFileTransport:
     """Any other backend: one ``cat_file`` call; its result says nothing about its version."""
+
+    streaming = False
 
     def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
         self.fs = fs

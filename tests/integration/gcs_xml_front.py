@@ -8,6 +8,10 @@ path, takes size, ETag, generation and update time from the emulator's JSON API,
 as the headers real GCS sends (``ETag``, ``Last-Modified``, ``x-goog-generation``), and
 answers HEAD from the same metadata. Bodies and ranges come from the emulator unchanged.
 
+Requests of the JSON API (``/storage/...``, ``/download/...``, ``/upload/...``: what gcsfs
+sends for listing, ``info``, downloads and uploads) are relayed to the emulator unchanged,
+so one endpoint serves both gcsfs and obstore, as real GCS does.
+
 Like the emulator, the front ignores conditional headers (If-Match, ...): a version check
 through it rests on comparing the headers of the answer.
 """
@@ -24,6 +28,8 @@ from datetime import datetime
 from urllib.parse import quote, unquote, urlsplit
 
 PIECE = 256 * 1024
+_JSON_API = ("/storage/", "/download/", "/upload/", "/batch/")
+_NOT_RELAYED = {"host", "connection", "keep-alive", "transfer-encoding", "content-length"}
 
 
 class GcsXmlFront:
@@ -94,7 +100,42 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body.encode())
 
+    def _relay(self) -> None:
+        """Pass a JSON-API request to the emulator and its answer back, unchanged."""
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        request = urllib.request.Request(
+            self.emulator_url + self.path, data=body, method=self.command
+        )
+        for name, value in self.headers.items():
+            if name.lower() not in _NOT_RELAYED:
+                request.add_header(name, value)
+        try:
+            response = urllib.request.urlopen(request, timeout=60)
+        except urllib.error.HTTPError as answer:
+            response = answer
+        with response:
+            payload = response.read()
+            self.send_response(response.status)
+            for name, value in response.headers.items():
+                if name.lower() not in _NOT_RELAYED:
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(payload)
+
+    def _relayed(self) -> bool:
+        if urlsplit(self.path).path.startswith(_JSON_API):
+            self._relay()
+            return True
+        return False
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = _relay  # noqa: N815 (http.server's naming)
+
     def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+        if self._relayed():
+            return
         bucket, name, _ = self._object()
         meta = self._metadata(bucket, name)
         if meta is None:
@@ -106,6 +147,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self._relayed():
+            return
         bucket, name, _ = self._object()
         meta = self._metadata(bucket, name)
         if meta is None:

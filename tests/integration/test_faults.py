@@ -1,11 +1,14 @@
 """Faults injected by plan between the wds filesystem and real servers (http, s3, gcs, az).
 
 Each test checks the bytes delivered, the exception type and message, and, from the fault
-proxy's log, that a transfer that broke off was resumed rather than started over.
+proxy's log, that a transfer that broke off was resumed rather than started over. Every test
+runs through both download transports (the fsspec backend and obstore): faults behave the
+same through either.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import time
@@ -16,6 +19,7 @@ import pytest
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends import backend_checksums
 from tests.integration import servers
+from tests.integration.conftest import backend_fixture, served
 from tests.integration.fault_proxy import Cut, Flip, Reset, Stall, Status
 
 MiB = 1024 * 1024
@@ -25,9 +29,11 @@ NAME = "shards/train-0000.tar"
 
 
 def _data_gets(backend: servers.Backend) -> dict:
-    """Proxy rule match for the GETs that carry the object's bytes."""
+    """Proxy rule match for the GETs that carry the object's bytes (on GCS: gcsfs's
+    ``alt=media`` downloads or obstore's XML reads, whose paths are percent-encoded; both
+    ask for a range, gcsfs's metadata GETs do not)."""
     if backend.protocol == "gcs":
-        return {"method": "GET", "path": "alt=media"}
+        return {"method": "GET", "has_range": True}
     return {"method": "GET", "path": NAME}
 
 
@@ -42,42 +48,61 @@ def _range_start(exchange) -> int:
     return int(header.split("=", 1)[1].split("-", 1)[0])
 
 
-def _through_proxy(backend, fault_proxy, tmp_path, data=DATA, **wds):
+def _through_proxy(backend, fault_proxy, tmp_path, transport, data=DATA, **wds):
     url = backend.put(NAME, data)
     proxy, proxied = fault_proxy(backend)
-    options = {"cache_dir": str(tmp_path / "cache"), "backoff": 0.01, "max_backoff": 0.05, **wds}
+    options = {
+        "cache_dir": str(tmp_path / "cache"),
+        "backoff": 0.01,
+        "max_backoff": 0.05,
+        "transport": served(backend, transport),
+        **wds,
+    }
     fs, path = fsspec.core.url_to_fs(
         f"wds::{proxied.url(NAME)}",
         skip_instance_cache=True,
         wds=options,
         **{proxied.protocol: proxied.storage_options},
     )
+    assert ("using obstore" in repr(fs.download_transport)) == (transport == "obstore")
     return fs, path, proxy, url
 
 
-def _data_exchanges(proxy, backend):
+def _data_exchanges(proxy, backend, transport):
+    """The GETs of the object's bytes; checks that they went through ``transport``."""
     match = _data_gets(backend)
-    return proxy.requests(method=match["method"], path=match["path"])
+    exchanges = [
+        e
+        for e in proxy.requests(method=match["method"], path=match.get("path"))
+        if not match.get("has_range") or e.range is not None
+    ]
+    agents = {str(e.headers.get("user-agent")).startswith("object_store/") for e in exchanges}
+    assert agents == {transport == "obstore"}, agents
+    return exchanges
 
 
-def test_one_cut_mid_body_resumes_from_the_byte_reached(remote_backend, fault_proxy, tmp_path):
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+def test_one_cut_mid_body_resumes_from_the_byte_reached(
+    remote_backend, fault_proxy, tmp_path, transport
+):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, transport)
     proxy.add(Cut(after_bytes=1_000_000), **_data_gets(remote_backend))
     assert fs.cat_file(path) == DATA
     assert fs.cache_stats()["retries"] >= 1  # every retry counted (Azure's SDK retried unseen)
-    exchanges = _data_exchanges(proxy, remote_backend)
+    exchanges = _data_exchanges(proxy, remote_backend, transport)
     cut = next(index for index, e in enumerate(exchanges) if e.fault_applied)
     assert _range_start(exchanges[cut + 1]) > 0  # not started over
     assert sum(e.body_bytes for e in exchanges) <= SIZE + 1_000_000
     assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(1)
 
 
-def test_several_cuts_in_one_object_still_deliver_it_whole(remote_backend, fault_proxy, tmp_path):
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+def test_several_cuts_in_one_object_still_deliver_it_whole(
+    remote_backend, fault_proxy, tmp_path, transport
+):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, transport)
     proxy.add(Cut(after_bytes=400_000), times=4, **_data_gets(remote_backend))
     with fs.open(path) as handle:
         assert handle.read() == DATA
-    exchanges = _data_exchanges(proxy, remote_backend)
+    exchanges = _data_exchanges(proxy, remote_backend, transport)
     assert sum(e.fault_applied for e in exchanges) == 4
     assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(4)
     starts = [_range_start(e) for e in exchanges]
@@ -85,18 +110,22 @@ def test_several_cuts_in_one_object_still_deliver_it_whole(remote_backend, fault
 
 
 @pytest.mark.parametrize("action", [Reset(), Reset(after_bytes=700_000)], ids=str)
-def test_a_connection_reset_is_survived(remote_backend, fault_proxy, tmp_path, action):
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+def test_a_connection_reset_is_survived(remote_backend, fault_proxy, tmp_path, action, transport):
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, transport)
     proxy.add(action, **_data_gets(remote_backend))
     assert fs.cat_file(path) == DATA
-    assert _data_exchanges(proxy, remote_backend)[0].fault_applied
+    assert _data_exchanges(proxy, remote_backend, transport)[0].fault_applied
 
 
 @pytest.mark.parametrize("code", [503, 429])
 def test_a_burst_of_throttling_or_unavailability_is_retried_quickly(
-    remote_backend, fault_proxy, tmp_path, code
+    remote_backend,
+    fault_proxy,
+    tmp_path,
+    code,
+    transport,
 ):
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path)
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, transport)
     proxy.add(Status(code), times=3)
     started = time.monotonic()
     assert fs.cat_file(path) == DATA
@@ -105,13 +134,15 @@ def test_a_burst_of_throttling_or_unavailability_is_retried_quickly(
     assert len(proxy.log) <= 12  # nested retries would multiply the requests (25 for s3)
 
 
-def test_a_stalled_transfer_times_out_and_resumes(remote_backend, fault_proxy, tmp_path):
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, timeout=1.0)
+def test_a_stalled_transfer_times_out_and_resumes(remote_backend, fault_proxy, tmp_path, transport):
+    fs, path, proxy, _ = _through_proxy(
+        remote_backend, fault_proxy, tmp_path, transport, timeout=1.0
+    )
     proxy.add(Stall(seconds=30, after_bytes=500_000), **_data_gets(remote_backend))
     started = time.monotonic()
     assert fs.cat_file(path) == DATA
     assert time.monotonic() - started < 15
-    exchanges = _data_exchanges(proxy, remote_backend)
+    exchanges = _data_exchanges(proxy, remote_backend, transport)
     stalled = next(index for index, e in enumerate(exchanges) if e.fault_applied)
     assert _range_start(exchanges[stalled + 1]) > 0
     assert fs.cache_stats()["retries"] >= 1
@@ -131,7 +162,10 @@ def _backend_timeout(backend: servers.Backend, seconds: float) -> dict:
 
 
 def test_a_stall_is_cut_short_by_the_backend_time_out_the_user_gave(
-    remote_backend, fault_proxy, tmp_path
+    remote_backend,
+    fault_proxy,
+    tmp_path,
+    transport,
 ):
     remote_backend.put(NAME, DATA)
     proxy, proxied = fault_proxy(remote_backend)
@@ -143,6 +177,7 @@ def test_a_stall_is_cut_short_by_the_backend_time_out_the_user_gave(
         skip_instance_cache=True,
         cache_dir=str(tmp_path / "cache"),
         backoff=0.01,
+        transport=served(remote_backend, transport),
     )
     assert (
         fs.policy.timeout == 2.0 < fsspec.filesystem("wds", target_protocol="file").policy.timeout
@@ -155,14 +190,20 @@ def test_a_stall_is_cut_short_by_the_backend_time_out_the_user_gave(
 
 
 def test_a_copy_corrupt_at_rest_is_downloaded_twice_then_integrity_error_with_one_warning(
-    http_backend, fault_proxy, tmp_path, caplog
+    http_backend,
+    fault_proxy,
+    tmp_path,
+    caplog,
+    transport,
 ):
     checksums = {NAME: "sha256:" + hashlib.sha256(b"the bytes it should hold").hexdigest()}
-    fs, path, proxy, _ = _through_proxy(http_backend, fault_proxy, tmp_path, checksums=checksums)
+    fs, path, proxy, _ = _through_proxy(
+        http_backend, fault_proxy, tmp_path, transport, checksums=checksums
+    )
     with caplog.at_level("WARNING", logger="fsspec_shards"):
         with pytest.raises(IntegrityError, match="train-0000.tar"):
             fs.cat_file(path)
-    gets = _data_exchanges(proxy, http_backend)
+    gets = _data_exchanges(proxy, http_backend, transport)
     assert len(gets) == 2 and all(exchange.complete for exchange in gets)
     assert [record.levelname for record in caplog.records] == ["WARNING"]
     stats = fs.cache_stats()
@@ -170,10 +211,15 @@ def test_a_copy_corrupt_at_rest_is_downloaded_twice_then_integrity_error_with_on
 
 
 def test_a_ranged_read_over_a_persistently_corrupted_byte_raises_integrity_error(
-    remote_backend, fault_proxy, tmp_path
+    remote_backend,
+    fault_proxy,
+    tmp_path,
+    transport,
 ):
     checksums = {NAME: "sha256:" + hashlib.sha256(DATA).hexdigest()}
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, checksums=checksums)
+    fs, path, proxy, _ = _through_proxy(
+        remote_backend, fault_proxy, tmp_path, transport, checksums=checksums
+    )
     proxy.add(Flip(offset=1_500_000), times=None, **_data_gets(remote_backend))
     with pytest.raises(IntegrityError, match="train-0000.tar"):
         fs.cat_file(path, 1_499_990, 1_500_010)
@@ -182,10 +228,15 @@ def test_a_ranged_read_over_a_persistently_corrupted_byte_raises_integrity_error
 
 
 def test_a_flipped_byte_is_caught_by_the_manifest_and_fetched_again(
-    remote_backend, fault_proxy, tmp_path
+    remote_backend,
+    fault_proxy,
+    tmp_path,
+    transport,
 ):
     checksums = {NAME: "sha256:" + hashlib.sha256(DATA).hexdigest()}
-    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, checksums=checksums)
+    fs, path, proxy, _ = _through_proxy(
+        remote_backend, fault_proxy, tmp_path, transport, checksums=checksums
+    )
     proxy.add(Flip(offset=123_457), **_data_gets(remote_backend))
     assert fs.cat_file(path) == DATA
     stats = fs.cache_stats()
@@ -194,10 +245,14 @@ def test_a_flipped_byte_is_caught_by_the_manifest_and_fetched_again(
 
 @pytest.mark.parametrize("backend_name", ["s3", "gcs", "az"])
 def test_a_flipped_byte_is_caught_by_the_backend_checksum(
-    request, fault_proxy, tmp_path, backend_name
+    request,
+    fault_proxy,
+    tmp_path,
+    backend_name,
+    transport,
 ):
-    backend = request.getfixturevalue(f"{backend_name}_backend")
-    fs, path, proxy, url = _through_proxy(backend, fault_proxy, tmp_path)
+    backend = request.getfixturevalue(backend_fixture(request, backend_name))
+    fs, path, proxy, url = _through_proxy(backend, fault_proxy, tmp_path, transport)
     assert backend_checksums(backend.protocol, backend.filesystem().info(url)), "no checksum"
     proxy.add(Flip(offset=123_457), **_data_gets(backend))
     assert fs.cat_file(path) == DATA
@@ -205,11 +260,14 @@ def test_a_flipped_byte_is_caught_by_the_backend_checksum(
 
 
 def test_a_byte_flipped_on_every_attempt_raises_integrity_error(
-    remote_backend, fault_proxy, tmp_path
+    remote_backend,
+    fault_proxy,
+    tmp_path,
+    transport,
 ):
     checksums = {NAME: "sha256:" + hashlib.sha256(DATA).hexdigest()}
     fs, path, proxy, _ = _through_proxy(
-        remote_backend, fault_proxy, tmp_path, checksums=checksums, retries=2
+        remote_backend, fault_proxy, tmp_path, transport, checksums=checksums, retries=2
     )
     proxy.add(Flip(offset=5), times=None, **_data_gets(remote_backend))
     with pytest.raises(IntegrityError, match="train-0000.tar") as raised:
@@ -221,14 +279,19 @@ def test_a_byte_flipped_on_every_attempt_raises_integrity_error(
 
 @pytest.mark.parametrize(("code", "kind"), [(404, FileNotFoundError), (403, PermissionError)])
 def test_a_permanent_error_surfaces_at_once_with_default_settings(
-    remote_backend, fault_proxy, tmp_path, code, kind
+    remote_backend,
+    fault_proxy,
+    tmp_path,
+    code,
+    kind,
+    transport,
 ):
     remote_backend.put(NAME, DATA)
     proxy, proxied = fault_proxy(remote_backend)
     fs, path = fsspec.core.url_to_fs(
         f"wds::{proxied.url(NAME)}",
         skip_instance_cache=True,
-        wds={"cache_dir": str(tmp_path / "cache")},
+        wds={"cache_dir": str(tmp_path / "cache"), "transport": served(remote_backend, transport)},
         **{proxied.protocol: proxied.storage_options},
     )
     fs.info(path)  # the client is set up (s3's takes a second), then the server refuses
@@ -242,15 +305,77 @@ def test_a_permanent_error_surfaces_at_once_with_default_settings(
 
 @pytest.mark.slow
 def test_a_64mib_object_cut_every_8mib_arrives_whole_with_little_resent(
-    http_backend, fault_proxy, tmp_path
+    http_backend,
+    fault_proxy,
+    tmp_path,
+    transport,
 ):
     """Every response is cut after 8 MiB; 7 cuts, measured 1.01x sent (1.04x on S3)."""
     backend = http_backend
     data = random.Random(64).randbytes(64 * MiB)
-    fs, path, proxy, _ = _through_proxy(backend, fault_proxy, tmp_path, data=data)
+    fs, path, proxy, _ = _through_proxy(backend, fault_proxy, tmp_path, transport, data=data)
     proxy.add(Cut(after_bytes=8 * MiB - 1000), times=None, **_data_gets(backend))
     with fs.open(path) as handle:
         assert hashlib.sha256(handle.read()).digest() == hashlib.sha256(data).digest()
-    exchanges = _data_exchanges(proxy, backend)
+    exchanges = _data_exchanges(proxy, backend, transport)
     assert sum(e.fault_applied for e in exchanges) >= 4
     assert proxy.bytes_sent(NAME) < 1.2 * len(data)
+
+
+# -- several ranges in flight (ranges_in_flight) --------------------------------------
+
+
+@functools.cache
+def _large() -> bytes:
+    """An object over the 32 MiB above which ranges may be in flight: 0-16 MiB is read
+    first, then 16-32 and 32-40 MiB at once."""
+    return random.Random(40).randbytes(40 * MiB)
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_range_in_flight_that_breaks_off_resumes_from_its_byte_and_the_object_is_whole(
+    request, fault_proxy, tmp_path, transport, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    data = _large()
+    checksums = {NAME: "sha256:" + hashlib.sha256(data).hexdigest()}
+    fs, path, proxy, _ = _through_proxy(
+        backend,
+        fault_proxy,
+        tmp_path,
+        transport,
+        data=data,
+        checksums=checksums,
+        ranges_in_flight=4,
+    )
+    proxy.add(Cut(after_bytes=2 * MiB), range=f"bytes={16 * MiB}-", **_data_gets(backend))
+    assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
+    exchanges = _data_exchanges(proxy, backend, transport)
+    starts = sorted(_range_start(e) for e in exchanges)
+    resumed = [start for start in starts if 16 * MiB < start <= 18 * MiB]
+    assert len(resumed) == 1  # the cut range went on from its byte, nothing started over
+    assert starts == sorted([0, 16 * MiB, 32 * MiB, *resumed])
+    assert sum(e.body_bytes for e in exchanges) <= len(data) + _resend_allowance(1)
+    assert fs.cache_stats()["integrity_failures"] == 0
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_byte_flipped_in_a_range_in_flight_is_caught_and_fetched_again(
+    request, fault_proxy, tmp_path, transport, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    data = _large()
+    checksums = {NAME: "sha256:" + hashlib.sha256(data).hexdigest()}
+    fs, path, proxy, _ = _through_proxy(
+        backend,
+        fault_proxy,
+        tmp_path,
+        transport,
+        data=data,
+        checksums=checksums,
+        ranges_in_flight=4,
+    )
+    proxy.add(Flip(offset=12_345), range=f"bytes={32 * MiB}-", **_data_gets(backend))
+    assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
+    stats = fs.cache_stats()
+    assert (stats["integrity_failures"], stats["cached_files"]) == (1, 1)

@@ -18,13 +18,14 @@ from tests.integration.hostile_http import HostileServer
 KEY = "same/key.bin"
 
 
-def _wds(protocol: str, storage_options: dict, cache_dir: Path):
+def _wds(protocol: str, storage_options: dict, cache_dir: Path, transport: str = "auto"):
     return fsspec.filesystem(
         "wds",
         target_protocol=protocol,
         target_options=storage_options,
         skip_instance_cache=True,
         cache_dir=str(cache_dir),
+        transport=transport,
     )
 
 
@@ -61,25 +62,34 @@ def second_azurite(tmp_path_factory) -> Iterator[servers.AzuriteServer]:
     server.stop()
 
 
-def test_one_key_at_two_s3_endpoints_is_two_objects(s3_backend, second_s3, tmp_path):
+def test_one_key_at_two_s3_endpoints_is_two_objects(s3_backend, second_s3, tmp_path, transport):
+    """Through either transport: obstore's stores are told apart by endpoint too."""
     other = second_s3.backend(s3_backend.prefix)
     assert s3_backend.put(KEY, b"endpoint A") == other.put(KEY, b"endpoint B, longer")
     url = s3_backend.url(KEY)
+    first, second = (
+        _wds("s3", b.storage_options, tmp_path, transport) for b in (s3_backend, other)
+    )
     for _ in range(2):  # the second round comes from the cache
-        assert _wds("s3", s3_backend.storage_options, tmp_path).cat_file(url) == b"endpoint A"
-        assert _wds("s3", other.storage_options, tmp_path).cat_file(url) == b"endpoint B, longer"
-    stats = _wds("s3", other.storage_options, tmp_path).cache_stats()
+        assert first.cat_file(url) == b"endpoint A"
+        assert second.cat_file(url) == b"endpoint B, longer"
+    stats = second.cache_stats()
     assert (stats["misses"], stats["hits"], stats["cached_files"]) == (2, 2, 2)
 
 
-def test_one_blob_in_two_azure_accounts_is_two_objects(az_backend, second_azurite, tmp_path):
+def test_one_blob_in_two_azure_accounts_is_two_objects(
+    az_backend, second_azurite, tmp_path, transport
+):
     other = second_azurite.backend(az_backend.prefix)
     assert az_backend.put(KEY, b"account A") == other.put(KEY, b"account B, longer")
     url = az_backend.url(KEY)
+    first, second = (
+        _wds("az", b.storage_options, tmp_path, transport) for b in (az_backend, other)
+    )
     for _ in range(2):
-        assert _wds("az", az_backend.storage_options, tmp_path).cat_file(url) == b"account A"
-        assert _wds("az", other.storage_options, tmp_path).cat_file(url) == b"account B, longer"
-    assert _wds("az", other.storage_options, tmp_path).cache_stats()["cached_files"] == 2
+        assert first.cat_file(url) == b"account A"
+        assert second.cat_file(url) == b"account B, longer"
+    assert second.cache_stats()["cached_files"] == 2
 
 
 @pytest.mark.parametrize(

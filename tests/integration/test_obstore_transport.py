@@ -24,18 +24,16 @@ import pytest
 
 from fsspec_shards.storage import obstore_transport
 from fsspec_shards.storage.obstore_transport import (
-    ObjectVersion,
     ObstoreTransport,
-    PreconditionFailed,
     ServerUnsupported,
     TransportUnavailable,
     bucket_region,
     choose_transport,
 )
 from fsspec_shards.storage.retry import http_status, is_transient, permanent_error
+from fsspec_shards.storage.versions import Version, VersionMismatch
 from tests.integration import servers
 from tests.integration.fault_proxy import Cut, Reset, Stall, Status
-from tests.integration.gcs_xml_front import GcsXmlFront
 
 pytest.importorskip("obstore")
 
@@ -83,12 +81,6 @@ class Target:
         )
 
 
-@pytest.fixture(scope="session")
-def gcs_front(gcs_service) -> Iterator[GcsXmlFront]:
-    with GcsXmlFront(gcs_service.endpoint_url) as front:
-        yield front
-
-
 def _target(request, name: str) -> Target:
     if name == "gcs":
         front = request.getfixturevalue("gcs_front")
@@ -132,7 +124,7 @@ def test_a_range_arrives_exactly_with_its_facts(target, start, end):
     path = target.put(DATA)
     data, facts = _read(target.transport(), path, start, end)
     assert data == DATA[start:end]
-    assert (facts.status, facts.start, facts.end, facts.total) == (206, start, min(end, SIZE), SIZE)
+    assert (facts.status, facts.start, facts.total) == (206, start, SIZE)
     assert facts.etag and facts.modified is not None
 
 
@@ -140,7 +132,7 @@ def test_no_end_reads_to_the_end_of_the_object(target):
     path = target.put(DATA)
     data, facts = _read(target.transport(), path, 1_000_000, None)
     assert data == DATA[1_000_000:]
-    assert (facts.start, facts.end, facts.total) == (1_000_000, SIZE, SIZE)
+    assert (facts.start, facts.total) == (1_000_000, SIZE)
 
 
 def test_info_gives_the_size_and_the_version_that_responses_carry(target):
@@ -149,7 +141,8 @@ def test_info_gives_the_size_and_the_version_that_responses_carry(target):
     version = transport.info(path, TIMEOUT)
     _, facts = _read(transport, path, 0, 10)
     assert version.size == SIZE
-    assert version == facts.object
+    answered = (facts.total, facts.etag, facts.version, facts.modified)
+    assert (version.size, version.etag, version.version, version.modified) == answered
 
 
 def test_a_gcs_response_carries_the_generation(request):
@@ -177,10 +170,9 @@ def test_a_version_that_changed_is_refused_before_a_byte_is_passed(target):
     time.sleep(1.1)  # a new Last-Modified second, for servers whose ETag derives from it
     target.put(OTHER)
     data, error, _ = _failure(transport, path, 0, SIZE, expect=first)
-    assert isinstance(error, PreconditionFailed)
+    assert isinstance(error, VersionMismatch)
     assert data == b""
     assert not is_transient(error)
-    assert http_status(error) == 412
 
 
 def test_the_version_asked_for_is_served(target):
@@ -352,9 +344,9 @@ def misbehaving() -> Iterator[type[_Misbehaving]]:
 
 def test_a_server_ignoring_if_match_is_caught_by_the_answers_etag(misbehaving):
     transport = choose_transport("http", {}, "obstore")
-    expect = ObjectVersion(100_000, '"v1"', None, None)
+    expect = Version(100_000, '"v1"', None, None)
     data, error, _ = _failure(transport, misbehaving.url, 0, 100_000, expect=expect)
-    assert isinstance(error, PreconditionFailed)
+    assert isinstance(error, VersionMismatch)
     assert data == b""
     assert "v1" in str(error) and "v2" in str(error)
 
@@ -362,19 +354,19 @@ def test_a_server_ignoring_if_match_is_caught_by_the_answers_etag(misbehaving):
 def test_etags_compare_by_their_opaque_part(misbehaving):
     transport = choose_transport("http", {}, "obstore")
     for etag in ("v2", '"v2"', 'W/"v2"'):
-        data, _ = _read(transport, misbehaving.url, 0, 10, expect=ObjectVersion(None, etag))
+        data, _ = _read(transport, misbehaving.url, 0, 10, expect=Version(None, etag))
         assert data == DATA[:10]
 
 
 def test_without_an_etag_the_modification_time_tells_versions_apart(misbehaving):
     misbehaving.etag = None
     transport = choose_transport("http", {}, "obstore")
-    same = ObjectVersion(100_000, None, None, MODIFIED)
+    same = Version(100_000, None, None, MODIFIED)
     data, facts = _read(transport, misbehaving.url, 0, 10, expect=same)
     assert data == DATA[:10] and facts.modified == MODIFIED and facts.etag is None
-    older = ObjectVersion(100_000, None, None, MODIFIED - 60)
+    older = Version(100_000, None, None, MODIFIED - 60)
     data, error, _ = _failure(transport, misbehaving.url, 0, 10, expect=older)
-    assert isinstance(error, PreconditionFailed) and data == b""
+    assert isinstance(error, VersionMismatch) and data == b""
 
 
 def test_an_answer_without_last_modified_has_no_modification_time(misbehaving):
@@ -510,7 +502,8 @@ def test_an_s3_version_id_selects_that_version(s3_backend):
     fs.pipe_file(f"{bucket}/{NAME}", OTHER)
     data, facts = _read(transport, f"{bucket}/{NAME}?versionId={first.version}", 0, SIZE)
     assert data == DATA and facts.version == first.version
-    assert transport.info(f"{bucket}/{NAME}?versionId={first.version}", TIMEOUT) == first
+    again = transport.info(f"{bucket}/{NAME}?versionId={first.version}", TIMEOUT)
+    assert repr(again) == repr(first)
     data, _ = _read(transport, f"{bucket}/{NAME}", 5, 50, expect=first)
     assert data == DATA[5:50]
     assert transport.info(f"{bucket}/{NAME}", TIMEOUT).size == len(OTHER)

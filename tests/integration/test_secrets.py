@@ -5,6 +5,7 @@ backends', at DEBUG), not in the stats. Swept over many query parameter names an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 
@@ -12,7 +13,8 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage.retry import RetriesExhaustedError
-from tests.integration.fault_proxy import Status
+from tests.integration import servers
+from tests.integration.fault_proxy import Reset, Status
 from tests.secrets import SECRET_PARAMETERS
 
 SECRETS = {name: f"s3cr3t{index:02d}q" for index, name in enumerate(SECRET_PARAMETERS)}
@@ -96,3 +98,75 @@ def test_no_secret_of_a_signed_url_reaches_errors_tracebacks_logs_or_stats(
     for record in caplog.records:
         assert not _leaks(logging.Formatter().format(record)), record.name
     assert not _leaks(repr(fs.cache_stats()))
+
+
+S3_SECRET = "s3cr3t-0bst0re-k3y-zz"  # moto checks no signature: any secret is accepted
+
+
+@pytest.mark.parametrize("name", ["s3", "az"])
+def test_no_key_given_to_obstore_reaches_errors_tracebacks_or_logs(
+    request, name, fault_proxy, tmp_path, caplog
+):
+    """Failures raised inside obstore (a refusal, a server that stays unavailable, a reset)
+    come out without the account key or secret the store was built with."""
+    pytest.importorskip("obstore")
+    backend = request.getfixturevalue(f"{name}_backend")
+    backend.put("secret/present.bin", DATA)
+    if name == "s3":
+        backend, secret = dataclasses.replace(backend, secret=S3_SECRET), S3_SECRET
+    else:
+        secret = servers.AZURITE_KEY
+    proxy, proxied = fault_proxy(backend)
+    fs = fsspec.filesystem(
+        "wds",
+        target_protocol=proxied.protocol,
+        target_options=proxied.storage_options,
+        transport="obstore",
+        skip_instance_cache=True,
+        cache_dir=str(tmp_path / "cache"),
+        retries=2,
+        backoff=0.01,
+    )
+    url = proxied.url("secret/present.bin")
+    errors: list[BaseException] = []
+    with caplog.at_level(logging.DEBUG):
+        assert fs.cat_file(url) == DATA
+        fs.clear_cache()
+        for fault, kind in ((Status(403), PermissionError), (Status(503), RetriesExhaustedError)):
+            proxy.add(fault, method="GET", path="present.bin", times=None)
+            with pytest.raises(kind) as raised:
+                fs.cat_file(url)
+            errors.append(raised.value)
+            proxy.set_plan([])
+        proxy.add(Reset(), method="GET", path="present.bin", times=None)
+        with pytest.raises(RetriesExhaustedError) as raised:
+            fs.cat_file(url, 10, 20)
+        errors.append(raised.value)
+    gets = proxy.requests(method="GET", path="present.bin")
+    assert {str(e.headers.get("user-agent")).startswith("object_store/") for e in gets} == {True}
+    for error in errors:
+        assert "present.bin" in str(error)
+        for link in _chain(error):
+            assert secret not in f"{link!s} {link!r} {link.args!r}", (type(link), link)
+        assert secret not in "".join(traceback.format_exception(error))
+    for record in caplog.records:
+        assert secret not in logging.Formatter().format(record), record.name
+
+
+def test_a_signed_url_that_obstore_cannot_address_is_refused_without_its_secrets(
+    http_backend, tmp_path
+):
+    """``transport="obstore"`` reads no URL with a query: the refusal names it, redacted."""
+    pytest.importorskip("obstore")
+    signed = _signed(http_backend.put("secret/signed.bin", DATA))
+    fs = fsspec.filesystem(
+        "wds",
+        target_protocol="http",
+        transport="obstore",
+        skip_instance_cache=True,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    with pytest.raises(OSError, match="obstore") as raised:
+        fs.cat_file(signed)
+    assert "signed.bin" in str(raised.value)
+    _assert_clean(raised.value)

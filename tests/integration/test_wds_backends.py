@@ -198,6 +198,43 @@ def test_a_given_backend_instance_used_before_a_fork_still_reads_in_the_forked_c
     assert fs.fs is given
 
 
+def _transport_in_child(fs, url, queue) -> None:
+    try:
+        queue.put((fs.cat_file(url, 0, 1000), "using obstore" in repr(fs.download_transport)))
+    except Exception as error:
+        queue.put((None, str(error)))
+
+
+def _forked(target, fs, url):
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=target, args=(fs, url, queue))
+    child.start()
+    try:
+        return queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_child_forked_after_obstore_was_used_downloads_through_fsspec(
+    request, tmp_path, backend_name
+):
+    """obstore's runtime does not survive fork(): the child of a parent that downloaded
+    through it chooses the fsspec backend ("auto"), or says why it cannot ("obstore")."""
+    pytest.importorskip("obstore")
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    first = backend.put("forked-0.bin", DATA[:2000])
+    second = backend.put("forked-1.bin", DATA[2000:4000])
+    fs = _wds_fs(backend, tmp_path, cache=False)
+    assert "using obstore" in repr(fs.download_transport)
+    assert fs.cat_file(first) == DATA[:2000]
+    assert _forked(_transport_in_child, fs, second) == (DATA[2000:3000], False)
+    required = _wds_fs(backend, tmp_path, cache=False, transport="obstore")
+    data, error = _forked(_transport_in_child, required, second)
+    assert data is None and "fork" in error and "transport='obstore'" in error
+
+
 class _RangeIgnoringHandler(http.server.SimpleHTTPRequestHandler):
     """Python's own file server: it ignores Range and always sends the whole file."""
 
@@ -227,3 +264,24 @@ def test_a_server_that_ignores_range_sends_a_large_object_once_not_once_per_chun
             server.shutdown()
     ranged = [header for header in _RangeIgnoringHandler.gets if header]
     assert len(ranged) == 1, ranged
+
+
+def test_auto_falls_back_to_fsspec_for_a_server_obstore_cannot_read_and_says_why_once(
+    gcs_backend, tmp_path, caplog
+):
+    """gcp-storage-emulator answers obstore's GCS reads with 501 (see docs/transport.md):
+    "auto" reads through gcsfs from then on, "obstore" raises naming the server's answer."""
+    pytest.importorskip("obstore")
+    first = gcs_backend.put("fallback-0.bin", DATA[:3000])
+    second = gcs_backend.put("fallback-1.bin", DATA[3000:6000])
+    fs = _wds_fs(gcs_backend, tmp_path)
+    assert "using obstore" in repr(fs.download_transport)
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+        assert fs.cat_file(first) == DATA[:3000]
+        assert fs.cat_file(second) == DATA[3000:6000]
+    assert "using fsspec" in repr(fs.download_transport)
+    switches = [r for r in caplog.records if "from now on" in r.getMessage()]
+    assert len(switches) == 1 and "cannot serve obstore" in switches[0].getMessage()
+    required = _wds_fs(gcs_backend, tmp_path / "required", transport="obstore")
+    with pytest.raises(OSError, match="cannot serve obstore"):
+        required.cat_file(first)

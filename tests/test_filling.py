@@ -1,0 +1,76 @@
+"""Hashing off the receiving thread and early writeback (storage/filling.py).
+
+Ranges in flight against real servers and faults are in tests/integration/test_faults.py
+and test_versions.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import threading
+
+import pytest
+
+from fsspec_shards.storage.filling import OrderedHasher, Writeback
+
+DATA = random.Random(5).randbytes(3 * 1024 * 1024 + 17)
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_the_hash_covers_pieces_and_file_ranges_in_the_order_handed_over(tmp_path, threaded):
+    path = tmp_path / "object"
+    path.write_bytes(DATA)
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        hasher = OrderedHasher("sha256", threaded=threaded)
+        hasher.update(DATA[:1000])
+        hasher.update(DATA[1000:5000])
+        ranges = [(5000, 2_000_000, threading.Event()), (2_000_000, len(DATA), threading.Event())]
+        hasher.update_from_file(descriptor, ranges)
+        ranges[1][2].set()  # finished out of order: hashed in order all the same
+        ranges[0][2].set()
+        assert hasher.checksum().hexdigest == hashlib.sha256(DATA).hexdigest()
+    finally:
+        os.close(descriptor)
+
+
+def test_a_range_that_never_arrives_does_not_keep_an_abandoned_hasher_waiting(tmp_path):
+    hasher = OrderedHasher("sha256")
+    hasher.update(b"x" * 100)
+    hasher.update_from_file(0, [(0, 10, threading.Event())])  # its range fails: never ready
+    hasher.abandon()
+    hasher._thread.join(timeout=5)
+    assert not hasher._thread.is_alive()
+
+
+def test_a_failed_read_back_is_raised_by_checksum_and_later_pieces_do_not_block(tmp_path):
+    path = tmp_path / "short"
+    path.write_bytes(b"only ten b")
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        hasher = OrderedHasher("md5")
+        ready = threading.Event()
+        ready.set()
+        hasher.update_from_file(descriptor, [(0, 100, ready)])
+        for _ in range(200):
+            hasher.update(b"y" * 100)
+        with pytest.raises(OSError, match="ends at byte 10, expected 100"):
+            hasher.checksum()
+    finally:
+        os.close(descriptor)
+
+
+def test_writeback_is_started_behind_the_writer_and_only_for_files_on_disk(tmp_path):
+    assert Writeback.of(io.BytesIO()) is None
+    with open(tmp_path / "filled", "wb") as out:
+        writeback = Writeback.of(out)
+        if writeback is None:
+            pytest.skip("no sync_file_range on this system")
+        for written in range(1, 21):
+            out.write(DATA[: 1024 * 1024])
+            writeback.written(written * 1024 * 1024)
+        assert writeback.started == 16 * 1024 * 1024  # every 8 MiB
+    assert (tmp_path / "filled").stat().st_size == 20 * 1024 * 1024
