@@ -34,7 +34,9 @@ Invariants:
 - obstore's runtime does not survive ``fork()``: a process forked after this module made its
   first request cannot use obstore at all (every call would hang). Such a child gets
   :class:`TransportUnavailable` at once (``auto`` falls back to fsspec there); stores are
-  cached per process and the cache is emptied in a forked child.
+  cached per process and the cache is emptied in a forked child. A response never outlives
+  the call that asked for it, failed or not (no traceback keeps it): dropped in a forked
+  child, it could wait forever for the parent's runtime threads.
 """
 
 from __future__ import annotations
@@ -1140,46 +1142,58 @@ class ObstoreTransport:
             status, skip, stop = 200, start, None if rest_of_body else wanted
         else:
             status, skip, stop = 206, 0, wanted
-        meta = result.meta
-        first, last = result.range
-        facts = Facts(
-            status=status,
-            start=first if status == 206 else None,
-            total=meta["size"],
-            etag=meta["e_tag"],
-            version=meta["version"],
-            modified=_seconds(meta["last_modified"]),
-        )
-        check_response(facts, start, expect)
-        expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
-        if status == 206 and (first, last) != expected_range:
-            raise TransientError(
-                f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
-                f"got {first}-{last - 1}"
+        try:
+            meta = result.meta
+            first, last = result.range
+            facts = Facts(
+                status=status,
+                start=first if status == 206 else None,
+                total=meta["size"],
+                etag=meta["e_tag"],
+                version=meta["version"],
+                modified=_seconds(meta["last_modified"]),
             )
-        self._pump(result, sink, skip, stop, url, action)
+            check_response(facts, start, expect)
+            expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
+            if status == 206 and (first, last) != expected_range:
+                raise TransientError(
+                    f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
+                    f"got {first}-{last - 1}"
+                )
+            # as received: a cut loses nothing
+            self._pump(result.stream(min_chunk_size=0), sink, skip, stop, url, action)
+        finally:
+            del result  # not kept by the traceback of a failure: see _pump
         return facts
 
-    def _pump(self, result: Any, sink: Sink, skip: int, stop: int | None, url: str, action: str):
-        """Hand the body to ``sink``: ``skip`` bytes dropped first, at most ``stop`` passed."""
-        pieces = iter(result.stream(min_chunk_size=0))  # as received: a cut loses nothing
+    def _pump(self, body: Any, sink: Sink, skip: int, stop: int | None, url: str, action: str):
+        """Hand the body to ``sink``: ``skip`` bytes dropped first, at most ``stop`` passed.
+
+        The body is released on the way out, also when this raises: a traceback keeping it
+        would leave an open response for a garbage collection, possibly in a forked child
+        (a DataLoader worker), where dropping it waits for runtime threads that exist only
+        in the parent, forever if one was handing it bytes at the fork.
+        """
         failure = None
-        while stop is None or stop > 0:
-            try:
-                piece = next(pieces)
-            except StopIteration:
-                break
-            except Exception as exc:
-                failure = self._error(exc, url, action)
-                break
-            if skip:
-                dropped = min(skip, len(piece))
-                piece, skip = piece[dropped:], skip - dropped
-            if stop is not None:
-                piece = piece[:stop]
-                stop -= len(piece)
-            if piece:
-                sink(piece)
+        try:
+            while stop is None or stop > 0:
+                try:
+                    piece = next(body)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    failure = self._error(exc, url, action)
+                    break
+                if skip:
+                    dropped = min(skip, len(piece))
+                    piece, skip = piece[dropped:], skip - dropped
+                if stop is not None:
+                    piece = piece[:stop]
+                    stop -= len(piece)
+                if piece:
+                    sink(piece)
+        finally:
+            del body
         if failure is not None:
             raise failure
 

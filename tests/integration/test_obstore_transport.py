@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import errno
+import gc
 import http.server
 import multiprocessing
 import os
@@ -103,13 +105,14 @@ def _read(transport, path, start, end, **kwargs) -> tuple[bytes, object]:
 
 
 def _failure(
-    transport, path, start=0, end=SIZE, timeout=TIMEOUT, **kwargs
+    transport, path, start=0, end=SIZE, timeout=TIMEOUT, sink=None, **kwargs
 ) -> tuple[bytes, BaseException, float]:
-    """(bytes handed over, the exception, seconds taken) of a stream that must fail."""
+    """(bytes handed over, the exception, seconds taken) of a stream that must fail;
+    ``sink`` replaces the one that keeps the bytes."""
     parts: list[bytes] = []
     started = time.monotonic()
     with pytest.raises(OSError) as caught:
-        transport.stream(path, start, end, parts.append, timeout, **kwargs)
+        transport.stream(path, start, end, sink or parts.append, timeout, **kwargs)
     return b"".join(parts), caught.value, time.monotonic() - started
 
 
@@ -484,6 +487,48 @@ def test_the_store_cache_is_emptied_in_a_forked_child(s3_backend):
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 10) == b"0"
+
+
+def _response_types() -> tuple[type, ...]:
+    """The types of obstore's answer to a GET and of its body stream."""
+    import obstore
+    from obstore.store import MemoryStore
+
+    store = MemoryStore()
+    obstore.put(store, "probe", b"probe")
+    answer = obstore.get(store, "probe")
+    return type(answer), type(answer.stream())
+
+
+def _responses_alive(kinds: tuple[type, ...]) -> int:
+    return sum(isinstance(thing, kinds) for thing in gc.get_objects())
+
+
+def _sink_that_fails(piece: bytes) -> None:
+    raise OSError(errno.ENOSPC, "no space left for the piece (planned)")
+
+
+def test_a_failed_stream_leaves_no_obstore_response_for_a_forked_child_to_drop(
+    target, misbehaving
+):
+    """A response kept by a failure's traceback (the retry layer and callers keep errors)
+    would reach a DataLoader worker forked later, whose garbage collection drops it: a
+    body dropped there waits for obstore's runtime threads, which do not exist in the
+    child, and can wait forever. A failed stream therefore releases its response at once,
+    here while the exceptions that ended it are still held: a sink that fails mid-body,
+    and an answer of another version (a server ignoring If-Match)."""
+    kinds = _response_types()
+    path = target.put(DATA)
+    gc.collect()
+    assert _responses_alive(kinds) == 0
+    _, sink_failure, _ = _failure(target.transport(), path, 0, SIZE, sink=_sink_that_fails)
+    assert sink_failure.errno == errno.ENOSPC
+    assert _responses_alive(kinds) == 0
+    transport = choose_transport("http", {}, "obstore")
+    expect = Version(100_000, '"v1"', None, None)
+    _, mismatch, _ = _failure(transport, misbehaving.url, 0, 100_000, expect=expect)
+    assert isinstance(mismatch, VersionMismatch)
+    assert _responses_alive(kinds) == 0
 
 
 def test_an_s3_version_id_selects_that_version(s3_backend):
