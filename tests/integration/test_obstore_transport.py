@@ -508,9 +508,7 @@ def _sink_that_fails(piece: bytes) -> None:
     raise OSError(errno.ENOSPC, "no space left for the piece (planned)")
 
 
-def test_a_failed_stream_leaves_no_obstore_response_for_a_forked_child_to_drop(
-    target, misbehaving
-):
+def test_a_failed_stream_leaves_no_obstore_response_for_a_forked_child_to_drop(target, misbehaving):
     """A response kept by a failure's traceback (the retry layer and callers keep errors)
     would reach a DataLoader worker forked later, whose garbage collection drops it: a
     body dropped there waits for obstore's runtime threads, which do not exist in the
