@@ -14,7 +14,8 @@ import fsspec
 import pytest
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.filesystem import RetryingFile, WdsFileSystem
+from fsspec_shards.storage.files import RetryingFile
+from fsspec_shards.storage.filesystem import WdsFileSystem
 from tests.planned_faults import Flip, PlannedFaultFileSystem, UnknownSizeFileSystem
 
 DATA = os.urandom(0) or bytes(range(256)) * 4000  # 1 MB, deterministic

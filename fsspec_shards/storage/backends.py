@@ -10,6 +10,9 @@
 - Calls with a time-out, so that a stalled request becomes a retryable ``TimeoutError``;
   the shortest socket time-out the user gave the backend (:func:`backend_timeout`) bounds
   the layer's own streaming too.
+- One metadata request before a download: gcsfs's ``info()`` asks for the object and lists
+  its prefix at once (to recognise a directory); :func:`file_info` asks for the object only
+  and leaves directories and missing paths to ``info()``.
 - The identity of an object (to notice a cached copy went stale) and the checksums that
   come for free in its ``info()``.
 """
@@ -140,6 +143,19 @@ def call(fs: fsspec.AbstractFileSystem, method: str, *args: Any, timeout: float 
     ):
         return sync(fs.loop, coroutine, *args, timeout=timeout, **kwargs)
     return getattr(fs, method)(*args, **kwargs)
+
+
+def file_info(fs: fsspec.AbstractFileSystem, path: str, timeout: float | None) -> dict[str, Any]:
+    """``fs.info(path)`` for a path about to be read as a file, in one request on gcsfs (whose
+    ``info`` also lists the prefix); when that finds no object, ``info`` says what is there
+    (a directory, or nothing)."""
+    get_object = getattr(fs, "_get_object", None)
+    if protocol_of(fs) in GCS_PROTOCOLS and get_object and not fs.asynchronous:
+        try:
+            return sync(fs.loop, get_object, path, timeout=timeout)
+        except FileNotFoundError:
+            pass
+    return call(fs, "info", path, timeout=timeout)
 
 
 def object_identity(info: dict[str, Any]) -> str:

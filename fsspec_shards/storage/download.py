@@ -37,7 +37,12 @@ from typing import Any, BinaryIO
 import fsspec
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends import backend_checksums, call, object_identity, protocol_of
+from fsspec_shards.storage.backends import (
+    backend_checksums,
+    file_info,
+    object_identity,
+    protocol_of,
+)
 from fsspec_shards.storage.filling import OrderedHasher, Writeback, fill_ranges, preallocate
 from fsspec_shards.storage.identity import ObjectId
 from fsspec_shards.storage.integrity import Checksum, choose_expected
@@ -182,7 +187,7 @@ class Target:
         ``IsADirectoryError``: its bytes are no file's."""
         self.fs.invalidate_cache(self.path)
         info = self.policy.call(
-            lambda: call(self.fs, "info", self.path, timeout=self.policy.timeout),
+            lambda: file_info(self.fs, self.path, self.policy.timeout),
             self.shown,
             "info",
             lambda: self.incr("retries"),

@@ -21,18 +21,16 @@ from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
-from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
-from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
+from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.identity import ObjectId, object_id
 from fsspec_shards.storage.integrity import (
     Manifest,
-    StreamingHasher,
     load_manifest,
     parse_verify,
 )
@@ -72,19 +70,36 @@ _SHARED_BACKENDS_LOCK = threading.Lock()
 # thread, and reads made through any of them count (with the cache on they live in the cache).
 _MEMORY_COUNTERS: dict[str, dict[str, int]] = {}
 _MEMORY_COUNTERS_LOCK = threading.Lock()
+_PROCESS_STATE_LOCK = threading.Lock()
 
 
 def _forget_shared_backends() -> None:
     """In a forked child: the parent's backends are bound to its event loop, and the locks
     may have been held by a thread that does not exist here."""
-    global _SHARED_BACKENDS_LOCK, _MEMORY_COUNTERS_LOCK
+    global _SHARED_BACKENDS_LOCK, _MEMORY_COUNTERS_LOCK, _PROCESS_STATE_LOCK
     _SHARED_BACKENDS.clear()
     _SHARED_BACKENDS_LOCK = threading.Lock()
     _MEMORY_COUNTERS_LOCK = threading.Lock()
+    _PROCESS_STATE_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_shared_backends)
+
+
+@dataclasses.dataclass
+class _ProcessState:
+    """What one filesystem instance holds for one process. A forked child starts a new one:
+    a lock held by a parent thread at the fork is never released in the child, and the
+    parent's event loop, obstore stores and index connections are not the child's."""
+
+    pid: int
+    given_fs: fsspec.AbstractFileSystem | None
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+    backend: fsspec.AbstractFileSystem | None = None
+    transport: Transport | None = None
+    cache: Any = None
+    shared: Any = None
 
 
 class WdsFileSystem(ChainedFileSystem):
@@ -226,16 +241,7 @@ class WdsFileSystem(ChainedFileSystem):
         self._checksums_source = checksums
         self._target_protocol = target_protocol
         self._target_options = dict(target_options or {})
-        self._given_fs = fs
-        self._given_pid = os.getpid()
-        self._locks: tuple[int, threading.RLock] = (os.getpid(), threading.RLock())
-        self._pid = -1
-        self._backend: fsspec.AbstractFileSystem | None = None
-        self._cache = None
-        self._cache_pid = -1
-        self._transport: tuple[int, Transport] | None = None
-        self._shared = None
-        self._shared_pid = -1
+        self._state = _ProcessState(os.getpid(), given_fs=fs)
         self._objects: dict[str, ObjectId] = {}
         self._manifest: Manifest | None = None
         with _MEMORY_COUNTERS_LOCK:
@@ -255,28 +261,30 @@ class WdsFileSystem(ChainedFileSystem):
     # -- the backend, the cache and the manifest (per process) ----------------------------
 
     @property
-    def _lock(self) -> threading.RLock:
-        """This process's lock: one held by a thread at a fork would never be released in
-        the child."""
-        pid, lock = self._locks
-        if pid != os.getpid():
-            lock = threading.RLock()
-            self._locks = (os.getpid(), lock)
-        return lock
+    def _process(self) -> _ProcessState:
+        """This process's state; the first call in a forked child starts the child's own,
+        with a user-given async backend rebuilt (fsspec refuses the parent's loop)."""
+        state = self._state
+        if state.pid != os.getpid():
+            with _PROCESS_STATE_LOCK:
+                state = self._state
+                if state.pid != os.getpid():
+                    given = state.given_fs
+                    state = _ProcessState(
+                        os.getpid(), given_fs=given and _rebuilt_after_fork(given)
+                    )
+                    self._state = state
+        return state
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
-        """The backend; rebuilt in a forked child, where the parent's event loop is gone."""
-        if self._given_fs is not None:
-            if self._given_pid != os.getpid():
-                with self._lock:
-                    if self._given_pid != os.getpid():
-                        self._given_fs = _rebuilt_after_fork(self._given_fs)
-                        self._given_pid = os.getpid()
-            return self._given_fs
-        if self._pid != os.getpid():
+        """The backend: the one given, or the tamed one built for this process."""
+        state = self._process
+        if state.given_fs is not None:
+            return state.given_fs
+        if state.backend is None:
             self._build_backend()
-        return self._backend
+        return state.backend
 
     def _build_backend(self) -> None:
         """Build (or reuse) the tamed backend: its own retries down, its listing cache off
@@ -286,73 +294,70 @@ class WdsFileSystem(ChainedFileSystem):
         second)."""
         protocol = self._target_protocol
         options = backends.tamed_target_options(protocol, self._target_options, self.policy.timeout)
-        pid = os.getpid()
-        key = tokenize(pid, protocol, options)
+        key = tokenize(os.getpid(), protocol, options)
         with _SHARED_BACKENDS_LOCK:
             backend = _SHARED_BACKENDS.get(key)
             if backend is None:
                 backend = fsspec.filesystem(protocol, **options)
                 backends.tame_instance(backend, protocol)
                 _SHARED_BACKENDS[key] = backend
-        with self._lock:
-            self._backend = backend
-            self._pid = pid
+        self._process.backend = backend
 
     @property
     def download_transport(self) -> Transport:
         """What downloads go through (the ``transport`` option), chosen once per process:
         a forked child chooses again (obstore does not survive ``fork()`` once used)."""
-        chosen = self._transport
-        if chosen is not None and chosen[0] == os.getpid():
-            return chosen[1]
-        with self._lock:
-            fs = self.fs
-            if self._given_fs is not None:
-                protocol, options = backends.protocol_of(fs), fs.storage_options
-            else:
-                protocol, options = self._target_protocol, self._target_options
-            if isinstance(protocol, tuple | list):
-                protocol = protocol[0]
-            transport = download_transport(
-                protocol, options, self.transport, fallback=transport_for(fs)
-            )
-            self._transport = (os.getpid(), transport)
-            return transport
+        state = self._process
+        if state.transport is not None:
+            return state.transport
+        with state.lock:
+            if state.transport is None:
+                fs = self.fs
+                if state.given_fs is not None:
+                    protocol, options = backends.protocol_of(fs), fs.storage_options
+                else:
+                    protocol, options = self._target_protocol, self._target_options
+                if isinstance(protocol, tuple | list):
+                    protocol = protocol[0]
+                state.transport = download_transport(
+                    protocol, options, self.transport, fallback=transport_for(fs)
+                )
+            return state.transport
 
     @property
     def shard_cache(self):
         """The :class:`ShardCache` behind this filesystem (None with ``cache=False``)."""
         if not self.cache_enabled:
             return None
-        with self._lock:
-            if self._cache is None or self._cache_pid != os.getpid():
+        state = self._process
+        with state.lock:
+            if state.cache is None:
                 from fsspec_shards.storage.cache import ShardCache
 
-                self._cache = ShardCache(self.cache_dir, self.cache_size)
-                self._cache_pid = os.getpid()
-            return self._cache
+                state.cache = ShardCache(self.cache_dir, self.cache_size)
+            return state.cache
 
     @property
     def shared_tier(self):
         """The :class:`SharedTier` (None without ``shared_cache_dir`` or with the cache off)."""
         if not self.cache_enabled or self.shared_cache_dir is None:
             return None
-        with self._lock:
-            if self._shared is None or self._shared_pid != os.getpid():
+        state = self._process
+        with state.lock:
+            if state.shared is None:
                 from fsspec_shards.storage.cache.shared import SharedTier
 
-                self._shared = SharedTier(
+                state.shared = SharedTier(
                     self.shared_cache_dir, self.shared_cache_size, count=self._count
                 )
-                self._shared_pid = os.getpid()
-            return self._shared
+            return state.shared
 
     @property
     def manifest(self) -> Manifest | None:
         """The ``checksums`` option, loaded on first use."""
         if self._checksums_source is None:
             return None
-        with self._lock:
+        with self._process.lock:
             if self._manifest is None:
                 source = self._checksums_source
                 self._manifest = self.policy.call(
@@ -577,7 +582,7 @@ class WdsFileSystem(ChainedFileSystem):
             handle = self.fs.open(
                 backend_path, mode, block_size=block_size, autocommit=autocommit, **kwargs
             )
-            return _DropCachedOnClose(handle, lambda: self._drop_cached(backend_path))
+            return DropCachedOnClose(handle, lambda: self._drop_cached(backend_path))
         if self.cache_enabled:
             handle = self._open_cached(backend_path)
             if handle is not None:
@@ -863,122 +868,6 @@ def _read_local_range(handle: BinaryIO, start: int | None, end: int | None) -> b
     first, last = _resolve_range(start, end, size)
     handle.seek(first)
     return handle.read(last - first)
-
-
-class _DropCachedOnClose(io.RawIOBase):
-    """A backend file opened for writing; closing it drops the cached copy of the path."""
-
-    def __init__(self, handle: Any, drop: Any) -> None:
-        super().__init__()
-        self._handle = handle
-        self._drop = drop
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_handle":  # not yet set: the constructor failed
-            raise AttributeError(name)
-        return getattr(self._handle, name)
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
-
-    def write(self, data: Any) -> int:
-        return self._handle.write(data)
-
-    def flush(self) -> None:
-        if not self._handle.closed:
-            self._handle.flush()
-
-    def tell(self) -> int:
-        return self._handle.tell()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            self._handle.close()
-        finally:
-            super().close()
-            self._drop()
-
-
-class CachedFile(io.BufferedReader):
-    """The cached copy of a file, open for reading. It pickles as "open this path again at
-    this position", as fsspec's own files do (dask ships open files to its workers)."""
-
-    def __init__(self, raw: io.FileIO, wds: WdsFileSystem, path: str) -> None:
-        super().__init__(raw)
-        self.fs = wds
-        self.path = path
-
-    def __reduce__(self):
-        return _reopen, (self.fs, self.path, 0 if self.closed else self.tell())
-
-
-def _reopen(fs: WdsFileSystem, path: str, position: int) -> BinaryIO:
-    handle = fs.open(path, "rb")
-    handle.seek(position)
-    return handle
-
-
-class RetryingFile(AbstractBufferedFile):
-    """A seekable read-only file over the backend whose ranged reads are retried and resumed.
-
-    Every read is of the version the file was opened on (identity and size checked on each
-    response; another version raises an ``OSError``, never mixed bytes). When the file is
-    read start to end, its checksum is checked as the last byte arrives and a mismatch
-    raises ``IntegrityError``.
-    """
-
-    def __init__(self, wds: WdsFileSystem, target: Target, info: dict, block_size: int) -> None:
-        self.target = target
-        self.version = target.expected_version(info)
-        expected = target.expected_checksum(info)
-        self._expected = expected
-        self._hasher = StreamingHasher(expected.algorithm) if expected else None
-        self._hashed_until = 0
-        super().__init__(
-            wds,
-            target.path,
-            mode="rb",
-            block_size=block_size,
-            cache_type="readahead",
-            size=info.get("size"),
-        )
-
-    @raising_clean
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        end = min(end, self.size)
-        if start >= end:
-            return b""
-        data = read_range(
-            self.target,
-            start,
-            end,
-            self.version,
-            lambda n: self.target.incr("bytes_downloaded", n),
-        )
-        self._hash(start, data)
-        return data
-
-    def _hash(self, start: int, data: bytes) -> None:
-        if self._hasher is None or start != self._hashed_until:
-            return
-        self._hasher.update(data)
-        self._hashed_until += len(data)
-        if self._hashed_until == self.size:
-            actual = self._hasher.checksum()
-            self._hasher = None
-            if actual != self._expected:
-                self.target.incr("integrity_failures")
-                raise IntegrityError(
-                    self.target.shown, str(self._expected), str(actual), "streamed without cache"
-                )
 
 
 def _parse_transport(value: Any) -> str:

@@ -379,3 +379,16 @@ def test_a_byte_flipped_in_a_range_in_flight_is_caught_and_fetched_again(
     assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
     stats = fs.cache_stats()
     assert (stats["integrity_failures"], stats["cached_files"]) == (1, 1)
+
+
+def test_without_faults_a_cold_read_is_one_metadata_request_and_one_get_and_a_hit_none(
+    remote_backend, fault_proxy, tmp_path, transport
+):
+    """What docs/scale.md counts on: two requests per cold object, none per cache hit."""
+    fs, path, proxy, _ = _through_proxy(remote_backend, fault_proxy, tmp_path, transport)
+    assert fs.cat_file(path) == DATA
+    requests = proxy.requests()
+    assert len(requests) == 2, [(e.method, e.path) for e in requests]
+    assert len(_data_exchanges(proxy, remote_backend, transport)) == 1
+    assert fs.cat_file(path) == DATA
+    assert len(proxy.requests()) == 2

@@ -1,0 +1,140 @@
+"""The file objects ``WdsFileSystem.open`` returns.
+
+- :class:`CachedFile`: the verified local copy, pickled as "open this path again here".
+- :class:`RetryingFile`: ranged reads straight from the backend (``cache=False`` or
+  ``ranged_reads="direct"``), each retried and resumed, every one of the version the file
+  was opened on; read start to end, it is verified as the last byte arrives.
+- :class:`DropCachedOnClose`: a backend file open for writing; closing it drops the cached
+  copy, so no later read is served the old version.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from fsspec.spec import AbstractBufferedFile
+
+from fsspec_shards.errors import IntegrityError
+from fsspec_shards.redact import raising_clean
+from fsspec_shards.storage.download import Target, read_range
+from fsspec_shards.storage.integrity import StreamingHasher
+
+if TYPE_CHECKING:
+    from fsspec_shards.storage.filesystem import WdsFileSystem
+
+
+class DropCachedOnClose(io.RawIOBase):
+    """A backend file opened for writing; closing it drops the cached copy of the path."""
+
+    def __init__(self, handle: Any, drop: Any) -> None:
+        super().__init__()
+        self._handle = handle
+        self._drop = drop
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_handle":  # not yet set: the constructor failed
+            raise AttributeError(name)
+        return getattr(self._handle, name)
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, data: Any) -> int:
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        if not self._handle.closed:
+            self._handle.flush()
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._handle.close()
+        finally:
+            super().close()
+            self._drop()
+
+
+class CachedFile(io.BufferedReader):
+    """The cached copy of a file, open for reading. It pickles as "open this path again at
+    this position", as fsspec's own files do (dask ships open files to its workers)."""
+
+    def __init__(self, raw: io.FileIO, wds: WdsFileSystem, path: str) -> None:
+        super().__init__(raw)
+        self.fs = wds
+        self.path = path
+
+    def __reduce__(self):
+        return _reopen, (self.fs, self.path, 0 if self.closed else self.tell())
+
+
+def _reopen(fs: WdsFileSystem, path: str, position: int) -> BinaryIO:
+    handle = fs.open(path, "rb")
+    handle.seek(position)
+    return handle
+
+
+class RetryingFile(AbstractBufferedFile):
+    """A seekable read-only file over the backend whose ranged reads are retried and resumed.
+
+    Every read is of the version the file was opened on (identity and size checked on each
+    response; another version raises an ``OSError``, never mixed bytes). When the file is
+    read start to end, its checksum is checked as the last byte arrives and a mismatch
+    raises ``IntegrityError``.
+    """
+
+    def __init__(self, wds: WdsFileSystem, target: Target, info: dict, block_size: int) -> None:
+        self.target = target
+        self.version = target.expected_version(info)
+        expected = target.expected_checksum(info)
+        self._expected = expected
+        self._hasher = StreamingHasher(expected.algorithm) if expected else None
+        self._hashed_until = 0
+        super().__init__(
+            wds,
+            target.path,
+            mode="rb",
+            block_size=block_size,
+            cache_type="readahead",
+            size=info.get("size"),
+        )
+
+    @raising_clean
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if start >= end:
+            return b""
+        data = read_range(
+            self.target,
+            start,
+            end,
+            self.version,
+            lambda n: self.target.incr("bytes_downloaded", n),
+        )
+        self._hash(start, data)
+        return data
+
+    def _hash(self, start: int, data: bytes) -> None:
+        if self._hasher is None or start != self._hashed_until:
+            return
+        self._hasher.update(data)
+        self._hashed_until += len(data)
+        if self._hashed_until == self.size:
+            actual = self._hasher.checksum()
+            self._hasher = None
+            if actual != self._expected:
+                self.target.incr("integrity_failures")
+                raise IntegrityError(
+                    self.target.shown, str(self._expected), str(actual), "streamed without cache"
+                )
