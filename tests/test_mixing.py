@@ -245,8 +245,14 @@ def test_dataloader_workers_together_yield_every_sample_once(sources):
 
 
 def stateful_loader(dataset, num_workers):
+    """A worker that stops answering fails the test in two minutes, not at the suite's
+    time-out (``timeout`` only applies with workers)."""
     return stateful.StatefulDataLoader(
-        dataset, batch_size=2, num_workers=num_workers, collate_fn=collate_idents
+        dataset,
+        batch_size=2,
+        num_workers=num_workers,
+        collate_fn=collate_idents,
+        timeout=120 if num_workers else 0,
     )
 
 
