@@ -332,11 +332,8 @@ def _large() -> bytes:
     return random.Random(40).randbytes(40 * MiB)
 
 
-@pytest.mark.parametrize("backend_name", ["http", "s3"])
-def test_a_range_in_flight_that_breaks_off_resumes_from_its_byte_and_the_object_is_whole(
-    request, fault_proxy, tmp_path, transport, backend_name
-):
-    backend = request.getfixturevalue(f"{backend_name}_backend")
+def _large_with_ranges_in_flight(backend, fault_proxy, tmp_path, transport):
+    """The large object behind a proxy, read with 4 ranges in flight and its sha256 known."""
     data = _large()
     checksums = {NAME: "sha256:" + hashlib.sha256(data).hexdigest()}
     fs, path, proxy, _ = _through_proxy(
@@ -348,6 +345,15 @@ def test_a_range_in_flight_that_breaks_off_resumes_from_its_byte_and_the_object_
         checksums=checksums,
         ranges_in_flight=4,
     )
+    return fs, path, proxy, data
+
+
+@pytest.mark.parametrize("backend_name", ["http", "s3"])
+def test_a_range_in_flight_that_breaks_off_resumes_from_its_byte_and_the_object_is_whole(
+    request, fault_proxy, tmp_path, transport, backend_name
+):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    fs, path, proxy, data = _large_with_ranges_in_flight(backend, fault_proxy, tmp_path, transport)
     proxy.add(Cut(after_bytes=2 * MiB), range=f"bytes={16 * MiB}-", **_data_gets(backend))
     assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
     exchanges = _data_exchanges(proxy, backend, transport)
@@ -364,17 +370,7 @@ def test_a_byte_flipped_in_a_range_in_flight_is_caught_and_fetched_again(
     request, fault_proxy, tmp_path, transport, backend_name
 ):
     backend = request.getfixturevalue(f"{backend_name}_backend")
-    data = _large()
-    checksums = {NAME: "sha256:" + hashlib.sha256(data).hexdigest()}
-    fs, path, proxy, _ = _through_proxy(
-        backend,
-        fault_proxy,
-        tmp_path,
-        transport,
-        data=data,
-        checksums=checksums,
-        ranges_in_flight=4,
-    )
+    fs, path, proxy, data = _large_with_ranges_in_flight(backend, fault_proxy, tmp_path, transport)
     proxy.add(Flip(offset=12_345), range=f"bytes={32 * MiB}-", **_data_gets(backend))
     assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
     stats = fs.cache_stats()
