@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
@@ -38,6 +38,10 @@ from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transpo
 from fsspec_shards.storage.retry import RetryPolicy
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch
+
+if TYPE_CHECKING:
+    from fsspec_shards.storage.cache import ShardCache
+    from fsspec_shards.storage.cache.shared import SharedTier
 
 logger = logging.getLogger("fsspec_shards.storage.filesystem")
 
@@ -98,8 +102,8 @@ class _ProcessState:
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     backend: fsspec.AbstractFileSystem | None = None
     transport: Transport | None = None
-    cache: Any = None
-    shared: Any = None
+    cache: ShardCache | None = None
+    shared: SharedTier | None = None
 
 
 class WdsFileSystem(ChainedFileSystem):
@@ -270,9 +274,8 @@ class WdsFileSystem(ChainedFileSystem):
                 state = self._state
                 if state.pid != os.getpid():
                     given = state.given_fs
-                    state = _ProcessState(
-                        os.getpid(), given_fs=given and _rebuilt_after_fork(given)
-                    )
+                    rebuilt = None if given is None else _rebuilt_after_fork(given)
+                    state = _ProcessState(os.getpid(), given_fs=rebuilt)
                     self._state = state
         return state
 
@@ -325,7 +328,7 @@ class WdsFileSystem(ChainedFileSystem):
             return state.transport
 
     @property
-    def shard_cache(self):
+    def shard_cache(self) -> ShardCache | None:
         """The :class:`ShardCache` behind this filesystem (None with ``cache=False``)."""
         if not self.cache_enabled:
             return None
@@ -338,7 +341,7 @@ class WdsFileSystem(ChainedFileSystem):
             return state.cache
 
     @property
-    def shared_tier(self):
+    def shared_tier(self) -> SharedTier | None:
         """The :class:`SharedTier` (None without ``shared_cache_dir`` or with the cache off)."""
         if not self.cache_enabled or self.shared_cache_dir is None:
             return None
