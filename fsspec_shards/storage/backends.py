@@ -37,6 +37,17 @@ S3_PROTOCOLS = ("s3", "s3a")
 GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss", "adl")
 HTTP_PROTOCOLS = ("http", "https")
+FSSPEC_INSTANCE_OPTIONS = frozenset(
+    {
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "asynchronous",
+        "loop",
+    }
+)
+"""Options every fsspec filesystem takes: its instance cache, listing cache and async mode."""
 _MODIFIED_KEYS = ("mtime", "LastModified", "last_modified", "Last-Modified", "updated", "created")
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 

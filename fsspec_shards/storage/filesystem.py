@@ -53,16 +53,6 @@ COUNTERS = (
     "integrity_failures",
     "evictions",
 )
-_BASE_OPTIONS = frozenset(
-    {
-        "skip_instance_cache",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "asynchronous",
-        "loop",
-    }
-)
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
@@ -188,7 +178,7 @@ class WdsFileSystem(ChainedFileSystem):
         fo: str | None = None,
         **kwargs: Any,
     ) -> None:
-        unknown = sorted(set(kwargs) - _BASE_OPTIONS)
+        unknown = sorted(set(kwargs) - backends.FSSPEC_INSTANCE_OPTIONS)
         if unknown:
             raise ValueError(
                 f"unknown option(s) for the wds filesystem: {', '.join(unknown)}; backend "
@@ -297,7 +287,7 @@ class WdsFileSystem(ChainedFileSystem):
         second)."""
         protocol = self._target_protocol
         options = backends.tamed_target_options(protocol, self._target_options, self.policy.timeout)
-        key = tokenize(os.getpid(), protocol, options)
+        key = tokenize(protocol, options)  # per process: emptied in a forked child
         with _SHARED_BACKENDS_LOCK:
             backend = _SHARED_BACKENDS.get(key)
             if backend is None:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from fsspec_shards.redact import REDACTED, redact_text
 from fsspec_shards.storage.backends import (
     AZURE_PROTOCOLS,
+    FSSPEC_INSTANCE_OPTIONS,
     GCS_PROTOCOLS,
     HTTP_PROTOCOLS,
     S3_PROTOCOLS,
@@ -41,14 +42,8 @@ from fsspec_shards.storage.backends import (
 # Options that do not change which bytes a GET returns or how it is authorised: caching,
 # listing, upload and client-pool settings of the fsspec backends, and their own time-outs
 # and retries (the transport applies ours).
-_IGNORED_COMMON = frozenset(
+_IGNORED_COMMON = FSSPEC_INSTANCE_OPTIONS | frozenset(
     {
-        "skip_instance_cache",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "asynchronous",
-        "loop",
         "default_block_size",
         "block_size",
         "blocksize",
