@@ -24,6 +24,7 @@ from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config
+from fsspec_shards.counters import COUNTERS
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.download import Target, download, read_range
@@ -45,14 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("fsspec_shards.storage.filesystem")
 
-COUNTERS = (
-    "hits",
-    "misses",
-    "bytes_downloaded",
-    "retries",
-    "integrity_failures",
-    "evictions",
-)
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
