@@ -17,6 +17,7 @@ from fsspec_shards.storage.cache import shared as shared_module
 from fsspec_shards.storage.cache.shared import SharedTier
 from tests import cache_objects
 from tests.cache_objects import obj, payload
+from tests.hostile_user import as_other_user
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -237,3 +238,40 @@ def test_a_read_only_shared_tier_is_read_and_never_written(
     stats = fs.cache_stats()
     assert (stats["shared_hits"], stats["shared_misses"]) == (1, 1)
     assert shared_files(shared) == before
+
+
+def test_a_copy_renamed_over_another_in_an_open_subdirectory_is_never_served(
+    tmp_path: Path, source: Path
+) -> None:
+    """The attack of issue 22: ``files/<xx>/`` at 0777 lets another uid rename one shard's
+    copy over another's; the copies stay ours and of the right size."""
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared)
+    for index in range(2):
+        one.cat_file(str(source / f"shard-{index}.tar"))
+    [zero, first] = [version_path(one, shared, source / f"shard-{i}.tar") for i in range(2)]
+    os.chmod(shared / "files", 0o755)  # searchable by others, writable by no one else
+    for copy in (zero, first):
+        os.chmod(copy.parent, 0o777)
+
+    def swap(directories: dict[str, int]) -> None:
+        os.rename(
+            first.name, zero.name, src_dir_fd=directories["first"], dst_dir_fd=directories["zero"]
+        )
+
+    as_other_user(swap, {"zero": str(zero.parent), "first": str(first.parent)})
+    assert zero.read_bytes() == payload("shard-1", 50_000)  # the swap happened
+    two = wds(tmp_path, "two", shared)
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        assert two.cat_file(str(source / "shard-0.tar")) == payload("shard-0", 50_000)
+    assert two.cache_stats()["shared_hits"] == 0
+    assert zero.read_bytes() == payload("shard-1", 50_000)  # nothing published into it
+
+
+def version_path(fs, shared: Path, path: Path) -> Path:
+    """The shared tier's file of ``path`` as it is now."""
+    from fsspec_shards.storage import backends
+
+    tier = fs.shared_tier
+    identity = backends.object_identity(fs.fs.info(str(path)))
+    return Path(layout.shared_data_path(str(shared), tier.version(fs._object(str(path)), identity)))

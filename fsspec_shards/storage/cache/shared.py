@@ -120,6 +120,8 @@ class SharedTier:
         if not self.writable:
             return False
         final = layout.shared_data_path(self.directory, version)
+        if not self._directory_is_safe(final, create=True):
+            return False
         if os.path.lexists(final):
             return True
         source.flush()
@@ -134,7 +136,6 @@ class SharedTier:
                 os.fchmod(descriptor, 0o400)
             finally:
                 os.close(descriptor)
-            os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
             os.rename(temp, final)
             _fsync_directory(os.path.dirname(final))
         except OSError as error:
@@ -148,8 +149,9 @@ class SharedTier:
 
     def discard(self, version: str) -> None:
         """Delete the tier's copy of ``version`` (found bad, or invalidated)."""
-        if self.writable:
-            layout.remove_file(layout.shared_data_path(self.directory, version))
+        path = layout.shared_data_path(self.directory, version)
+        if self.writable and self._directory_is_safe(path):
+            layout.remove_file(path)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -159,6 +161,8 @@ class SharedTier:
         if not self.usable:
             return None
         path = layout.shared_data_path(self.directory, version)
+        if not self._directory_is_safe(path):
+            return None
         try:
             descriptor = os.open(path, _OPEN_FLAGS)
         except OSError:  # absent; or a symlink, never followed
@@ -191,6 +195,28 @@ class SharedTier:
             return None
         self._refresh(path)
         return {"size": info.st_size, "identity": identity, "checksum": expected and str(expected)}
+
+    def _directory_is_safe(self, path: str, create: bool = False) -> bool:
+        """Whether the directory holding ``path`` (``files/<xx>``) is real, ours and writable
+        by no one else (:func:`.trust.check_directory`, as the local cache's): whoever may
+        write in it may rename one copy over another, which no check of the copy can tell.
+        ``create`` makes it (0700) when absent. An unsafe one is reported once and unused."""
+        directory = os.path.dirname(path)
+        try:
+            if trust.check_directory(directory, "shared") is not None:
+                return True
+            if not create:
+                return False
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+            return trust.check_directory(directory, "shared") is not None
+        except trust.CacheDirectoryError as error:
+            warn_once(
+                self.directory, f"unsafe:{directory}", f"shared cache tier: {error}; not using it"
+            )
+            return False
 
     @contextmanager
     def _lock(self, version: str) -> Iterator[None]:
@@ -228,7 +254,9 @@ class SharedTier:
         files = os.path.join(self.directory, layout.FILES)
         found = []
         for shard in layout.list_directory(files):
-            if not layout.is_shard_directory(shard):
+            if not layout.is_shard_directory(shard) or not self._directory_is_safe(
+                os.path.join(files, shard, shard)
+            ):
                 continue
             for name in layout.list_directory(os.path.join(files, shard)):
                 if layout.is_shared_data_name(name, shard):
