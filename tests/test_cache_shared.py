@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -193,15 +195,16 @@ def test_eviction_and_stale_temp_clean_up_delete_only_names_the_tier_makes(
     assert list(shared_files(shared).values()).count(payload("shard-0", 50_000)) == 0
 
 
-def test_invalidate_cache_drops_the_shared_copy_too(tmp_path: Path, source: Path) -> None:
+def test_invalidate_cache_never_serves_the_shared_copy_again(tmp_path: Path, source: Path) -> None:
     shared = tmp_path / "shared"
     one = wds(tmp_path, "one", shared)
     path = str(source / "shard-0.tar")
     one.cat_file(path)
     assert len(shared_files(shared)) == 1
     one.invalidate_cache(path)
-    assert shared_files(shared) == {}
     assert one.cat_file(path) == payload("shard-0", 50_000)
+    assert one.cache_stats()["shared_hits"] == 0
+    assert len(shared_files(shared)) == 2  # the old generation's copy: unreachable, evicted
     assert one.cache_stats()["bytes_downloaded"] == 2 * 50_000
 
 
@@ -275,3 +278,64 @@ def version_path(fs, shared: Path, path: Path) -> Path:
     tier = fs.shared_tier
     identity = backends.object_identity(fs.fs.info(str(path)))
     return Path(layout.shared_data_path(str(shared), tier.version(fs._object(str(path)), identity)))
+
+
+def rewrite_keeping_size_and_mtime(fs, path: Path, data: bytes) -> None:
+    """A write through ``wds`` whose new version the backend cannot tell from the old:
+    the same size and modification time (one-second clocks, a restored mtime)."""
+    before = path.stat()
+    with fs.open(str(path), "wb") as file:
+        file.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+
+
+def test_a_write_through_wds_is_never_served_the_old_shared_copy_on_any_host(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    one, two = wds(tmp_path, "one", shared), wds(tmp_path, "two", shared)
+    assert one.cat_file(str(path)) == payload("shard-0", 50_000)
+    new = payload("rewritten", 50_000)
+    rewrite_keeping_size_and_mtime(one, path, new)
+    assert one.cat_file(str(path)) == new  # the writing host
+    assert two.cat_file(str(path)) == new  # another host, never read it before
+    reader = (
+        "import fsspec, hashlib, sys;"
+        "fs = fsspec.filesystem('wds', target_protocol='file', cache_dir=sys.argv[1],"
+        " shared_cache_dir=sys.argv[2]);"
+        "print(hashlib.sha256(fs.cat_file(sys.argv[3])).hexdigest())"
+    )
+    third_host = [sys.executable, "-c", reader, str(tmp_path / "local-three"), str(shared)]
+    result = subprocess.run([*third_host, str(path)], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == hashlib.sha256(new).hexdigest()  # another process
+    assert (one.cache_stats()["shared_hits"], two.cache_stats()["shared_hits"]) == (0, 1)
+
+
+def test_invalidate_cache_reaches_every_host_through_the_shared_tier(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    path = str(source / "shard-0.tar")
+    one, two = wds(tmp_path, "one", shared), wds(tmp_path, "two", shared)
+    one.cat_file(path)
+    one.invalidate_cache(path)
+    assert two.cat_file(path) == payload("shard-0", 50_000)
+    assert two.cache_stats()["shared_hits"] == 0
+
+
+def test_a_generations_directory_others_may_write_turns_the_tier_off_for_reads(
+    tmp_path: Path, source: Path
+) -> None:
+    """Whoever may write ``generations/`` may bring back a generation from before a write."""
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    one = wds(tmp_path, "one", shared)
+    one.pipe_file(str(path), payload("shard-0", 50_000))
+    one.cat_file(str(path))
+    os.chmod(shared / layout.GENERATIONS, 0o777)
+    two = wds(tmp_path, "two", shared)
+    with pytest.warns(CacheWarning, match="generations is writable by group or others"):
+        assert two.cat_file(str(path)) == payload("shard-0", 50_000)
+    assert (two.cache_stats()["shared_hits"], two.cache_stats()["bytes_downloaded"]) == (0, 50_000)
