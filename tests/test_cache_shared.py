@@ -19,7 +19,7 @@ from fsspec_shards.storage.cache import shared as shared_module
 from fsspec_shards.storage.cache.shared import SharedTier
 from tests import cache_objects
 from tests.cache_objects import obj, payload
-from tests.hostile_user import as_other_user
+from tests.hostile_user import NOBODY, as_other_user
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -339,3 +339,51 @@ def test_a_generations_directory_others_may_write_turns_the_tier_off_for_reads(
     with pytest.warns(CacheWarning, match="generations is writable by group or others"):
         assert two.cat_file(str(path)) == payload("shard-0", 50_000)
     assert (two.cache_stats()["shared_hits"], two.cache_stats()["bytes_downloaded"]) == (0, 50_000)
+
+
+@pytest.mark.parametrize("blocker", ["symlink", "foreign file"])
+def test_a_blocker_at_a_versions_name_is_replaced_by_the_next_publication(
+    tmp_path: Path, source: Path, blocker: str
+) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    wds(tmp_path, "one", shared).cat_file(str(path))
+    copy = version_path(wds(tmp_path, "one", shared), shared, path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not the shard, and not the tier's to touch")
+    copy.unlink()
+    if blocker == "symlink":
+        copy.symlink_to(elsewhere)
+    else:
+        copy.write_bytes(payload("shard-0", 50_000))
+        os.chown(copy, NOBODY, NOBODY)
+    two = wds(tmp_path, "two", shared)
+    assert two.cat_file(str(path)) == payload("shard-0", 50_000)
+    assert two.cache_stats()["shared_misses"] == 1  # never followed, never trusted
+    assert not copy.is_symlink() and copy.stat().st_uid == os.geteuid()
+    assert elsewhere.read_bytes() == b"not the shard, and not the tier's to touch"
+    three = wds(tmp_path, "three", shared)
+    assert three.cat_file(str(path)) == payload("shard-0", 50_000)
+    assert (three.cache_stats()["shared_hits"], three.cache_stats()["bytes_downloaded"]) == (1, 0)
+
+
+def test_refusals_in_the_shared_tier_name_its_own_option(tmp_path: Path, source: Path) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    wds(tmp_path, "one", shared).cat_file(str(path))
+    copy = version_path(wds(tmp_path, "one", shared), shared, path)
+    for entry in copy.parent.iterdir():
+        entry.unlink()
+    copy.parent.rmdir()
+    (tmp_path / "planted").mkdir(mode=0o700)
+    copy.parent.symlink_to(tmp_path / "planted")
+    with pytest.warns(CacheWarning) as caught:
+        assert wds(tmp_path, "two", shared).cat_file(str(path)) == payload("shard-0", 50_000)
+    [message] = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert f"{copy.parent} is a symlink" in message
+    assert "shared_cache_dir (or FSSPEC_SHARDS_SHARED_CACHE)" in message
+    assert "set cache_dir" not in message
+    os.chown(shared, NOBODY, NOBODY)
+    with pytest.raises(CacheDirectoryError, match="set shared_cache_dir") as raised:
+        wds(tmp_path, "three", shared).cat_file(str(path))
+    assert "set cache_dir" not in str(raised.value)

@@ -170,7 +170,7 @@ class SharedTier:
         final = layout.shared_data_path(self.directory, version)
         if not self._directory_is_safe(final, create=True):
             return False
-        if os.path.lexists(final):
+        if self._holds(final):
             return True
         source.flush()
         size = os.fstat(source.fileno()).st_size
@@ -194,6 +194,25 @@ class SharedTier:
             return False
         self._evict_if_due()
         return True
+
+    def _holds(self, final: str) -> bool:
+        """Whether ``final`` is a copy this tier published: a regular file of ours. Anything
+        else at that name (a symlink, another user's file) is replaced by the publication's
+        rename, which never follows a link and never removes a directory: the name is one
+        the tier makes, in a directory only we may write (:meth:`_directory_is_safe`), so
+        nobody else's file can be there by right, and leaving it would keep the version
+        from ever being published again (every host downloading from the backend)."""
+        try:
+            info = os.lstat(final)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(info.st_mode) and info.st_uid == self._uid:
+            return True
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else f"owned by uid {info.st_uid}"
+        logger.warning(
+            "shared cache tier: %s is %s; replacing it with the verified copy", final, kind
+        )
+        return False
 
     def discard(self, version: str | None) -> None:
         """Delete the tier's copy of ``version`` (found bad, or invalidated)."""
