@@ -530,7 +530,7 @@ class WdsFileSystem(ChainedFileSystem):
         def fill(out: BinaryIO) -> dict:
             identity = backends.object_identity(info)
             metadata, source = shared.fill(
-                shared.version(obj, identity),
+                shared.current_version(obj, identity),
                 out,
                 lambda into: download(target, into, info),
                 size=info.get("size"),
@@ -544,11 +544,16 @@ class WdsFileSystem(ChainedFileSystem):
 
     def _drop_cached(self, backend_paths: Any) -> None:
         """Drop the cached copies of ``backend_paths`` after a write, and stop downloads of
-        them in flight (in any process) from publishing."""
+        them in flight (in any process) from publishing; every host's next read of them
+        skips the shared tier's copies made before (a new write generation there)."""
+        paths = backend_paths if isinstance(backend_paths, list) else [backend_paths]
+        if self.cache_enabled and self.shared_cache_dir is not None:
+            for path in paths:
+                self.shared_tier.new_generation(self._object(path))
         if not self.cache_enabled or not os.path.isdir(self.cache_dir):
             return  # no cache directory: nothing was ever cached there
         cache = self.shard_cache
-        for path in backend_paths if isinstance(backend_paths, list) else [backend_paths]:
+        for path in paths:
             cache.discard(self._object(path))
 
     # -- reading -----------------------------------------------------------------------
@@ -763,14 +768,6 @@ class WdsFileSystem(ChainedFileSystem):
         if backend_path is None:
             return
         self._drop_cached(backend_path)
-        shared = self.shared_tier
-        if shared is not None:
-            try:
-                info = self._retried("info", backend_path)
-            except FileNotFoundError:
-                return
-            identity = backends.object_identity(info)
-            shared.discard(shared.version(self._object(backend_path), identity))
 
     # -- writing: straight to the backend, dropping cached copies ------------------------
 
