@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fsspec_shards.cli.errors import EXIT_USAGE, UsageError
-from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, parse_size
+from fsspec_shards.config import DEFAULT_CACHE_SIZE, DEFAULT_MAX_MEMBER_SIZE, parse_size
 from fsspec_shards.fleet.errors import InputError
 from fsspec_shards.fleet.executors import Executor, ThreadExecutor
+from fsspec_shards.fleet.report import format_bytes
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -76,7 +77,9 @@ def shared_options() -> SharedOptions:
         "--cache-dir", metavar="DIR", help="cache directory (default: FSSPEC_SHARDS_CACHE, ...)"
     )
     group.add_argument(
-        "--cache-size", metavar="SIZE", help='cache bound, e.g. "50GB" (default 20 GiB)'
+        "--cache-size",
+        metavar="SIZE",
+        help=f'cache bound, e.g. "50GB" (default {format_bytes(DEFAULT_CACHE_SIZE)})',
     )
     group.add_argument(
         "--no-cache", action="store_true", help="stream with retries and checks, keep nothing"
@@ -104,7 +107,8 @@ def shared_options() -> SharedOptions:
         type=size_type,
         default=DEFAULT_MAX_MEMBER_SIZE,
         metavar="SIZE",
-        help="larger tar members are malformed shards (default 1GiB)",
+        help="larger tar members are malformed shards "
+        f"(default {format_bytes(DEFAULT_MAX_MEMBER_SIZE)})",
     )
 
     json_output = CommandParser(add_help=False)

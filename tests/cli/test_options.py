@@ -63,3 +63,10 @@ def test_cache_flags_override_option_and_file_values(tmp_path):
         "wds": {"retries": 4, "cache_size": 1024**3, "cache": False},
         "s3": {"anon": True},
     }
+
+
+def test_help_shows_the_defaults_from_their_one_definition_in_binary_units(capsys):
+    for command, expected in (("prefetch", "(default 20 GiB)"), ("verify", "(default 1 GiB)")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        assert expected in " ".join(capsys.readouterr().out.split())
