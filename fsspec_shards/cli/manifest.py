@@ -1,9 +1,9 @@
 """``manifest URL_PATTERN -o SHA256SUMS``: hash every shard and write a checksum manifest.
 
 Invariants: the manifest lists the shards in pattern order, in ``sha256sum`` format
-(:func:`~fsspec_shards.storage.integrity.format_sums_line`), names relative to its own
-directory when the shards lie below it; it is written only when every shard was read, so the
-same shards give the same bytes wherever the hashing ran.
+(:func:`~fsspec_shards.checksums.format_sums`, the writer ``ShardWriter`` uses too), names
+relative to its own directory when the shards lie below it; it is written only when every
+shard was read, so the same shards give the same bytes wherever the hashing ran.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec_shards.checksums import format_sums, parse_checksum
 from fsspec_shards.cli.checks import check_shards
 from fsspec_shards.cli.errors import EXIT_OK, StorageFailure, UsageError
 from fsspec_shards.cli.options import (
@@ -27,7 +28,6 @@ from fsspec_shards.cli.parallel import Executor
 from fsspec_shards.cli.report import print_table, progress, shown
 from fsspec_shards.cli.shards import comparable, shard_urls, write_text
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.integrity import format_sums_line, parse_checksum
 
 NAME = "manifest"
 
@@ -82,17 +82,13 @@ def build_manifest(
         on_failures(failures)
         raise StorageFailure(f"{len(failures)} shards could not be read; no manifest written")
     names = [manifest_name(check.url, manifest_dir) for check in checks]
-    bad_names = [name for name in names if "\n" in name or "\\" in name]
-    if bad_names:
-        raise UsageError(
-            f"shard name {redact_url(bad_names[0])!r} cannot be written in sha256sum format"
-        )
-    lines = [
-        format_sums_line(parse_checksum(check.checksums["sha256"]), name) + "\n"
-        for check, name in zip(checks, names, strict=True)
-    ]
+    checksums = [parse_checksum(check.checksums["sha256"]) for check in checks]
+    try:
+        text = format_sums(zip(names, checksums, strict=True))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     counts = {key: check.samples for key, check in zip(count_keys(names), checks, strict=True)}
-    return ManifestText("".join(lines), counts)
+    return ManifestText(text, counts)
 
 
 def run(args: argparse.Namespace) -> int:

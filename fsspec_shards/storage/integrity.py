@@ -1,98 +1,38 @@
-"""Checksums: parsing, streaming hashers, manifests, and the choice of what to verify.
+"""Manifests and the choice of what to verify.
 
-A checksum is written ``"<algorithm>:<hex>"`` with algorithm ``sha256``, ``md5`` or ``crc32c``
-(crc32c as the 8 hex digits of its big-endian value). A manifest maps object paths to
-checksums; it comes from a mapping or from a ``SHA256SUMS``-style file whose names are
-relative to the file's own location.
+A manifest maps object paths to checksums; it comes from a mapping or from a
+``SHA256SUMS``-style file whose names are relative to the file's own location. The formats
+themselves (checksums, hashers, sums files) live in :mod:`fsspec_shards.checksums`; the
+names storage uses are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import posixpath
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
+from fsspec_shards.checksums import (
+    Checksum,
+    StreamingHasher,
+    parse_checksum,
+    parse_sums_file,
+)
+from fsspec_shards.redact import redact_url
 
-from fsspec_shards.redact import redact_text, redact_url
+__all__ = [
+    "Checksum",
+    "Manifest",
+    "StreamingHasher",
+    "choose_expected",
+    "load_manifest",
+    "manifest_from_mapping",
+    "parse_checksum",
+    "parse_verify",
+]
 
 logger = logging.getLogger("fsspec_shards.storage.integrity")
-
-ALGORITHMS = ("sha256", "md5", "crc32c")
-"""Known algorithms, strongest first."""
-
-_HEX_LENGTH = {"sha256": 64, "md5": 32, "crc32c": 8}
-_ALGORITHM_BY_HEX_LENGTH = {length: name for name, length in _HEX_LENGTH.items()}
-_HEX_RE = re.compile(r"^[0-9a-fA-F]+$")
-_SUMS_LINE_RE = re.compile(r"^(?P<digest>\S+) (?P<mode>[ *])(?P<name>.+)$")
-
-
-@dataclass(frozen=True)
-class Checksum:
-    """One expected or computed digest."""
-
-    algorithm: str
-    hexdigest: str
-
-    def __str__(self) -> str:
-        return f"{self.algorithm}:{self.hexdigest}"
-
-    @property
-    def strength(self) -> int:
-        """Higher is stronger: sha256 > md5 > crc32c."""
-        return len(ALGORITHMS) - ALGORITHMS.index(self.algorithm)
-
-
-def parse_checksum(text: str) -> Checksum:
-    """Parse ``"sha256:<hex>"`` / ``"md5:<hex>"`` / ``"crc32c:<hex>"``; a bare hex digest is
-    accepted when its length names the algorithm (64 sha256, 32 md5, 8 crc32c)."""
-    if not isinstance(text, str):
-        raise ValueError(f"invalid checksum {text!r}: expected a string like 'sha256:<hex>'")
-    algorithm, sep, digest = text.strip().partition(":")
-    if not sep:
-        digest = algorithm
-        algorithm = _ALGORITHM_BY_HEX_LENGTH.get(len(digest), "")
-    algorithm = algorithm.lower()
-    if algorithm not in _HEX_LENGTH:
-        raise ValueError(
-            f"invalid checksum {text!r}: expected 'sha256:<hex>', 'md5:<hex>' or 'crc32c:<hex>'"
-        )
-    if len(digest) != _HEX_LENGTH[algorithm] or not _HEX_RE.match(digest):
-        raise ValueError(
-            f"invalid checksum {text!r}: {algorithm} needs {_HEX_LENGTH[algorithm]} hex digits"
-        )
-    return Checksum(algorithm, digest.lower())
-
-
-class StreamingHasher:
-    """Hashes bytes as they stream past, so verification needs no second pass."""
-
-    def __init__(self, algorithm: str) -> None:
-        if algorithm not in _HEX_LENGTH:
-            raise ValueError(f"unknown checksum algorithm {algorithm!r}; known: {ALGORITHMS}")
-        self.algorithm = algorithm
-        self._hash: Any = (
-            google_crc32c.Checksum() if algorithm == "crc32c" else hashlib.new(algorithm)
-        )
-
-    def update(self, data: bytes) -> None:
-        self._hash.update(data)
-
-    def checksum(self) -> Checksum:
-        if self.algorithm == "crc32c":
-            return Checksum("crc32c", self._hash.digest().hex())
-        return Checksum(self.algorithm, self._hash.hexdigest())
-
-
-def checksum_of_bytes(data: bytes, algorithm: str = "sha256") -> Checksum:
-    """The checksum of ``data`` (a convenience for tests and small objects)."""
-    hasher = StreamingHasher(algorithm)
-    hasher.update(data)
-    return hasher.checksum()
 
 
 class Manifest:
@@ -150,15 +90,6 @@ def _without_query(path: str) -> str:
     return path.split("?", 1)[0] if "://" in path else path
 
 
-def _normalize_name(name: str) -> str:
-    """A manifest name as written, tidied: ``./a/../b.tar`` -> ``b.tar``; URLs stay as they are."""
-    name = name.strip()
-    if "://" in name:
-        return name
-    name = posixpath.normpath(name)
-    return name[2:] if name.startswith("./") else name
-
-
 def _normalize_path(path: str) -> str:
     return path if "://" in path else posixpath.normpath(path)
 
@@ -189,40 +120,6 @@ def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None
         except ValueError as exc:
             raise ValueError(f"checksums entry for {redact_url(key)}: {exc}") from None
     return Manifest(entries)
-
-
-def parse_sums_file(text: str, source: str = "<manifest>") -> dict[str, Checksum]:
-    """Parse ``sha256sum``-style lines (``<hex>  name`` or ``<hex> *name``) into name -> checksum.
-
-    The algorithm follows from the digest length; ``algo:<hex>`` digests are accepted too.
-    Names are tidied (``./a.tar`` is ``a.tar``). Blank lines and ``#`` comments are skipped.
-    A malformed line, a digest that is not hex of its algorithm's length, and a name listed
-    twice with different digests are errors naming the manifest and the line; the same entry
-    twice is not.
-    """
-    entries: dict[str, Checksum] = {}
-    lines: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip("\r")
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"manifest {redact_url(source)} line {number}"
-        match = _SUMS_LINE_RE.match(line)
-        if not match:
-            raise ValueError(f"{where}: expected '<hex>  <name>', got {redact_text(line[:80])!r}")
-        try:
-            checksum = parse_checksum(match.group("digest"))
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        name = _normalize_name(match.group("name"))
-        if name in entries and entries[name] != checksum:
-            raise ValueError(
-                f"{where}: {redact_url(name)} is listed again with another checksum "
-                f"(first on line {lines[name]})"
-            )
-        entries[name] = checksum
-        lines.setdefault(name, number)
-    return entries
 
 
 def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
@@ -257,12 +154,6 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
         return backend._strip_protocol(url) if url.split("://", 1)[0] in own else url
 
     return Manifest(entries, base, strip_own_protocol if base is not None else None)
-
-
-def format_sums_line(checksum: Checksum, name: str) -> str:
-    """One manifest line in ``sha256sum`` format (binary marker), for writers of manifests."""
-    digest = checksum.hexdigest if checksum.algorithm == "sha256" else str(checksum)
-    return f"{digest} *{name}"
 
 
 def choose_expected(

@@ -6,8 +6,8 @@ import json
 import shutil
 import subprocess
 
+from fsspec_shards.checksums import parse_sums_file
 from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
-from fsspec_shards.storage.integrity import parse_sums_file
 from tests.cli.running import run_cli
 
 
