@@ -8,7 +8,7 @@ import hashlib
 import fsspec
 import pytest
 
-from fsspec_shards.checksums import format_sums
+from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.storage.backends import backend_checksums, object_identity
 from fsspec_shards.storage.integrity import (
     Checksum,
@@ -137,3 +137,44 @@ def test_identity_changes_with_version_etag_or_mtime_and_size():
         {"generation": "2", "size": 1}
     )
     assert object_identity({"mtime": 1.0, "size": 1}) != object_identity({"mtime": 1.0, "size": 2})
+
+
+def write_pair(directory, data: bytes, block_size: int = 4096):
+    """SHA256SUMS and SHA256SUMS.blocks for ``a.tar`` (holding ``data``) in ``directory``."""
+    hasher = BlockHasher(block_size)
+    hasher.update(data)
+    blocks = hasher.block_list()
+    (directory / "SHA256SUMS").write_text(format_sums([("a.tar", blocks.checksum)]))
+    (directory / "SHA256SUMS.blocks").write_text(
+        format_block_manifest([("a.tar", blocks)], block_size)
+    )
+    return blocks
+
+
+def test_block_manifest_beside_the_sums_file_is_found_and_used(tmp_path):
+    blocks = write_pair(tmp_path, DATA)
+    manifest = load_manifest(f"file://{tmp_path}/SHA256SUMS", fsspec.filesystem("file"))
+    assert manifest.lookup_blocks(f"{tmp_path}/a.tar") == blocks
+    assert manifest.lookup_blocks(f"{tmp_path}/b.tar") is None
+    assert manifest.lookup(f"{tmp_path}/a.tar") == Checksum("sha256", SHA256)
+
+
+def test_no_block_manifest_means_whole_files_only(tmp_path):
+    write_pair(tmp_path, DATA)
+    (tmp_path / "SHA256SUMS.blocks").unlink()
+    manifest = load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))
+    assert manifest.lookup_blocks(f"{tmp_path}/a.tar") is None
+    assert manifest.lookup(f"{tmp_path}/a.tar") == Checksum("sha256", SHA256)
+
+
+def test_block_manifest_on_another_protocol_matches_by_trailing_components(tmp_path):
+    blocks = write_pair(tmp_path, DATA)
+    manifest = load_manifest(f"file://{tmp_path}/SHA256SUMS", fsspec.filesystem("memory"))
+    assert manifest.lookup_blocks("/bucket/a.tar") == blocks
+
+
+def test_a_stale_block_manifest_is_an_error_naming_both_files(tmp_path):
+    write_pair(tmp_path, DATA)
+    (tmp_path / "SHA256SUMS").write_text(format_sums([("a.tar", Checksum("sha256", "0" * 64))]))
+    with pytest.raises(ValueError, match=r"SHA256SUMS.blocks lists a.tar .* stale"):
+        load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))

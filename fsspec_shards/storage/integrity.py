@@ -1,7 +1,10 @@
 """Manifests and the choice of what to verify.
 
 A manifest maps object paths to checksums; it comes from a mapping or from a
-``SHA256SUMS``-style file whose names are relative to the file's own location. The formats
+``SHA256SUMS``-style file whose names are relative to the file's own location. A block
+manifest beside that file (``SHA256SUMS.blocks``) is found and loaded with it: it adds, per
+object, a SHA-256 per block, so a reader can be handed each block once it is verified
+(:mod:`.progressive`). The formats
 themselves (checksums, hashers, sums files) live in :mod:`fsspec_shards.checksums`; the
 names storage uses are re-exported here.
 """
@@ -14,8 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsspec_shards.checksums import (
+    BlockList,
     Checksum,
     StreamingHasher,
+    block_manifest_name,
+    parse_block_manifest,
     parse_checksum,
     parse_sums_file,
 )
@@ -43,7 +49,8 @@ class Manifest:
     path by ``strip_protocol`` when given) stands for itself: :attr:`entries` is then keyed by
     full backend paths. Without ``base`` (a mapping given in code), a key matches a path
     exactly, or as its trailing path components, e.g. ``"train-0001.tar"`` matches
-    ``"bucket/data/train-0001.tar"``.
+    ``"bucket/data/train-0001.tar"``. ``blocks`` (from a block manifest) are keyed and
+    looked up the same way.
     """
 
     def __init__(
@@ -51,15 +58,18 @@ class Manifest:
         entries: Mapping[str, Checksum],
         base: str | None = None,
         strip_protocol: Any = None,
+        blocks: Mapping[str, BlockList] | None = None,
     ) -> None:
         self.base = base.rstrip("/") if base is not None else None
+        self.entries = self._keyed(entries, strip_protocol)
+        self.blocks = self._keyed(blocks or {}, strip_protocol)
+
+    def _keyed(self, entries: Mapping[str, Any], strip_protocol: Any) -> dict[str, Any]:
         if self.base is None:
-            self.entries = dict(entries)
-        else:
-            self.entries = {
-                _resolve_name(self.base, name, strip_protocol): checksum
-                for name, checksum in entries.items()
-            }
+            return dict(entries)
+        return {
+            _resolve_name(self.base, name, strip_protocol): value for name, value in entries.items()
+        }
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -69,20 +79,32 @@ class Manifest:
 
         A URL's query string (a signed URL's signature, expiry...) is ignored when the path
         with it is not listed."""
-        found = self._lookup(path)
+        found = self._lookup(self.entries, path)
         if found is None and _without_query(path) != path:
-            found = self._lookup(_without_query(path))
+            found = self._lookup(self.entries, _without_query(path))
+        if found is None:
+            blocks = self.lookup_blocks(path)
+            return None if blocks is None else blocks.checksum
         return found
 
-    def _lookup(self, path: str) -> Checksum | None:
+    def lookup_blocks(self, path: str) -> BlockList | None:
+        """The block list of ``path`` from the block manifest, or None if it has none."""
+        if not self.blocks:
+            return None
+        found = self._lookup(self.blocks, path)
+        if found is None and _without_query(path) != path:
+            found = self._lookup(self.blocks, _without_query(path))
+        return found
+
+    def _lookup(self, entries: dict[str, Any], path: str) -> Any:
         if self.base is not None:
-            return self.entries.get(_normalize_path(path))
-        if path in self.entries:
-            return self.entries[path]
-        matches = [key for key in self.entries if path.endswith("/" + key.lstrip("/"))]
+            return entries.get(_normalize_path(path))
+        if path in entries:
+            return entries[path]
+        matches = [key for key in entries if path.endswith("/" + key.lstrip("/"))]
         if not matches:
             return None
-        return self.entries[max(matches, key=len)]
+        return entries[max(matches, key=len)]
 
 
 def _without_query(path: str) -> str:
@@ -123,11 +145,14 @@ def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None
 
 
 def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
-    """Load the ``checksums`` option: a mapping, or the path/URL of a sums file.
+    """Load the ``checksums`` option: a mapping, or the path/URL of a sums file and, when
+    there is one beside it, its block manifest (``<sums file>.blocks``).
 
     A path without protocol, or a URL of the backend's own protocol, is read through the
     backend and its names resolve against the file's directory; a URL of another protocol is
     read through fsspec and its names match object paths by their trailing components.
+    A block manifest whose whole-file digest of an object disagrees with the sums file's is
+    an error naming both (one of them is stale).
     """
     if isinstance(source, Mapping):
         return manifest_from_mapping(source, backend._strip_protocol)
@@ -139,21 +164,71 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     own = backend.protocol if isinstance(backend.protocol, tuple) else (backend.protocol,)
     if protocol is None or protocol in own:
         path = backend._strip_protocol(source)
-        text = backend.cat_file(path).decode("utf-8")
         base = posixpath.dirname(_without_query(path))
-    else:
-        import fsspec
 
-        with fsspec.open(source, "rt", encoding="utf-8") as handle:
-            text = handle.read()
+        def read(location: str) -> str:
+            return backend.cat_file(backend._strip_protocol(location)).decode("utf-8")
+    else:
         base = None
-    entries = parse_sums_file(text, source)
-    logger.info("loaded %d checksums from %s", len(entries), redact_url(source))
+
+        def read(location: str) -> str:
+            import fsspec
+
+            with fsspec.open(location, "rt", encoding="utf-8") as handle:
+                return handle.read()
+
+    entries = parse_sums_file(read(source), source)
+    blocks_source = _block_manifest_beside(source)
+    blocks = _read_block_manifest(read, blocks_source)
+    _check_agreement(entries, blocks, source, blocks_source)
+    logger.info(
+        "loaded %d checksums from %s%s",
+        len(entries),
+        redact_url(source),
+        f" and {len(blocks)} block lists from its block manifest" if blocks else "",
+    )
 
     def strip_own_protocol(url: str) -> str:
         return backend._strip_protocol(url) if url.split("://", 1)[0] in own else url
 
-    return Manifest(entries, base, strip_own_protocol if base is not None else None)
+    return Manifest(entries, base, strip_own_protocol if base is not None else None, blocks)
+
+
+def _block_manifest_beside(source: str) -> str:
+    """Where the block manifest of the sums file ``source`` lies (a URL's query kept)."""
+    location, mark, query = source.partition("?") if "://" in source else (source, "", "")
+    return block_manifest_name(location) + mark + query
+
+
+def _read_block_manifest(read: Any, location: str) -> dict[str, BlockList]:
+    """The block manifest at ``location``; none when there is no such file (or it may not be
+    read: then a warning names it, and objects are verified whole)."""
+    try:
+        text = read(location)
+    except FileNotFoundError:
+        logger.debug("no block manifest at %s", redact_url(location))
+        return {}
+    except PermissionError as exc:
+        logger.warning(
+            "block manifest %s cannot be read (%s): verifying whole files only",
+            redact_url(location),
+            exc.strerror or type(exc).__name__,
+        )
+        return {}
+    return parse_block_manifest(text, location)
+
+
+def _check_agreement(
+    entries: dict[str, Checksum], blocks: dict[str, BlockList], source: str, blocks_source: str
+) -> None:
+    for name, listed in blocks.items():
+        checksum = entries.get(name)
+        if checksum is not None and checksum.algorithm == "sha256" and checksum != listed.checksum:
+            raise ValueError(
+                f"block manifest {redact_url(blocks_source)} lists {redact_url(name)} with "
+                f"sha256 {listed.sha256}, manifest {redact_url(source)} with {checksum.hexdigest}: "
+                "one of them is stale (write both again, e.g. with fsspec-shards manifest --blocks)"
+            )
 
 
 def choose_expected(
