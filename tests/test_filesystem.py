@@ -198,7 +198,8 @@ def test_verify_size_ignores_a_wrong_checksum(shard):
 
 
 def test_a_flipped_byte_is_caught_by_the_sums_file_and_fetched_again(tmp_path):
-    fs, backend, path = _planned(tmp_path, plan=[None, Flip(99)])  # sums file, then shard
+    # the sums file, the block manifest beside it (none), then the shard
+    fs, backend, path = _planned(tmp_path, plan=[None, None, Flip(99)])
     sums = os.path.dirname(path) + "/SHA256SUMS"
     backend.pipe_file(sums, f"{hashlib.sha256(DATA).hexdigest()} *train-0000.tar\n".encode())
     fs = _wds(fs=backend, cache_dir=str(tmp_path / "c2"), backoff=0.001, checksums=sums)

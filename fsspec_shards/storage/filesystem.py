@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import fsspec
@@ -40,6 +41,7 @@ from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
 if TYPE_CHECKING:
+    from fsspec_shards.checksums import BlockList
     from fsspec_shards.storage.cache import ShardCache
     from fsspec_shards.storage.cache.shared import SharedTier
 
@@ -463,7 +465,10 @@ class WdsFileSystem(ChainedFileSystem):
         handle = self._open_cached(backend_path, obj)
         if handle is None:
             return None
-        handle.close()
+        with handle:
+            wait = getattr(handle.raw, "wait_until_cached", None)
+            if wait is not None:  # still filling (with a block manifest): let it finish
+                wait()
         return self.shard_cache.get(obj, count=False)
 
     def _cached_handle(self, backend_path: str, obj: ObjectId | None = None) -> CachedFile | None:
@@ -515,8 +520,12 @@ class WdsFileSystem(ChainedFileSystem):
             target = self._target(backend_path)
             info = target.stat()
             try:
-                fill = self._filler(obj, target, info)
-                raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
+                blocks = self._blocks_of(backend_path)
+                if blocks is not None:
+                    raw = self._open_filling(backend_path, obj, target, info, blocks, since)
+                else:
+                    fill = self._filler(obj, target, info)
+                    raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
             except CacheFullError as exc:
                 warnings.warn(f"not caching {obj.shown}: {exc}; streaming it instead", stacklevel=3)
                 return None
@@ -527,19 +536,66 @@ class WdsFileSystem(ChainedFileSystem):
             return CachedFile(raw, self, backend_path)
         return None
 
-    def _filler(self, obj: ObjectId, target: Target, info: dict) -> Any:
+    def _blocks_of(self, backend_path: str) -> BlockList | None:
+        """The block manifest's entry of ``backend_path`` (None without one, or when
+        checksums are not verified)."""
+        manifest = self.manifest
+        if manifest is None or self.verify != "auto":
+            return None
+        return manifest.lookup_blocks(backend_path)
+
+    def _open_filling(
+        self,
+        backend_path: str,
+        obj: ObjectId,
+        target: Target,
+        info: dict,
+        blocks: BlockList,
+        since: int,
+    ) -> io.RawIOBase:
+        """The object from the cache, readable block by block while it fills
+        (:mod:`.progressive`)."""
+        from fsspec_shards.storage import progressive
+
+        def fill(out: BinaryIO, progress: progressive.BlockProgress) -> dict:
+            download_blocks = lambda into: progressive.fill_blocks(  # noqa: E731
+                target, into, info, blocks, progress, target.ranges_in_flight, target.range_bytes
+            )
+            return self._filler(obj, target, info, download_blocks)(out)
+
+        return progressive.open_while_filling(
+            self.shard_cache, obj, blocks, fill, since, lambda: self._reopen_raw(backend_path)
+        )
+
+    def _reopen_raw(self, backend_path: str) -> io.RawIOBase:
+        """The object open again from the cache, as a raw file (a reader whose fill ended
+        goes on with it)."""
+        handle = self._open_cached(backend_path)
+        if handle is None:
+            raise OSError(f"{self._object(backend_path).shown} can no longer be cached")
+        return handle.detach()
+
+    def _filler(
+        self,
+        obj: ObjectId,
+        target: Target,
+        info: dict,
+        fetch: Callable[[BinaryIO], dict] | None = None,
+    ) -> Any:
         """What fills a local miss: the shared tier when there is one (which downloads from
         the backend, and keeps a copy, only when it lacks this version), else the backend."""
         shared = self.shared_tier
+        if fetch is None:
+            fetch = lambda out: download(target, out, info)  # noqa: E731
         if shared is None:
-            return lambda out: download(target, out, info)
+            return fetch
 
         def fill(out: BinaryIO) -> dict:
             identity = backends.object_identity(info)
             metadata, source = shared.fill(
                 shared.version(obj, identity),
                 out,
-                lambda into: download(target, into, info),
+                fetch,
                 size=info.get("size"),
                 expected=target.expected_checksum(info),
                 identity=identity,
@@ -591,6 +647,11 @@ class WdsFileSystem(ChainedFileSystem):
                 raise
             spool.seek(0)
             return spool
+        blocks = self._blocks_of(backend_path)
+        if blocks is not None:
+            from fsspec_shards.storage.progressive import BlockCheckedFile
+
+            return BlockCheckedFile(self, target, info, block_size or self.block_size, blocks)
         return RetryingFile(self, target, info, block_size or self.block_size)
 
     def cat_file(
@@ -857,7 +918,7 @@ def _resolve_range(start: int | None, end: int | None, size: int | None) -> tupl
 
 
 def _read_local_range(handle: BinaryIO, start: int | None, end: int | None) -> bytes:
-    size = os.fstat(handle.fileno()).st_size
+    size = handle.seek(0, io.SEEK_END)  # (a file still filling has its final size too)
     first, last = _resolve_range(start, end, size)
     handle.seek(first)
     return handle.read(last - first)
