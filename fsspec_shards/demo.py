@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsspec_shards.checksums import Checksum, StreamingHasher, format_sums
+from fsspec_shards.fleet.shards import open_filesystem
 
 JPEG_SIGNATURE = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
 MANIFEST_NAME = "SHA256SUMS"
@@ -98,3 +99,14 @@ def make_demo_dataset(
     manifest = root / MANIFEST_NAME
     manifest.write_text(format_sums((path.name, sha256_file(path)) for path in paths))
     return DemoDataset(root, paths, manifest, samples_per_shard)
+
+
+def make_cold(urls: list[str], options: dict[str, dict], own_cache: bool) -> None:
+    """Make a first pass over ``urls`` cold: empty the demo's own cache, or drop just these
+    shards from the user's cache (its other entries stay)."""
+    fs, _ = open_filesystem(urls[0], options)
+    if own_cache:
+        fs.clear_cache()
+        return
+    for url in urls:
+        fs.invalidate_cache(open_filesystem(url, options)[1])
