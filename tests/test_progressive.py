@@ -19,6 +19,7 @@ from fsspec_shards.storage.progressive import (
     BlockProgress,
     ProgressiveReader,
     ProgressRecord,
+    fill_blocks,
     read_record,
 )
 from tests.planned_faults import Flip, PlannedFaultFileSystem
@@ -33,10 +34,10 @@ def _blocks(data: bytes = DATA):
     return hasher.block_list()
 
 
-def _planned(tmp_path, plan=None, **options):
+def _planned(tmp_path, plan=None, backend=None, **options):
     """A wds filesystem over planned faults, with a sums file and a block manifest; the plan
     applies to the shard's reads (the manifests are read first)."""
-    backend = PlannedFaultFileSystem()
+    backend = backend or PlannedFaultFileSystem()
     directory = f"/fs-{uuid.uuid4().hex}"
     path = f"{directory}/train-0000.tar"
     backend.pipe_file(path, DATA)
@@ -144,3 +145,36 @@ def test_streamed_without_cache_every_block_is_checked(tmp_path, plan):
     with fs.open(path, "rb") as handle:
         assert handle.read() == DATA
     assert fs.cache_stats()["integrity_failures"] == len(plan)
+
+
+class FlipsOnce(PlannedFaultFileSystem):
+    """Flips the byte at ``flip_at`` in the first read that covers it, whichever that is."""
+
+    protocol = "flipsonce"
+    flip_at: int | None = None
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        data = super().cat_file(path, start, end, **kwargs)
+        offset = self.flip_at
+        if offset is not None and (start or 0) <= offset < (start or 0) + len(data):
+            self.flip_at = None
+            index = offset - (start or 0)
+            data = data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1 :]
+        return data
+
+
+def test_spans_in_flight_complete_out_of_order_and_a_bad_block_is_fetched_alone(tmp_path):
+    fs, backend, path = _planned(tmp_path, backend=FlipsOnce())
+    backend.flip_at = 5 * BLOCK + 3
+    target = fs._target(path)
+    info = target.stat()
+    blocks = _blocks()
+    progress = BlockProgress(blocks, "unused", None)
+    with open(tmp_path / "out", "w+b") as out:
+        metadata = fill_blocks(target, out, info, blocks, progress, 3, 2 * BLOCK)
+        out.seek(0)
+        assert out.read() == DATA
+    assert progress.complete and metadata["size"] == len(DATA)
+    starts = sorted(start for start, _, _ in backend.reads)
+    assert starts == [0, 2 * BLOCK, 4 * BLOCK, 5 * BLOCK, 6 * BLOCK, 8 * BLOCK, 10 * BLOCK]
+    assert fs.cache_stats()["integrity_failures"] == 1

@@ -551,8 +551,9 @@ class WdsFileSystem(ChainedFileSystem):
         from fsspec_shards.storage import progressive
 
         def fill(out: BinaryIO, progress: progressive.BlockProgress) -> dict:
+            ranges = progressive.ranges_for(target.ranges_in_flight)
             download_blocks = lambda into: progressive.fill_blocks(  # noqa: E731
-                target, into, info, blocks, progress, target.ranges_in_flight, target.range_bytes
+                target, into, info, blocks, progress, ranges
             )
             return self._filler(obj, target, info, download_blocks)(out)
 

@@ -61,6 +61,13 @@ _POLL_FIRST_SECONDS = 0.002
 _POLL_MAX_SECONDS = 0.02
 _LOCK_CHECK_SECONDS = 0.2
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+SPAN_BYTES = 16 * 1024 * 1024
+"""Bytes per ranged GET when a fill has several in flight (whole blocks: rounded up)."""
+AUTO_RANGES = 4
+"""Ranges in flight of a block fill under ``ranges_in_flight="auto"``: every block is
+verified on its own, so ranges need no version identity to be safe; the extra ranges start
+once the first block is verified, so the first block does not share the link."""
+_RAMP_SECONDS = 0.3
 _FILLS: dict[tuple[int, str, str], BlockProgress] = {}
 """This process's fills in flight by (pid, cache directory, key): its readers wait on them
 directly. Keyed by pid: a forked child sees its parent's entries, whose threads it lacks."""
@@ -133,6 +140,11 @@ class BlockProgress:
                 self.wanted = index
                 self._condition.wait(1.0)
             return _run_end(self.blocks, self.verified, index)
+
+    def wait_first(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until some block is verified, or the fill failed."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._done or self.failure, timeout)
 
     def next_wanted(self) -> int | None:
         """The block a reader waits on, if any and not verified yet."""
@@ -582,6 +594,12 @@ class _Plan:
             return self.spans.pop(chosen)
 
 
+def ranges_for(ranges_in_flight: int | str) -> int:
+    """Ranges in flight of a block fill for the ``ranges_in_flight`` option (an int, or
+    ``"auto"``: :data:`AUTO_RANGES`)."""
+    return ranges_in_flight if isinstance(ranges_in_flight, int) else AUTO_RANGES
+
+
 def fill_blocks(
     target: Target,
     out: BinaryIO,
@@ -589,15 +607,17 @@ def fill_blocks(
     blocks: BlockList,
     progress: BlockProgress,
     ranges_in_flight: int = 1,
-    range_bytes: int = 16 * 1024 * 1024,
+    range_bytes: int = SPAN_BYTES,
 ) -> dict[str, Any]:
     """Write the object into the file ``out``, checking every block against ``blocks`` as it
     completes and marking it in ``progress`` (module docstring). Returns the metadata a
     download returns (``size``, ``identity``, ``checksum``).
 
     With ``ranges_in_flight`` > 1 the object is fetched as spans of about ``range_bytes``
-    (whole blocks), that many at a time. Raises ``IntegrityError`` when the object's size is
-    not the manifest's or a block stays bad, and the failure that ended a transfer.
+    (whole blocks), that many at a time; all but the first start once the first block is
+    verified (or after a moment), so the reader's first block has the link to itself.
+    Raises ``IntegrityError`` when the object's size is not the manifest's or a block stays
+    bad, and the failure that ended a transfer.
     """
     state = _FillState(target, info, blocks)
     if state.expect.size is not None and state.expect.size != blocks.size:
@@ -619,7 +639,9 @@ def fill_blocks(
     stop = threading.Event()
     failures: list[BaseException] = []
 
-    def work() -> None:
+    def work(number: int) -> None:
+        if number:
+            progress.wait_first(_RAMP_SECONDS)
         while not stop.is_set():
             span = plan.take()
             if span is None:
@@ -635,10 +657,12 @@ def fill_blocks(
 
     try:
         if workers == 1:
-            work()
+            work(0)
         else:
             threads = [
-                threading.Thread(target=work, name=f"fsspec-shards-blocks-{n}", daemon=True)
+                threading.Thread(
+                    target=work, args=(n,), name=f"fsspec-shards-blocks-{n}", daemon=True
+                )
                 for n in range(workers)
             ]
             for thread in threads:
