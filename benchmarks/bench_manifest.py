@@ -62,8 +62,8 @@ def run(rounds: int = 3, directory: str | None = None) -> dict[str, dict[str, fl
     """``{"manifest_64_shards": {threads_s, dask_local2_s, dask_vs_threads, ...}}``."""
     import distributed as dask_distributed
 
-    from fsspec_shards.cli.parallel import ThreadExecutor
     from fsspec_shards.distributed import DaskExecutor
+    from fsspec_shards.fleet.executors import ThreadExecutor
 
     with tempfile.TemporaryDirectory(dir=directory) as workdir:
         demo = make_demo_dataset(

@@ -10,6 +10,10 @@ from typing import Any
 DEFAULT_CACHE_SIZE = 20 * 1024**3
 """Default upper bound of the cache: 20 GiB. Bounded so a forgotten cache cannot fill a disk."""
 
+DEFAULT_MAX_MEMBER_SIZE = 1 << 30
+"""Tar members larger than this (1 GiB, told by the header) make a shard malformed: a bound
+on the memory one member may take, and on gzip bombs."""
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -31,8 +35,27 @@ _UNITS = {
     "tib": 1024**4,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+"""The words a boolean option or environment variable may be spelled with (any case)."""
+
+
+def bool_word(value: Any) -> bool | None:
+    """True or False for a string that says so (``"yes"``, ``"OFF"``, ...), else None."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip().lower()
+    return True if text in TRUE_WORDS else False if text in FALSE_WORDS else None
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool: ``True`` is an int to Python, never a count to us."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or float that is not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def parse_size(value: int | float | str) -> int:
@@ -54,15 +77,21 @@ def parse_size(value: int | float | str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def parse_max_member_size(value: int | str) -> int:
+    """The ``max_member_size`` option as bytes (an int, or a size such as ``"1GiB"``)."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"max_member_size: {exc}") from None
+
+
 def parse_bool(value: Any, name: str) -> bool:
     """Parse a boolean option that may come from an environment variable as a string."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
+    word = bool_word(str(value))
+    if word is not None:
+        return word
     raise ValueError(f"invalid value {value!r} for option {name!r}: expected true or false")
 
 

@@ -15,6 +15,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsspec_shards.fleet.shards import open_filesystem
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher, format_sums_line
 
 JPEG_SIGNATURE = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
@@ -99,3 +100,14 @@ def make_demo_dataset(
     lines = [format_sums_line(sha256_file(path), path.name) + "\n" for path in paths]
     manifest.write_text("".join(lines))
     return DemoDataset(root, paths, manifest, samples_per_shard)
+
+
+def make_cold(urls: list[str], options: dict[str, dict], own_cache: bool) -> None:
+    """Make a first pass over ``urls`` cold: empty the demo's own cache, or drop just these
+    shards from the user's cache (its other entries stay)."""
+    fs, _ = open_filesystem(urls[0], options)
+    if own_cache:
+        fs.clear_cache()
+        return
+    for url in urls:
+        fs.invalidate_cache(open_filesystem(url, options)[1])

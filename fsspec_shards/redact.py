@@ -133,6 +133,42 @@ def redact_text(text: str, *urls: str) -> str:
     return _QUERY_IN_TEXT_RE.sub(lambda match: "?" + _redact_query(match.group(1)), text)
 
 
+# A header whose name says it carries a credential (Authorization, X-Amz-Security-Token,
+# X-Api-Key, Cookie, x-amz-server-side-encryption-customer-key, ...): log text only.
+_SECRET_HEADER = (
+    r"[A-Za-z0-9_-]*"
+    r"(?:auth|token|secret|signature|credential|passw|cookie|session|key|sas)"
+    r"[A-Za-z0-9_-]*"
+)
+# 'Name': b'value' (a headers dict or a list of pairs, as botocore's request dumps show it)
+_QUOTED_HEADER_RE = re.compile(
+    rf"(?P<name>(?P<quote>['\"]){_SECRET_HEADER}(?P=quote)\s*[:,]\s*b?)"
+    r"(?P<value>'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\")",
+    re.IGNORECASE,
+)
+# name:value lines (a canonical request's signed headers, raw HTTP headers), and
+# botocore's "Signature:" line whose value is on the next line
+_HEADER_LINE_RE = re.compile(
+    rf"^(?P<name>[ \t]*{_SECRET_HEADER}[ \t]*:)"
+    r"(?P<gap>[ \t]*(?:\r?\n[ \t]*)?)(?P<value>\S[^\r\n]*)",
+    re.IGNORECASE | re.MULTILINE,
+)
+# a canonical request's query line: name=value pairs without a "?" (two at least)
+_QUERY_LINE_RE = re.compile(r"^[^\s=&?]+=[^\s&]*(?:&[^\s=&]+=[^\s&]*)+$", re.MULTILINE)
+
+
+def redact_log_text(text: str) -> str:
+    """``text`` of a log record with its URLs redacted (:func:`redact_text`) and the values
+    of headers that carry credentials, in a headers dump or a signed (canonical) request."""
+    text = redact_text(text)
+    if "=" in text:
+        text = _QUERY_LINE_RE.sub(lambda match: _redact_query(match.group(0)), text)
+    text = _QUOTED_HEADER_RE.sub(lambda match: f"{match.group('name')}'{REDACTED}'", text)
+    return _HEADER_LINE_RE.sub(
+        lambda match: f"{match.group('name')}{match.group('gap')}{REDACTED}", text
+    )
+
+
 def shows_secret(text: str) -> bool:
     """Whether ``text`` would change under :func:`redact_text`."""
     return redact_text(text) != text
@@ -262,7 +298,7 @@ class _Redacting:
             message = record.getMessage()
         except Exception:
             return record
-        shown = redact_text(message)
+        shown = redact_log_text(message)
         if shown != message:
             record.msg, record.args = shown, None
         error = record.exc_info[1] if record.exc_info else None

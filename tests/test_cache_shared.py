@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from fsspec_shards.storage.cache import shared as shared_module
 from fsspec_shards.storage.cache.shared import SharedTier
 from tests import cache_objects
 from tests.cache_objects import obj, payload
+from tests.hostile_user import NOBODY, as_other_user
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -192,15 +195,16 @@ def test_eviction_and_stale_temp_clean_up_delete_only_names_the_tier_makes(
     assert list(shared_files(shared).values()).count(payload("shard-0", 50_000)) == 0
 
 
-def test_invalidate_cache_drops_the_shared_copy_too(tmp_path: Path, source: Path) -> None:
+def test_invalidate_cache_never_serves_the_shared_copy_again(tmp_path: Path, source: Path) -> None:
     shared = tmp_path / "shared"
     one = wds(tmp_path, "one", shared)
     path = str(source / "shard-0.tar")
     one.cat_file(path)
     assert len(shared_files(shared)) == 1
     one.invalidate_cache(path)
-    assert shared_files(shared) == {}
     assert one.cat_file(path) == payload("shard-0", 50_000)
+    assert one.cache_stats()["shared_hits"] == 0
+    assert len(shared_files(shared)) == 2  # the old generation's copy: unreachable, evicted
     assert one.cache_stats()["bytes_downloaded"] == 2 * 50_000
 
 
@@ -237,3 +241,149 @@ def test_a_read_only_shared_tier_is_read_and_never_written(
     stats = fs.cache_stats()
     assert (stats["shared_hits"], stats["shared_misses"]) == (1, 1)
     assert shared_files(shared) == before
+
+
+def test_a_copy_renamed_over_another_in_an_open_subdirectory_is_never_served(
+    tmp_path: Path, source: Path
+) -> None:
+    """The attack of issue 22: ``files/<xx>/`` at 0777 lets another uid rename one shard's
+    copy over another's; the copies stay ours and of the right size."""
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared)
+    for index in range(2):
+        one.cat_file(str(source / f"shard-{index}.tar"))
+    [zero, first] = [version_path(one, shared, source / f"shard-{i}.tar") for i in range(2)]
+    os.chmod(shared / "files", 0o755)  # searchable by others, writable by no one else
+    for copy in (zero, first):
+        os.chmod(copy.parent, 0o777)
+
+    def swap(directories: dict[str, int]) -> None:
+        os.rename(
+            first.name, zero.name, src_dir_fd=directories["first"], dst_dir_fd=directories["zero"]
+        )
+
+    as_other_user(swap, {"zero": str(zero.parent), "first": str(first.parent)})
+    assert zero.read_bytes() == payload("shard-1", 50_000)  # the swap happened
+    two = wds(tmp_path, "two", shared)
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        assert two.cat_file(str(source / "shard-0.tar")) == payload("shard-0", 50_000)
+    assert two.cache_stats()["shared_hits"] == 0
+    assert zero.read_bytes() == payload("shard-1", 50_000)  # nothing published into it
+
+
+def version_path(fs, shared: Path, path: Path) -> Path:
+    """The shared tier's file of ``path`` as it is now."""
+    from fsspec_shards.storage import backends
+
+    tier = fs.shared_tier
+    identity = backends.object_identity(fs.fs.info(str(path)))
+    return Path(layout.shared_data_path(str(shared), tier.version(fs._object(str(path)), identity)))
+
+
+def rewrite_keeping_size_and_mtime(fs, path: Path, data: bytes) -> None:
+    """A write through ``wds`` whose new version the backend cannot tell from the old:
+    the same size and modification time (one-second clocks, a restored mtime)."""
+    before = path.stat()
+    with fs.open(str(path), "wb") as file:
+        file.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+
+
+def test_a_write_through_wds_is_never_served_the_old_shared_copy_on_any_host(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    one, two = wds(tmp_path, "one", shared), wds(tmp_path, "two", shared)
+    assert one.cat_file(str(path)) == payload("shard-0", 50_000)
+    new = payload("rewritten", 50_000)
+    rewrite_keeping_size_and_mtime(one, path, new)
+    assert one.cat_file(str(path)) == new  # the writing host
+    assert two.cat_file(str(path)) == new  # another host, never read it before
+    reader = (
+        "import fsspec, hashlib, sys;"
+        "fs = fsspec.filesystem('wds', target_protocol='file', cache_dir=sys.argv[1],"
+        " shared_cache_dir=sys.argv[2]);"
+        "print(hashlib.sha256(fs.cat_file(sys.argv[3])).hexdigest())"
+    )
+    third_host = [sys.executable, "-c", reader, str(tmp_path / "local-three"), str(shared)]
+    result = subprocess.run([*third_host, str(path)], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == hashlib.sha256(new).hexdigest()  # another process
+    assert (one.cache_stats()["shared_hits"], two.cache_stats()["shared_hits"]) == (0, 1)
+
+
+def test_invalidate_cache_reaches_every_host_through_the_shared_tier(
+    tmp_path: Path, source: Path
+) -> None:
+    shared = tmp_path / "shared"
+    path = str(source / "shard-0.tar")
+    one, two = wds(tmp_path, "one", shared), wds(tmp_path, "two", shared)
+    one.cat_file(path)
+    one.invalidate_cache(path)
+    assert two.cat_file(path) == payload("shard-0", 50_000)
+    assert two.cache_stats()["shared_hits"] == 0
+
+
+def test_a_generations_directory_others_may_write_turns_the_tier_off_for_reads(
+    tmp_path: Path, source: Path
+) -> None:
+    """Whoever may write ``generations/`` may bring back a generation from before a write."""
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    one = wds(tmp_path, "one", shared)
+    one.pipe_file(str(path), payload("shard-0", 50_000))
+    one.cat_file(str(path))
+    os.chmod(shared / layout.GENERATIONS, 0o777)
+    two = wds(tmp_path, "two", shared)
+    with pytest.warns(CacheWarning, match="generations is writable by group or others"):
+        assert two.cat_file(str(path)) == payload("shard-0", 50_000)
+    assert (two.cache_stats()["shared_hits"], two.cache_stats()["bytes_downloaded"]) == (0, 50_000)
+
+
+@pytest.mark.parametrize("blocker", ["symlink", "foreign file"])
+def test_a_blocker_at_a_versions_name_is_replaced_by_the_next_publication(
+    tmp_path: Path, source: Path, blocker: str
+) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    wds(tmp_path, "one", shared).cat_file(str(path))
+    copy = version_path(wds(tmp_path, "one", shared), shared, path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not the shard, and not the tier's to touch")
+    copy.unlink()
+    if blocker == "symlink":
+        copy.symlink_to(elsewhere)
+    else:
+        copy.write_bytes(payload("shard-0", 50_000))
+        os.chown(copy, NOBODY, NOBODY)
+    two = wds(tmp_path, "two", shared)
+    assert two.cat_file(str(path)) == payload("shard-0", 50_000)
+    assert two.cache_stats()["shared_misses"] == 1  # never followed, never trusted
+    assert not copy.is_symlink() and copy.stat().st_uid == os.geteuid()
+    assert elsewhere.read_bytes() == b"not the shard, and not the tier's to touch"
+    three = wds(tmp_path, "three", shared)
+    assert three.cat_file(str(path)) == payload("shard-0", 50_000)
+    assert (three.cache_stats()["shared_hits"], three.cache_stats()["bytes_downloaded"]) == (1, 0)
+
+
+def test_refusals_in_the_shared_tier_name_its_own_option(tmp_path: Path, source: Path) -> None:
+    shared = tmp_path / "shared"
+    path = source / "shard-0.tar"
+    wds(tmp_path, "one", shared).cat_file(str(path))
+    copy = version_path(wds(tmp_path, "one", shared), shared, path)
+    for entry in copy.parent.iterdir():
+        entry.unlink()
+    copy.parent.rmdir()
+    (tmp_path / "planted").mkdir(mode=0o700)
+    copy.parent.symlink_to(tmp_path / "planted")
+    with pytest.warns(CacheWarning) as caught:
+        assert wds(tmp_path, "two", shared).cat_file(str(path)) == payload("shard-0", 50_000)
+    [message] = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert f"{copy.parent} is a symlink" in message
+    assert "shared_cache_dir (or FSSPEC_SHARDS_SHARED_CACHE)" in message
+    assert "set cache_dir" not in message
+    os.chown(shared, NOBODY, NOBODY)
+    with pytest.raises(CacheDirectoryError, match="set shared_cache_dir") as raised:
+        wds(tmp_path, "three", shared).cat_file(str(path))
+    assert "set cache_dir" not in str(raised.value)

@@ -145,3 +145,29 @@ def test_backend_log_records_are_redacted(caplog):
         logging.getLogger("fsspec.http").debug("Retrieve file size for %s", SIGNED)
     assert caplog.records and "deadbeef" not in caplog.text and "hunter2" not in caplog.text
     assert "0001.tar" in caplog.text
+
+
+def test_log_text_hides_credential_headers_in_dumps_and_canonical_requests():
+    from fsspec_shards.redact import redact_log_text
+
+    dump = (
+        "Sending http request: <AWSPreparedRequest method=GET, url=http://h/b/k, headers={"
+        "'X-Amz-Date': b'20260101T000000Z', 'X-Amz-Security-Token': b'tok3n', "
+        "'Authorization': b'AWS4-HMAC-SHA256 Credential=AKID/x, Signature=51gn', "
+        "\"X-Api-Key\": \"k3y\", 'x-amz-server-side-encryption-customer-key': b'ss3c'}>"
+    )
+    canonical = (
+        "CanonicalRequest:\nGET\n/b/k\nX-Amz-Credential=cr3d&X-Amz-Security-Token=tok3n\n"
+        "host:h\nx-amz-date:20260101T000000Z\nx-amz-security-token:tok3n\n\n"
+        "host;x-amz-date;x-amz-security-token\nUNSIGNED-PAYLOAD"
+    )
+    for text in (dump, canonical, "Signature:\n51gn"):
+        shown = redact_log_text(text)
+        assert not any(secret in shown for secret in ("tok3n", "51gn", "k3y", "ss3c", "cr3d"))
+    assert "'X-Amz-Date': b'20260101T000000Z'" in redact_log_text(dump)
+    assert "x-amz-date:20260101T000000Z" in redact_log_text(canonical)
+    assert "host;x-amz-date;x-amz-security-token" in redact_log_text(canonical)
+    assert (
+        redact_log_text("cached s3://b/k (12 bytes, size=12)")
+        == "cached s3://b/k (12 bytes, size=12)"
+    )

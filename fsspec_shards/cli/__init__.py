@@ -1,9 +1,10 @@
 """The ``fsspec-shards`` command line: demo, stream, prefetch, verify, manifest and cache.
 
-The one place that uses both towers: the storage layer (the ``wds`` filesystem and its cache)
-and the iteration module (shard patterns, the tar reader, ``ShardDataset``). One module per
-subcommand, each with ``NAME``, ``add_parser(commands, shared)`` and a ``run(args)`` it sets as
-the parser's default; shared options live in :mod:`.options`, output in :mod:`.report`.
+It parses arguments and prints; the work is library code in :mod:`fsspec_shards.fleet` (the
+chores and their executors), which the dask face :mod:`fsspec_shards.distributed` runs too.
+One module per subcommand, each with ``NAME``, ``add_parser(commands, shared)`` and a
+``run(args)`` it sets as the parser's default; shared options live in :mod:`.options`,
+output in :mod:`.report`. No library module imports this package.
 
 Exit codes (:mod:`.errors`): 0 success; 1 a check failed (``verify`` found a bad shard); 2
 usage error (bad argument, option or URL pattern); 3 storage or data error (not found, denied,
@@ -32,12 +33,11 @@ from fsspec_shards.cli.errors import (
     EXIT_USAGE,
     PROGRAM,
     CheckFailed,
-    StorageFailure,
     UsageError,
-    describe_error,
 )
 from fsspec_shards.cli.options import CommandParser, shared_options, storage_options_from
 from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.fleet.errors import InputError, ShardsFailed, describe_error
 from fsspec_shards.redact import redact_text
 
 SUBCOMMANDS = (demo, stream, prefetch, verify, manifest, cache)
@@ -91,7 +91,7 @@ def bad_option(error: Exception, args: argparse.Namespace) -> str | None:
         return None
     try:
         options = storage_options_from(args)
-    except UsageError:
+    except (UsageError, InputError):
         return None
     paths = list(_option_paths(options, match.group(1)))
     return paths[0] if paths else None
@@ -126,9 +126,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except CheckFailed as exc:
         return fail(args, EXIT_CHECK_FAILED, str(exc))
-    except UsageError as exc:
+    except (UsageError, InputError) as exc:
         return fail(args, EXIT_USAGE, str(exc))
-    except StorageFailure as exc:
+    except ShardsFailed as exc:
         return fail(args, EXIT_STORAGE, str(exc))
     except (OSError, ShardFormatError) as exc:
         return fail(args, EXIT_STORAGE, describe_error(exc))

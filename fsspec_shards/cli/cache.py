@@ -8,8 +8,10 @@ from typing import Any
 
 from fsspec_shards.cli.errors import EXIT_OK, UsageError
 from fsspec_shards.cli.options import SharedOptions, size_argument
-from fsspec_shards.cli.report import STAT_KEYS, format_bytes, print_json
+from fsspec_shards.cli.report import print_json
 from fsspec_shards.config import default_cache_dir, default_cache_size
+from fsspec_shards.counters import COUNTERS
+from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.redact import redact_url
 
 NAME = "cache"
@@ -60,7 +62,7 @@ def open_cache(args: argparse.Namespace, *, writable: bool = False):
     raise UsageError(problem)
 
 
-INFO_KEYS = ("cached_files", "cached_bytes", "size_limit", *STAT_KEYS, "evictions")
+INFO_KEYS = ("cached_files", "cached_bytes", "size_limit", *COUNTERS)
 
 
 def run_info(args: argparse.Namespace) -> int:

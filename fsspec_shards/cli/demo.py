@@ -10,10 +10,10 @@ from typing import Any
 
 from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import SharedOptions, positive_int
-from fsspec_shards.cli.report import format_bytes
-from fsspec_shards.cli.shards import open_filesystem, shard_urls
 from fsspec_shards.cli.stream import stream_pass
 from fsspec_shards.config import default_cache_dir
+from fsspec_shards.fleet.report import format_bytes
+from fsspec_shards.fleet.shards import shard_urls
 
 NAME = "demo"
 DEFAULT_DEMO_DIR = "fsspec-shards-demo"
@@ -44,7 +44,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsspec_shards.demo import make_demo_dataset
+    from fsspec_shards.demo import make_cold, make_demo_dataset
 
     directory = Path(args.directory or DEFAULT_DEMO_DIR).expanduser().resolve()
     started = time.perf_counter()
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     cache_dir = demo_cache_dir(args, directory)
     options = {"wds": {"cache_dir": cache_dir, "checksums": str(demo.manifest)}}
     urls = shard_urls(demo.pattern, {})
-    cold_start(urls, options, own_cache=cache_dir == str(directory / "cache"))
+    make_cold(urls, options, own_cache=cache_dir == str(directory / "cache"))
     kwargs = {"shuffle_shards": False, "split_by_node": False, "split_by_worker": False}
     for title in ("pass 1: cold cache", "pass 2: from cache"):
         report = stream_pass(args, title, urls, options, kwargs)
@@ -70,17 +70,6 @@ def run(args: argparse.Namespace) -> int:
         + f"' --manifest {demo.manifest}\n      fsspec-shards cache info --cache-dir {cache_dir}"
     )
     return EXIT_OK
-
-
-def cold_start(urls: list[str], options: dict[str, dict], own_cache: bool) -> None:
-    """Make the first pass cold: empty the demo's own cache, or drop just the demo's shards
-    from the user's cache (its other entries stay)."""
-    fs, _ = open_filesystem(urls[0], options)
-    if own_cache:
-        fs.clear_cache()
-        return
-    for url in urls:
-        fs.invalidate_cache(open_filesystem(url, options)[1])
 
 
 def demo_cache_dir(args: argparse.Namespace, directory: Path) -> str:

@@ -1,13 +1,12 @@
 """Exit codes and the exceptions that choose them.
 
 Invariant: every way a command can end maps to one exit code here, and every non-zero code
-comes with one line on standard error (written by :mod:`fsspec_shards.cli`'s ``main``).
+comes with one line on standard error (written by :mod:`fsspec_shards.cli`'s ``main``). The
+library's errors map too: :class:`fsspec_shards.fleet.errors.InputError` is a usage error,
+:class:`~fsspec_shards.fleet.errors.ShardsFailed` a storage error.
 """
 
 from __future__ import annotations
-
-from fsspec_shards.errors import IntegrityError, ShardFormatError
-from fsspec_shards.redact import redact_text
 
 PROGRAM = "fsspec-shards"
 
@@ -29,30 +28,5 @@ class UsageError(ValueError):
     """The arguments, options or URL pattern given cannot be used (exit code 2)."""
 
 
-class StorageFailure(Exception):
-    """Work on some shards failed for storage reasons (exit code 3)."""
-
-
 class CheckFailed(Exception):
     """A check found bad shards; the report is printed already (exit code 1)."""
-
-
-def describe_error(error: BaseException) -> str:
-    """A short description of why a shard failed, every URL in it redacted."""
-    if isinstance(error, FileNotFoundError):
-        kind = "not found"
-    elif isinstance(error, PermissionError):
-        kind = "permission denied"
-    elif isinstance(error, IntegrityError):
-        kind = "integrity"
-    elif isinstance(error, ShardFormatError):
-        kind = "malformed tar"
-    else:
-        kind = type(error).__name__
-    if isinstance(error, OSError) and error.strerror:
-        message = error.strerror + (f": {error.filename}" if error.filename else "")
-    else:
-        message = str(error)
-    if not message.startswith(kind):
-        message = f"{kind}: {message}" if message else kind
-    return redact_text(message)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fsspec_shards.cli.errors import EXIT_USAGE, UsageError
-from fsspec_shards.cli.parallel import Executor, ThreadExecutor
-from fsspec_shards.config import parse_size
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, parse_size
+from fsspec_shards.fleet.errors import InputError
+from fsspec_shards.fleet.executors import Executor, ThreadExecutor
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -26,10 +27,6 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-DEFAULT_MAX_MEMBER_SIZE = 1 << 30
-"""Tar members larger than this are malformed unless ``--max-member-size`` says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -237,10 +234,14 @@ def size_argument(text: str) -> int:
 @contextlib.contextmanager
 def executor_for(args: argparse.Namespace) -> Iterator[Executor]:
     """Where a command's per-shard work runs: ``--jobs`` threads here, or ``--dask``."""
-    if getattr(args, "dask", None):
-        from fsspec_shards.distributed import dask_executor
-
-        with dask_executor(args.dask, jobs=args.jobs) as executor:
-            yield executor
-    else:
+    if not getattr(args, "dask", None):
         yield ThreadExecutor(args.jobs)
+        return
+    from fsspec_shards.fleet.dask_executor import dask_executor
+
+    with contextlib.ExitStack() as stack:
+        try:
+            executor = stack.enter_context(dask_executor(args.dask, jobs=args.jobs))
+        except (ImportError, InputError) as exc:
+            raise UsageError(f"--dask: {exc}") from None
+        yield executor

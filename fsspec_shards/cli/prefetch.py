@@ -1,44 +1,23 @@
-"""``prefetch URL_PATTERN``: download every shard into the cache, verified, in parallel.
+"""``prefetch URL_PATTERN``: the arguments, progress bar and output of
+:mod:`fsspec_shards.fleet.prefetch`.
 
-Invariants: each shard is fetched through the ``wds`` filesystem of the process doing the work,
-so with ``--dask`` every worker host fills its own cache (its ``--cache-dir``, else its own
-``FSSPEC_SHARDS_CACHE`` / default), and the worker processes of one host share it, one download
-per shard. The numbers reported are the caches' counters before and after, summed over
-distinct caches, so a local run and a dask run of the same work print the same report.
+The bar counts shards and shows the bytes fetched and their rate in the units of the summary
+(:func:`~fsspec_shards.fleet.report.format_bytes`), so the two never disagree.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-from fsspec_shards.cli.errors import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    PROGRAM,
-    StorageFailure,
-    UsageError,
-    describe_error,
-)
+from fsspec_shards.cli.errors import EXIT_INTERRUPTED, EXIT_OK, PROGRAM, UsageError
 from fsspec_shards.cli.options import SharedOptions, executor_for, storage_options_from
-from fsspec_shards.cli.parallel import Executor
-from fsspec_shards.cli.report import (
-    STAT_KEYS,
-    format_bytes,
-    print_table,
-    progress,
-    shown,
-    storage_stats,
-)
-from fsspec_shards.cli.shards import open_filesystem, shard_urls
-from fsspec_shards.errors import ShardFormatError
-from fsspec_shards.redact import redact_url
+from fsspec_shards.cli.report import print_table, progress
+from fsspec_shards.fleet.errors import ShardsFailed
+from fsspec_shards.fleet.prefetch import Fetched, prefetch_shards
+from fsspec_shards.fleet.report import format_bytes
+from fsspec_shards.fleet.shards import shard_urls
 
 NAME = "prefetch"
 
@@ -57,76 +36,10 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     parser.set_defaults(run=run)
 
 
-@dataclass
-class Fetched:
-    """One shard's prefetch: its size in the cache, or why it is not there."""
-
-    url: str
-    size: int = 0
-    problem: str | None = None
-
-
-def fetch_shard(url: str, options: dict[str, dict]) -> Fetched:
-    """Make sure one shard is in this host's cache."""
-    fs, path = open_filesystem(url, options)
-    try:
-        local = fs.prefetch(path)
-    except (OSError, ShardFormatError) as exc:
-        return Fetched(url, problem=describe_error(exc))
-    if local is None:
-        return Fetched(url, problem="does not fit in the cache")
-    return Fetched(url, size=os.path.getsize(local))
-
-
-def cache_counters(url: str, options: dict[str, dict]) -> tuple[tuple[str, str], dict[str, int]]:
-    """(host, cache directory) and the counters of the cache a shard is fetched into here."""
-    fs, _ = open_filesystem(url, options)
-    return (socket.gethostname(), str(getattr(fs, "cache_dir", ""))), storage_stats(fs)
-
-
-@dataclass
-class PrefetchReport:
-    """What a prefetch did: the shards fetched, the counters' growth and the failures."""
-
-    shards: int
-    fetched: int = 0
-    bytes_fetched: int = 0
-    storage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAT_KEYS, 0))
-    failures: list[tuple[str, str]] = field(default_factory=list)
-
-    def summary(self) -> str:
-        downloaded = self.storage["misses"]
-        return (
-            f"prefetched {self.fetched} of {self.shards} shards: "
-            f"{downloaded} downloaded ({format_bytes(self.storage['bytes_downloaded'])}), "
-            f"{max(self.fetched - downloaded, 0)} already cached, "
-            f"{self.storage['retries']} retries"
-        )
-
-
-def prefetch_shards(
-    urls: Sequence[str],
-    options: dict[str, dict],
-    executor: Executor,
-    advance: Callable[[Fetched], Any] = lambda fetched: None,
-) -> PrefetchReport:
-    """Fetch every shard into the cache of the host that does the work; ``advance`` sees
-    each shard's outcome as it finishes."""
-    counters = partial(cache_counters, urls[0], options)
-    before = dict(executor.on_each_host(counters))
-    report = PrefetchReport(len(urls))
-    for fetched in executor.map(partial(fetch_shard, options=options), list(urls)):
-        if fetched.problem is None:
-            report.fetched += 1
-            report.bytes_fetched += fetched.size
-        else:
-            report.failures.append((shown(fetched.url), fetched.problem))
-        advance(fetched)
-    for place, after in dict(executor.on_each_host(counters)).items():
-        earlier = before.get(place, dict.fromkeys(STAT_KEYS, 0))
-        for key in STAT_KEYS:
-            report.storage[key] += after[key] - earlier[key]
-    return report
+def bytes_postfix(fetched_bytes: int, seconds: float) -> str:
+    """The bar's postfix: bytes in the cache so far and their rate, in the summary's units."""
+    rate = fetched_bytes / seconds if seconds > 0 else 0.0
+    return f"{format_bytes(fetched_bytes)}, {format_bytes(rate)}/s"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,19 +47,18 @@ def run(args: argparse.Namespace) -> int:
     if options["wds"].get("cache") is False:
         raise UsageError("prefetch fills the cache: it cannot run with --no-cache")
     urls = shard_urls(args.url_pattern, options)
-    fs, _ = open_filesystem(urls[0], options)
-    if not hasattr(fs, "prefetch"):
-        raise UsageError(f"prefetch needs wds:: URLs, not {redact_url(urls[0])}")
     done = 0
     try:
-        with progress(args, desc=NAME, unit="B", unit_scale=True, unit_divisor=1024) as bar:
-            bar.set_postfix_str(f"0/{len(urls)} shards")
+        with progress(args, desc=NAME, unit=" shards", total=len(urls)) as bar:
+            fetched_bytes = 0
+            bar.set_postfix_str(bytes_postfix(0, 0.0))
 
             def advance(fetched: Fetched) -> None:
-                nonlocal done
+                nonlocal done, fetched_bytes
                 done += 1
-                bar.update(fetched.size)
-                bar.set_postfix_str(f"{done}/{len(urls)} shards")
+                fetched_bytes += fetched.size
+                bar.set_postfix_str(bytes_postfix(fetched_bytes, bar.format_dict["elapsed"]), False)
+                bar.update()
 
             with executor_for(args) as executor:
                 report = prefetch_shards(urls, options, executor, advance)
@@ -159,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     print(report.summary())
     if report.failures:
-        print_table(("shard", "problem"), sorted(report.failures))
+        rows = sorted(report.failures)
+        print_table(("shard", "problem"), rows)
         shard, problem = report.failures[0]
-        raise StorageFailure(
-            f"{len(report.failures)} shards could not be fetched, first {shard}: {problem}"
+        raise ShardsFailed(
+            f"{len(report.failures)} shards could not be fetched, first {shard}: {problem}", rows
         )
     return EXIT_OK

@@ -1,22 +1,23 @@
-"""``stream URL_PATTERN``: iterate a dataset once and report samples/s, MB/s, hit rate, retries."""
+"""``stream URL_PATTERN``: the arguments and output of :mod:`fsspec_shards.fleet.stream`
+(one pass over a dataset: samples/s, MiB/s, cache hit rate, retries)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
-from fsspec_shards.cli.errors import EXIT_OK, UsageError, describe_error
+from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import (
     SharedOptions,
     non_negative_int,
     positive_int,
     storage_options_from,
 )
-from fsspec_shards.cli.report import STAT_KEYS, PassReport, print_json, progress, storage_stats
-from fsspec_shards.cli.shards import open_filesystem, shard_urls
-from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.cli.report import print_json, progress
+from fsspec_shards.fleet.shards import shard_urls
+from fsspec_shards.fleet.stream import PassReport
+from fsspec_shards.fleet.stream import stream_pass as measure_pass
 
 NAME = "stream"
 
@@ -26,7 +27,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     parser = commands.add_parser(
         NAME,
         parents=[shared.output, shared.storage, shared.cache, shared.reading, shared.json],
-        help="iterate a dataset and report samples/s, MB/s, cache hit rate, retries",
+        help="iterate a dataset and report samples/s, MiB/s, cache hit rate, retries",
         description="Iterate the samples of URL_PATTERN (braces and globs expand; plain "
         "URLs and paths are read through wds::) and report on the throughput.",
     )
@@ -99,39 +100,10 @@ def stream_pass(
     limit: int | None = None,
     epoch: int = 0,
 ) -> PassReport:
-    """Iterate a ShardDataset over ``urls`` once, with a progress bar, and report on it."""
-    fs, _ = open_filesystem(urls[0], options)
+    """One pass of :func:`fsspec_shards.fleet.stream.stream_pass`, with a progress bar."""
     keep_torch_out()
-    from fsspec_shards.iteration.dataset import ShardDataset
-
-    before = storage_stats(fs)
-    try:
-        dataset = ShardDataset(urls, storage_options=options, **dataset_kwargs)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    dataset.set_epoch(epoch)
-    report = PassReport(title, cache_enabled=options.get("wds", {}).get("cache") is not False)
-    started = time.perf_counter()
     with progress(args, desc=title, unit=" samples", total=limit) as bar:
-        for sample in dataset:
-            report.samples += 1
-            report.payload_bytes += sum(
-                len(value) for key, value in sample.items() if not key.startswith("__")
-            )
-            bar.update()
-            if limit is not None and report.samples >= limit:
-                break
-    report.seconds = time.perf_counter() - started
-    after = storage_stats(fs)
-    report.storage = {key: after[key] - before[key] for key in STAT_KEYS}
-    stats = dataset.stats()
-    for _, error in stats.get("failures", []):
-        if not isinstance(error, OSError | ShardFormatError):
-            raise error  # not a broken shard: a bad option or a bug, whatever the handler
-    report.failed_shards = int(stats.get("shards_failed", 0))
-    report.shards = int(stats.get("shards_done", 0)) + report.failed_shards
-    report.failures = [(url, describe_error(error)) for url, error in stats.get("failures", [])]
-    return report
+        return measure_pass(title, urls, options, dataset_kwargs, limit, epoch, bar.update)
 
 
 def keep_torch_out() -> None:

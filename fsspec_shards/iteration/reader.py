@@ -17,6 +17,7 @@ import fsspec
 
 from fsspec_shards.config import parse_size
 from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
     COMPRESSED_STREAM_ERRORS,
@@ -49,8 +50,11 @@ class ShardReader:
             raise ValueError(f"max_member_size: {exc}") from None
 
     def locate(self, url: str) -> tuple[Any, str]:
-        """The fsspec filesystem and path of ``url``."""
-        return fsspec.core.url_to_fs(url, **self.storage_options)
+        """The fsspec filesystem and path of ``url``: options in sections
+        (``{"wds": {...}, "s3": {...}}``) read a plain backend URL through the layer, and
+        sections the URL does not use are left out (see :mod:`fsspec_shards.option_shapes`)."""
+        chained, options = fsspec_arguments(url, self.storage_options)
+        return fsspec.core.url_to_fs(chained, **options)
 
     def samples(self, url: str, start: int = 0, headers_only: bool = False) -> Iterator[RawSample]:
         """Samples of the shard from uncompressed byte offset ``start`` (a sample boundary).

@@ -24,6 +24,7 @@ from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config, option_shapes
+from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
@@ -47,14 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("fsspec_shards.storage.filesystem")
 
-COUNTERS = (
-    "hits",
-    "misses",
-    "bytes_downloaded",
-    "retries",
-    "integrity_failures",
-    "evictions",
-)
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
@@ -553,7 +546,7 @@ class WdsFileSystem(ChainedFileSystem):
         def fill(out: BinaryIO) -> dict:
             identity = backends.object_identity(info)
             metadata, source = shared.fill(
-                shared.version(obj, identity),
+                shared.current_version(obj, identity),
                 out,
                 lambda into: download(target, into, info),
                 size=info.get("size"),
@@ -567,11 +560,16 @@ class WdsFileSystem(ChainedFileSystem):
 
     def _drop_cached(self, backend_paths: Any) -> None:
         """Drop the cached copies of ``backend_paths`` after a write, and stop downloads of
-        them in flight (in any process) from publishing."""
+        them in flight (in any process) from publishing; every host's next read of them
+        skips the shared tier's copies made before (a new write generation there)."""
+        paths = backend_paths if isinstance(backend_paths, list) else [backend_paths]
+        if self.cache_enabled and self.shared_cache_dir is not None:
+            for path in paths:
+                self.shared_tier.new_generation(self._object(path))
         if not self.cache_enabled or not os.path.isdir(self.cache_dir):
             return  # no cache directory: nothing was ever cached there
         cache = self.shard_cache
-        for path in backend_paths if isinstance(backend_paths, list) else [backend_paths]:
+        for path in paths:
             cache.discard(self._object(path))
 
     # -- reading -----------------------------------------------------------------------
@@ -786,14 +784,6 @@ class WdsFileSystem(ChainedFileSystem):
         if backend_path is None:
             return
         self._drop_cached(backend_path)
-        shared = self.shared_tier
-        if shared is not None:
-            try:
-                info = self._retried("info", backend_path)
-            except FileNotFoundError:
-                return
-            identity = backends.object_identity(info)
-            shared.discard(shared.version(self._object(backend_path), identity))
 
     # -- writing: straight to the backend, dropping cached copies ------------------------
 

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests.cli.running import TIMEOUT, run_cli
+
+HIT_RATE = re.compile(r"cache hit rate +(\d+)% of shards \((\d+) of (\d+) cached already\)")
+DOWNLOADED = re.compile(r"downloaded +\S+ \S+ \((\d+) shards?\)")
+
+
+def assert_cache_lines_agree(report: str) -> None:
+    """The hit rate, the shards cached and the shards downloaded tell one story: cached and
+    downloaded add up to the shards read, and the rate is the cached share."""
+    rate, cached, shards = map(int, HIT_RATE.search(report).groups())
+    (downloaded,) = map(int, DOWNLOADED.search(report).groups())
+    assert cached + downloaded == shards
+    assert rate == round(100 * cached / shards)
+    assert "hits/misses" not in report, "the cache's lookup counters are for --json"
 
 
 def test_demo_writes_a_dataset_and_streams_it_cold_then_from_cache(tmp_path, cache):
@@ -17,10 +31,13 @@ def test_demo_writes_a_dataset_and_streams_it_cold_then_from_cache(tmp_path, cac
     passes = result.stdout.split("pass 2: from cache")
     assert "pass 1: cold cache" in passes[0]
     assert "samples             2000" in passes[0] and "samples             2000" in passes[1]
-    assert "cache hit rate      0% of shards" in passes[0]
-    assert "downloaded          13.8 MB" in passes[0]
-    assert "cache hit rate      100% of shards" in passes[1]
-    assert "downloaded          0 B" in passes[1]
+    assert "(13.2 MiB)" in passes[0].splitlines()[0], "the dataset's size, in binary units"
+    assert "cache hit rate      0% of shards (0 of 8 cached already)" in passes[0]
+    assert "downloaded          13.2 MiB (8 shards)" in passes[0]
+    assert "cache hit rate      100% of shards (8 of 8 cached already)" in passes[1]
+    assert "downloaded          0 B (0 shards)" in passes[1]
+    for report in passes:
+        assert_cache_lines_agree(report)
     assert "integrity failures  0" in passes[1]
     assert len(list((tmp_path / "demo").glob("demo-*.tar"))) == 8
     assert (tmp_path / "demo" / "SHA256SUMS").read_text().count("\n") == 8

@@ -26,7 +26,7 @@ def test_stream_reports_samples_and_stops_at_the_limit(dataset, cache):
     )
     assert result.returncode == 0, result.stderr
     assert "samples             45" in result.stdout
-    assert "samples/s" in result.stdout and "MB/s" in result.stdout
+    assert "samples/s" in result.stdout and "MiB/s" in result.stdout
     assert any(cache.iterdir()), "streaming through wds:: fills the cache"
 
 

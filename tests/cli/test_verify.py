@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.cli.verify import read_manifest
+from fsspec_shards.fleet.verify import read_manifest
 from fsspec_shards.storage.integrity import parse_sums_file
 from tests.cli.running import TIMEOUT, corrupt_copy, error_lines, make_glob_copy, run_cli
 

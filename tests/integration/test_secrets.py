@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import traceback
 
 import fsspec
@@ -170,3 +171,37 @@ def test_a_signed_url_that_obstore_cannot_address_is_refused_without_its_secrets
         fs.cat_file(signed)
     assert "signed.bin" in str(raised.value)
     _assert_clean(raised.value)
+
+
+SESSION_TOKEN = "s3ss10n-t0k3n-zz"  # moto accepts any session token
+SSE_KEY_MARKER = "x-amz-security-token"
+
+
+@pytest.mark.parametrize("transport", ["fsspec", "obstore"])
+def test_no_session_token_reaches_the_backend_header_logs(s3_backend, tmp_path, caplog, transport):
+    """botocore logs each request's headers and its canonical request at DEBUG
+    (``x-amz-security-token:<token>``, ``Authorization: ... Signature=``): redacted."""
+    if transport == "obstore":
+        pytest.importorskip("obstore")
+    url = s3_backend.put("secret/headers.bin", DATA)
+    options = {**s3_backend.storage_options, "token": SESSION_TOKEN}
+    fs = fsspec.filesystem(
+        "wds",
+        target_protocol="s3",
+        target_options=options,
+        transport=transport,
+        skip_instance_cache=True,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    with caplog.at_level(logging.DEBUG):
+        assert fs.cat_file(url) == DATA
+        assert fs.info(url)["size"] == len(DATA)
+    shown = [logging.Formatter().format(record) for record in caplog.records]
+    signed = [text for text in shown if SSE_KEY_MARKER in text.lower()]
+    assert signed, "botocore logged no signed request: the test would prove nothing"
+    assert any("Signature" in text for text in shown)
+    for text in shown:
+        assert SESSION_TOKEN not in text, text
+    for record in caplog.records:
+        if record.name == "botocore.auth" and record.getMessage().startswith("Signature:"):
+            assert re.search(r"[0-9a-f]{64}", record.getMessage()) is None

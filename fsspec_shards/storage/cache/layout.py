@@ -11,7 +11,8 @@ Layout (format :data:`FORMAT`)::
     locks/scan.lock            shared tier: one eviction scan at a time; its mtime is the last
 
 The shared tier (:mod:`.shared`) has the same marker, ``tmp/`` and ``locks/``, no index,
-and one file per object *version*: ``files/ab/<version>``, ``<version>`` a 64-digit digest.
+one file per object *version*: ``files/ab/<version>``, ``<version>`` a 64-digit digest,
+and ``generations/<key>`` (a token; made when the object is first written through ``wds``).
 
 Invariants:
 
@@ -41,6 +42,7 @@ MARKER = "fsspec-shards-cache.json"
 INDEX = DBNAME  # diskcache names its database; the index is a diskcache.Cache on the root
 FILES, TMP, LOCKS = "files", "tmp", "locks"
 SUBDIRECTORIES = (FILES, TMP, LOCKS)
+GENERATIONS = "generations"
 SPACE_LOCK = "space.lock"
 SCAN_LOCK = "scan.lock"
 
@@ -87,6 +89,11 @@ def shared_data_path(root: str, version: str) -> str:
 def is_shared_data_name(name: str, shard_directory: str) -> bool:
     """Whether ``files/<shard_directory>/<name>`` is a name the shared tier makes."""
     return _KEY.fullmatch(name) is not None and name[:2] == shard_directory
+
+
+def shared_generation_path(root: str, key: str) -> str:
+    """The shared tier's generation file of ``key`` (a checked cache key)."""
+    return os.path.join(root, GENERATIONS, check_key(key))
 
 
 def is_shard_directory(name: str) -> bool:

@@ -6,9 +6,14 @@ backend, and publishes here what it downloads, so a cluster downloads each shard
 Invariants:
 
 - One file per object *version*: ``files/ab/<version>``, where ``<version>`` digests the
-  object's key and its identity (ETag / generation / version id, else modification time;
-  always the size). A replaced object has a new name; there is no index to keep consistent
-  across hosts, and no file is ever rewritten.
+  object's key, its identity (ETag / generation / version id, else modification time;
+  always the size) and its write generation. A replaced object has a new name; there is no
+  index to keep consistent across hosts, and no file is ever rewritten.
+- A write through ``wds`` gives the object a new write generation (a random token in
+  ``generations/<key>``, replaced by rename, before and after the write), so no copy made
+  before the write is served after it on any host, also when the backend's identity cannot
+  tell the versions apart (the same size and modification time). A copy published by a
+  download that began before the write is named under the old generation: never read again.
 - Whole and verified, or absent: a file is copied into ``tmp/``, fsynced, made read-only
   and renamed into place (atomic on local and network filesystems), so a reader on any host
   sees the whole file or nothing, also when a publisher is killed at any instant.
@@ -34,6 +39,8 @@ import errno
 import hashlib
 import logging
 import os
+import re
+import secrets
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +58,8 @@ SCAN_INTERVAL_SECONDS = 30.0
 STALE_TEMP_SECONDS = 3600.0
 _CHUNK = 4 * 1024 * 1024
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_GENERATION_BYTES = 16
+_TOKEN = re.compile(f"[0-9a-f]{{{2 * _GENERATION_BYTES}}}")
 Counter = Callable[[str, int], None]
 
 
@@ -87,13 +96,49 @@ class SharedTier:
         return f"SharedTier({self.directory!r}, size_limit={self.size_limit})"
 
     @staticmethod
-    def version(obj: ObjectId, identity: str) -> str:
-        """The name of ``obj`` as it is now (``identity``: the backend's version of it)."""
-        return hashlib.sha256(f"{obj.key}\0{identity}".encode()).hexdigest()
+    def version(obj: ObjectId, identity: str, generation: str = "") -> str:
+        """The name of ``obj`` at ``identity`` (the backend's version of it) and write
+        ``generation`` (none before its first write through ``wds``)."""
+        written = f"\0{generation}" if generation else ""
+        return hashlib.sha256(f"{obj.key}\0{identity}{written}".encode()).hexdigest()
+
+    def current_version(self, obj: ObjectId, identity: str) -> str | None:
+        """The name of ``obj`` at ``identity`` under its current write generation; None when
+        the generation cannot be trusted (the tier is then not used for ``obj``)."""
+        generation = self._generation(obj.key)
+        return None if generation is None else self.version(obj, identity, generation)
+
+    def new_generation(self, obj: ObjectId) -> None:
+        """``obj`` is being written: a new write generation, for every host. A tier that
+        cannot record it is reported (its copies of ``obj`` could be served stale)."""
+        if not self.writable:
+            return
+        path = layout.shared_generation_path(self.directory, obj.key)
+        temp = os.path.join(self.directory, layout.TMP, layout.new_temp_name(obj.key, 0))
+        try:
+            if not self._directory_is_safe(path, create=True):
+                raise OSError(errno.EPERM, "its generations directory is not private")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            descriptor = os.open(temp, flags, 0o600)
+            try:
+                os.write(descriptor, secrets.token_hex(_GENERATION_BYTES).encode())
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.rename(temp, path)
+            _fsync_directory(os.path.dirname(path))
+        except OSError as error:
+            layout.remove_file(temp)
+            warn_once(
+                self.directory,
+                f"generation:{obj.key}",
+                f"shared cache tier {self.directory}: could not record the write of "
+                f"{obj.shown} ({error}): other hosts may read its previous copy",
+            )
 
     def fill(
         self,
-        version: str,
+        version: str | None,
         out: BinaryIO,
         download: Callable[[BinaryIO], dict],
         *,
@@ -104,7 +149,10 @@ class SharedTier:
         """Fill ``out`` with ``version``: copied from this tier (``"shared"``) when it holds
         a copy that checks out (``size``, ``expected`` checksum), else by ``download(out)``
         from the backend and then published here (``"backend"``). Returns the metadata a
-        download returns, and where the bytes came from."""
+        download returns, and where the bytes came from. ``version`` None (see
+        :meth:`current_version`): from the backend, nothing published."""
+        if version is None:
+            return download(out), "backend"
         with self._lock(version):
             copied = self._copy_out(version, out, size, expected, identity)
             if copied is not None:
@@ -120,7 +168,9 @@ class SharedTier:
         if not self.writable:
             return False
         final = layout.shared_data_path(self.directory, version)
-        if os.path.lexists(final):
+        if not self._directory_is_safe(final, create=True):
+            return False
+        if self._holds(final):
             return True
         source.flush()
         size = os.fstat(source.fileno()).st_size
@@ -134,7 +184,6 @@ class SharedTier:
                 os.fchmod(descriptor, 0o400)
             finally:
                 os.close(descriptor)
-            os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
             os.rename(temp, final)
             _fsync_directory(os.path.dirname(final))
         except OSError as error:
@@ -146,10 +195,32 @@ class SharedTier:
         self._evict_if_due()
         return True
 
-    def discard(self, version: str) -> None:
+    def _holds(self, final: str) -> bool:
+        """Whether ``final`` is a copy this tier published: a regular file of ours. Anything
+        else at that name (a symlink, another user's file) is replaced by the publication's
+        rename, which never follows a link and never removes a directory: the name is one
+        the tier makes, in a directory only we may write (:meth:`_directory_is_safe`), so
+        nobody else's file can be there by right, and leaving it would keep the version
+        from ever being published again (every host downloading from the backend)."""
+        try:
+            info = os.lstat(final)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(info.st_mode) and info.st_uid == self._uid:
+            return True
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else f"owned by uid {info.st_uid}"
+        logger.warning(
+            "shared cache tier: %s is %s; replacing it with the verified copy", final, kind
+        )
+        return False
+
+    def discard(self, version: str | None) -> None:
         """Delete the tier's copy of ``version`` (found bad, or invalidated)."""
-        if self.writable:
-            layout.remove_file(layout.shared_data_path(self.directory, version))
+        if version is None:
+            return
+        path = layout.shared_data_path(self.directory, version)
+        if self.writable and self._directory_is_safe(path):
+            layout.remove_file(path)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -159,6 +230,8 @@ class SharedTier:
         if not self.usable:
             return None
         path = layout.shared_data_path(self.directory, version)
+        if not self._directory_is_safe(path):
+            return None
         try:
             descriptor = os.open(path, _OPEN_FLAGS)
         except OSError:  # absent; or a symlink, never followed
@@ -191,6 +264,56 @@ class SharedTier:
             return None
         self._refresh(path)
         return {"size": info.st_size, "identity": identity, "checksum": expected and str(expected)}
+
+    def _generation(self, key: str) -> str | None:
+        """The write generation of ``key``: "" before its first write through ``wds``; None
+        when what is there is not a token the tier wrote in a private directory."""
+        path = layout.shared_generation_path(self.directory, key)
+        if not self._directory_is_safe(path):
+            return None if os.path.lexists(os.path.dirname(path)) else ""
+        try:
+            descriptor = os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            return ""
+        except OSError as error:  # a symlink, never followed
+            logger.warning("shared cache tier: cannot read %s: %s", path, error)
+            return None
+        try:
+            info = os.fstat(descriptor)
+            token = os.read(descriptor, 2 * _GENERATION_BYTES + 1).decode("ascii", "replace")
+        finally:
+            os.close(descriptor)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != self._uid
+            or not _TOKEN.fullmatch(token)
+        ):
+            logger.warning("shared cache tier: %s is not a generation it wrote; ignoring it", path)
+            return None
+        return token
+
+    def _directory_is_safe(self, path: str, create: bool = False) -> bool:
+        """Whether the directory holding ``path`` (``files/<xx>``, ``generations``) is real,
+        ours and writable by no one else (:func:`.trust.check_directory`, as the local
+        cache's): whoever may write in it may rename one copy over another (or bring back an
+        old generation), which no check of the copy can tell.
+        ``create`` makes it (0700) when absent. An unsafe one is reported once and unused."""
+        directory = os.path.dirname(path)
+        try:
+            if trust.check_directory(directory, "shared") is not None:
+                return True
+            if not create:
+                return False
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+            return trust.check_directory(directory, "shared") is not None
+        except trust.CacheDirectoryError as error:
+            warn_once(
+                self.directory, f"unsafe:{directory}", f"shared cache tier: {error}; not using it"
+            )
+            return False
 
     @contextmanager
     def _lock(self, version: str) -> Iterator[None]:
@@ -228,7 +351,9 @@ class SharedTier:
         files = os.path.join(self.directory, layout.FILES)
         found = []
         for shard in layout.list_directory(files):
-            if not layout.is_shard_directory(shard):
+            if not layout.is_shard_directory(shard) or not self._directory_is_safe(
+                os.path.join(files, shard, shard)
+            ):
                 continue
             for name in layout.list_directory(os.path.join(files, shard)):
                 if layout.is_shared_data_name(name, shard):

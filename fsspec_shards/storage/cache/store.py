@@ -40,6 +40,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
 from fsspec_shards.config import verbose_cache
+from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.cache import layout, locks, trust
@@ -50,8 +51,6 @@ from fsspec_shards.storage.identity import KEY_FORMAT, ObjectId
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
-COUNTERS = ("hits", "misses", "bytes_downloaded", "retries", "integrity_failures", "evictions")
-"""Counters every cache reports, zero until first incremented."""
 
 _WAIT_FOR_ROOM_SECONDS = 0.05
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

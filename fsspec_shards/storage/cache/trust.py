@@ -75,7 +75,15 @@ class Prepared:
     problem: str = ""
 
 
-_CHOOSE_ANOTHER = "set cache_dir (or FSSPEC_SHARDS_CACHE) to a new or empty directory of your own"
+_OPTION_OF_TIER = {
+    "local": "cache_dir (or FSSPEC_SHARDS_CACHE)",
+    "shared": "shared_cache_dir (or FSSPEC_SHARDS_SHARED_CACHE)",
+}
+
+
+def _choose_another(tier: str) -> str:
+    """The fix that always works: the option (of ``tier``) naming a directory of one's own."""
+    return f"set {_OPTION_OF_TIER[tier]} to a new or empty directory of your own"
 
 
 def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prepared:
@@ -94,9 +102,9 @@ def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prep
     if not stat.S_ISDIR(info.st_mode):
         if not create:
             raise NotACacheError(path, "is not a directory", "foreign", errno.ENOTDIR)
-        raise CacheDirectoryError(path, "is not a directory", _CHOOSE_ANOTHER, errno.ENOTDIR)
-    _check_private(path, info)
-    marker = _read_marker(path)
+        raise CacheDirectoryError(path, "is not a directory", _choose_another(tier), errno.ENOTDIR)
+    _check_private(path, info, tier)
+    marker = _read_marker(path, tier)
     writable = os.access(path, os.W_OK)
     if marker is None or _earlier_format(marker) is not None:
         if not create:
@@ -114,7 +122,7 @@ def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prep
             "directories of their own",
             errno.EEXIST,
         )
-    _check_contents(path, writable)
+    _check_contents(path, writable, tier)
     return Prepared(path, writable=writable)
 
 
@@ -136,7 +144,7 @@ def _take(path: str, tier: str) -> dict:
     """Under the directory's lock: mark an empty directory, or adopt one of an earlier
     layout format, or refuse anything else. Returns the marker."""
     with locks.hold_directory(path):
-        marker = _read_marker(path)
+        marker = _read_marker(path, tier)
         if marker is None:
             names = os.listdir(path)
             if not names:
@@ -146,7 +154,7 @@ def _take(path: str, tier: str) -> dict:
                 raise CacheDirectoryError(
                     path,
                     f"is not empty and is not a fsspec-shards cache (no {layout.MARKER})",
-                    _CHOOSE_ANOTHER,
+                    _choose_another(tier),
                     errno.EEXIST,
                 )
             earlier = 1
@@ -185,23 +193,30 @@ def _not_a_cache(path: str, marker: dict | None) -> NotACacheError:
     return NotACacheError(path, f"is not a fsspec-shards cache (no {layout.MARKER})", "foreign")
 
 
-def _check_private(path: str, info: os.stat_result) -> None:
+def _check_private(path: str, info: os.stat_result, tier: str) -> None:
     """``path`` (stat ``info``) is owned by the current user and writable by nobody else."""
     if info.st_uid != os.geteuid():
         raise CacheDirectoryError(
             path,
             f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})",
-            _CHOOSE_ANOTHER,
+            _choose_another(tier),
         )
     if info.st_mode & 0o022:
         raise CacheDirectoryError(
             path,
             f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})",
-            f"run 'chmod go-w {path}' if you trust its contents, or {_CHOOSE_ANOTHER}",
+            f"run 'chmod go-w {path}' if you trust its contents, or {_choose_another(tier)}",
         )
 
 
-def _check_entry(path: str, kind: str) -> os.stat_result | None:
+def check_directory(path: str, tier: str) -> os.stat_result | None:
+    """lstat of a directory inside a cache of ``tier`` (e.g. ``files/ab``): None if absent;
+    a :class:`CacheDirectoryError` if it is a symlink, not a directory, foreign or writable
+    by others (whoever may write in it may swap the files it holds)."""
+    return _check_entry(path, "directory", tier)
+
+
+def _check_entry(path: str, kind: str, tier: str) -> os.stat_result | None:
     """lstat of a file the cache keeps: None if absent; an error if it is a symlink, not of
     ``kind`` ("directory" or "file"), foreign or writable by others."""
     try:
@@ -212,15 +227,17 @@ def _check_entry(path: str, kind: str) -> os.stat_result | None:
     if not wanted(info.st_mode):
         what = "a symlink" if stat.S_ISLNK(info.st_mode) else f"not a {kind}"
         raise CacheDirectoryError(
-            path, f"is {what}", f"remove it (the cache makes it again), or {_CHOOSE_ANOTHER}"
+            path,
+            f"is {what}",
+            f"remove it (the cache makes it again), or {_choose_another(tier)}",
         )
-    _check_private(path, info)
+    _check_private(path, info, tier)
     return info
 
 
-def _read_marker(path: str) -> dict | None:
+def _read_marker(path: str, tier: str) -> dict | None:
     marker_path = os.path.join(path, layout.MARKER)
-    if _check_entry(marker_path, "file") is None:
+    if _check_entry(marker_path, "file", tier) is None:
         return None
     try:
         descriptor = os.open(marker_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -229,14 +246,14 @@ def _read_marker(path: str) -> dict | None:
         version = marker["format"]
     except (OSError, ValueError, KeyError, TypeError):
         raise CacheDirectoryError(
-            marker_path, "is damaged", f"remove the directory, or {_CHOOSE_ANOTHER}"
+            marker_path, "is damaged", f"remove the directory, or {_choose_another(tier)}"
         ) from None
     if version != layout.FORMAT and version not in adoption.MARKED_FORMATS:
         raise CacheDirectoryError(
             path,
             f"holds a cache of layout format {version!r}, this version of fsspec-shards "
             f"reads format {layout.FORMAT}",
-            f"use the fsspec-shards version that made it, or {_CHOOSE_ANOTHER}",
+            f"use the fsspec-shards version that made it, or {_choose_another(tier)}",
         )
     return marker
 
@@ -269,18 +286,18 @@ def _make_subdirectories(path: str) -> None:
             pass
 
 
-def _check_contents(path: str, writable: bool) -> None:
+def _check_contents(path: str, writable: bool, tier: str) -> None:
     """Subdirectories and index private and real (no symlinks); missing ones made."""
     for name in layout.SUBDIRECTORIES:
         subdirectory = os.path.join(path, name)
-        if _check_entry(subdirectory, "directory") is None and writable:
+        if check_directory(subdirectory, tier) is None and writable:
             try:
                 os.mkdir(subdirectory, 0o700)
             except FileExistsError:
-                _check_entry(subdirectory, "directory")
+                check_directory(subdirectory, tier)
     index = os.path.join(path, layout.INDEX)
     for suffix in _SQLITE_SUFFIXES[1:]:
-        _check_entry(index + suffix, "file")
-    info = _check_entry(index, "file")
+        _check_entry(index + suffix, "file", tier)
+    info = _check_entry(index, "file", tier)
     if info is not None and info.st_mode & 0o077 and writable:
         os.chmod(index, 0o600)

@@ -1,5 +1,5 @@
 """Executors: where per-shard work runs. Threads of this process here; dask workers in
-:mod:`fsspec_shards.distributed`.
+:mod:`fsspec_shards.fleet.dask_executor`.
 
 An executor has ``map(function, items)``, yielding ``function(item)`` for every item as it
 finishes (in any order), and ``on_each_host(function)``, the results of ``function()`` run
@@ -52,7 +52,7 @@ class ThreadExecutor:
                     results.put((False, exc))
 
         for _ in range(max(1, min(self.jobs, len(items)))):
-            threading.Thread(target=work, daemon=True, name="fsspec-shards-cli").start()
+            threading.Thread(target=work, daemon=True, name="fsspec-shards-fleet").start()
         for _ in items:
             done, value = results.get()
             if not done:

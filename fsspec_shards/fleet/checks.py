@@ -1,4 +1,5 @@
-"""Reading every shard once, for ``verify`` and ``manifest``: hash it and walk its tar members.
+"""The ``check`` chore: read every shard once, hash it and walk its tar members (what
+``verify`` and ``manifest`` are made of).
 
 Invariants: a shard is read start to end straight from storage (no cache), so its digests are
 of the bytes the backend holds, and every member is parsed by the reader ``ShardDataset``
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, BinaryIO
 
-from fsspec_shards.cli.errors import describe_error
-from fsspec_shards.cli.options import DEFAULT_MAX_MEMBER_SIZE
-from fsspec_shards.cli.parallel import Executor
-from fsspec_shards.cli.shards import comparable, open_filesystem
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.fleet.errors import describe_error
+from fsspec_shards.fleet.executors import Executor
+from fsspec_shards.fleet.shards import comparable, open_filesystem
 from fsspec_shards.storage.integrity import StreamingHasher
 
 HASH_BLOCK_SIZE = 1 << 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsspec_shards.cli.parallel import ThreadExecutor
+from fsspec_shards.fleet.executors import ThreadExecutor
 
 
 def test_thread_executor_yields_every_result_and_raises_what_the_work_raises():

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fsspec_shards.cli.errors import UsageError
+from fsspec_shards.fleet.errors import InputError
 from fsspec_shards.redact import redact_url
 
 GLOB_CHARACTERS = frozenset("*?[")
@@ -56,7 +56,7 @@ def expand_braces(patterns: str | Sequence[str]) -> list[str]:
     try:
         return expand_urls(patterns)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise InputError(str(exc)) from None
 
 
 def shard_urls(patterns: str | Sequence[str], options: dict[str, dict]) -> list[str]:
@@ -66,7 +66,7 @@ def shard_urls(patterns: str | Sequence[str], options: dict[str, dict]) -> list[
         expanded.extend(glob_url(url, options) if has_glob(url) else [wds_url(url)])
     if not expanded:
         given = [patterns] if isinstance(patterns, str) else list(patterns)
-        raise UsageError(f"no shards match {', '.join(repr(redact_url(p)) for p in given)}")
+        raise InputError(f"no shards match {', '.join(repr(redact_url(p)) for p in given)}")
     return expanded
 
 
@@ -80,18 +80,18 @@ def glob_url(url: str, options: dict[str, dict]) -> list[str]:
     try:
         fs, path = fsspec.core.url_to_fs(target, **options.get(protocol, {}))
     except (ValueError, ImportError) as exc:
-        raise UsageError(f"cannot list {redact_url(target)}: {exc}") from None
+        raise InputError(f"cannot list {redact_url(target)}: {exc}") from None
     return [prefix + fs.unstrip_protocol(match) for match in sorted(fs.glob(path))]
 
 
 def open_filesystem(url: str, options: dict[str, dict]) -> tuple[Any, str]:
-    """The filesystem and path of a (chained) URL, with a bad protocol as a usage error."""
+    """The filesystem and path of a (chained) URL; a bad protocol is an :class:`InputError`."""
     import fsspec
 
     try:
         return fsspec.core.url_to_fs(url, **options)
     except (ValueError, ImportError) as exc:
-        raise UsageError(f"cannot open {redact_url(url)}: {exc}") from None
+        raise InputError(f"cannot open {redact_url(url)}: {exc}") from None
 
 
 def write_text(location: str, text: str, options: dict[str, dict]) -> None:

@@ -1,0 +1,104 @@
+"""The ``manifest`` chore: hash every shard and write a checksum manifest.
+
+Invariants: the manifest lists the shards in pattern order, in ``sha256sum`` format
+(:func:`~fsspec_shards.storage.integrity.format_sums_line`), names relative to its own
+directory when the shards lie below it; it is written only when every shard was read, so the
+same shards give the same bytes wherever the hashing ran (threads here, or dask workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
+from fsspec_shards.fleet.checks import check_shards
+from fsspec_shards.fleet.errors import InputError, ShardsFailed
+from fsspec_shards.fleet.executors import Executor
+from fsspec_shards.fleet.report import shown
+from fsspec_shards.fleet.shards import comparable, write_text
+from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.integrity import format_sums_line, parse_checksum
+
+
+@dataclass
+class ManifestText:
+    """A manifest ready to write, and the sample counts of its shards by sidecar key."""
+
+    text: str
+    counts: dict[str, int]
+
+
+def build_manifest(
+    urls: Sequence[str],
+    output: str,
+    options: dict[str, dict],
+    executor: Executor,
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    advance: Callable[[int], Any] = lambda count: None,
+) -> ManifestText:
+    """Hash ``urls`` on ``executor`` into the text of a manifest to be written at ``output``.
+
+    When shards cannot be read, :class:`ShardsFailed` carries their (shard, problem) rows: no
+    manifest with holes. A shard name the format cannot hold is an :class:`InputError`."""
+    manifest_dir = comparable(output).rsplit("/", 1)[0]
+    checks = check_shards(list(urls), options, executor, ("sha256",), max_member_size, advance)
+    failures = [(shown(check.url), check.problem) for check in checks if check.problem]
+    if failures:
+        raise ShardsFailed(
+            f"{len(failures)} shards could not be read; no manifest written", sorted(failures)
+        )
+    names = [manifest_name(check.url, manifest_dir) for check in checks]
+    bad_names = [name for name in names if "\n" in name or "\\" in name]
+    if bad_names:
+        raise InputError(
+            f"shard name {redact_url(bad_names[0])!r} cannot be written in sha256sum format"
+        )
+    lines = [
+        format_sums_line(parse_checksum(check.checksums["sha256"]), name) + "\n"
+        for check, name in zip(checks, names, strict=True)
+    ]
+    counts = {key: check.samples for key, check in zip(count_keys(names), checks, strict=True)}
+    return ManifestText("".join(lines), counts)
+
+
+def make_manifest(
+    urls: Sequence[str],
+    output: str,
+    options: dict[str, dict],
+    executor: Executor,
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    advance: Callable[[int], Any] = lambda count: None,
+    sample_counts: str | None = None,
+) -> ManifestText:
+    """Hash ``urls`` and write their manifest at ``output`` (a path or URL), and with
+    ``sample_counts`` the ``{shard name: samples}`` sidecar there; returns what was written."""
+    output = manifest_location(output)
+    made = build_manifest(urls, output, options, executor, max_member_size, advance)
+    write_text(output, made.text, options)
+    if sample_counts:
+        write_text(sample_counts, json.dumps(made.counts, indent=1) + "\n", options)
+    return made
+
+
+def manifest_location(output: str) -> str:
+    """Where a manifest goes: a URL as given, a local path made absolute."""
+    return output if "://" in output else os.path.abspath(os.path.expanduser(output))
+
+
+def manifest_name(url: str, manifest_dir: str) -> str:
+    """The name of a shard in a manifest in ``manifest_dir``: relative when below it."""
+    name = comparable(url)
+    if name.startswith(manifest_dir.rstrip("/") + "/"):
+        return name[len(manifest_dir.rstrip("/")) + 1 :]
+    return name
+
+
+def count_keys(names: list[str]) -> list[str]:
+    """Keys of the sample-counts sidecar, in shard order: file names when they are unique
+    (ShardDataset's ``samples_per_shard`` finds shards by file name), else manifest names."""
+    basenames = [name.rsplit("/", 1)[-1] for name in names]
+    return basenames if len(set(basenames)) == len(basenames) else names
