@@ -17,7 +17,6 @@ import fsspec
 
 from fsspec_shards.config import parse_size
 from fsspec_shards.errors import ShardFormatError
-from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
     COMPRESSED_STREAM_ERRORS,
@@ -27,6 +26,7 @@ from fsspec_shards.iteration.tar import (
     open_shard_stream,
     parse_members,
 )
+from fsspec_shards.option_shapes import fsspec_arguments
 
 _SKIP_PIECE = 1 << 20
 

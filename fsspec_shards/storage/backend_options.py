@@ -5,8 +5,10 @@ file is already cached).
 A backend takes the named parameters of its ``__init__`` (and of its base classes' that it
 hands ``**kwargs`` on to), fsspec's instance options, and for some backends a second set it
 passes on: s3fs gives the rest to aiobotocore's ``AioSession``, fsspec's HTTP filesystem to
-every aiohttp request. Backends whose leftovers go somewhere we cannot list (adlfs hands
-them to azure-identity's credential) and backends we do not know are not checked.
+every aiohttp request. Tables of a client's keywords (s3fs ``client_kwargs`` and
+``config_kwargs``, HTTP ``client_kwargs``) are checked against what that client takes.
+Backends whose leftovers go somewhere we cannot list (adlfs hands them to azure-identity's
+credential) and backends we do not know are not checked.
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ def _aiohttp_request() -> set[str]:
     return _parameters(aiohttp.ClientSession._request) - {"method", "str_or_url"}
 
 
+def _botocore_client() -> set[str]:
+    from botocore.session import Session
+
+    return _parameters(Session.create_client) - {"service_name"}
+
+
+def _botocore_config() -> set[str]:
+    from botocore.config import Config
+
+    return set(Config.OPTION_DEFAULTS)
+
+
+def _aiohttp_session() -> set[str]:
+    import aiohttp
+
+    return _parameters(aiohttp.ClientSession.__init__)
+
+
 def _nothing() -> set[str]:
     return set()
 
@@ -54,6 +74,14 @@ _PASSED_ON: dict[str, Callable[[], set[str]]] = {
 }
 """Per checked protocol: the options its filesystem passes on beyond its own parameters."""
 
+_TABLES: dict[str, dict[str, Callable[[], set[str]]]] = {
+    **dict.fromkeys(
+        S3_PROTOCOLS, {"client_kwargs": _botocore_client, "config_kwargs": _botocore_config}
+    ),
+    **dict.fromkeys(HTTP_PROTOCOLS, {"client_kwargs": _aiohttp_session}),
+}
+"""Per protocol: its options that are tables of a client's keywords, and what those take."""
+
 
 def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:
     """Raise :class:`OptionError` naming the first option of ``options`` that backend
@@ -61,13 +89,18 @@ def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:
     accepted = accepted_options(protocol)
     if accepted is None:
         return
+    _refuse_unknown(protocol, options, accepted)
+    for table, takes in _TABLES.get(protocol, {}).items():
+        given = options.get(table)
+        if isinstance(given, Mapping):
+            _refuse_unknown(f"{protocol}.{table}", given, frozenset(takes()))
+
+
+def _refuse_unknown(where: str, options: Mapping[str, Any], accepted: frozenset[str]) -> None:
     for name in sorted(set(options) - accepted):
         close = difflib.get_close_matches(name, sorted(accepted), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise OptionError(
-            f"{protocol}.{name}",
-            f"the {protocol} backend does not take an option {name!r}{hint}",
-        )
+        raise OptionError(f"{where}.{name}", f"{where} does not take {name!r}{hint}")
 
 
 @functools.lru_cache(maxsize=32)
