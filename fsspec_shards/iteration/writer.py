@@ -38,6 +38,7 @@ import fsspec
 
 from fsspec_shards.config import is_int, parse_size
 from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.writer")
@@ -147,7 +148,8 @@ class ShardWriter:
         self.mtime = mtime
         self.spool_dir = spool_dir
         self.directory_url = directory
-        self._fs, self._directory = fsspec.core.url_to_fs(directory, **self.storage_options)
+        chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
+        self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
         self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
         self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
         self._next_index = start_shard
