@@ -46,8 +46,9 @@ from fsspec_shards.checksums import (
     format_block_manifest,
     format_sums,
 )
-from fsspec_shards.config import parse_size
+from fsspec_shards.config import is_int, parse_size
 from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.writer")
@@ -143,7 +144,7 @@ class ShardWriter:
         mtime: float = 0,
         spool_dir: str | None = None,
     ) -> None:
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+        if not is_int(max_count) or max_count < 1:
             raise ValueError(f"max_count must be a positive int, got {max_count!r}")
         try:
             self.max_size = parse_size(max_size)
@@ -151,7 +152,7 @@ class ShardWriter:
             raise ValueError(f"max_size: {exc}") from None
         if self.max_size < 1:
             raise ValueError(f"max_size must be positive, got {max_size!r}")
-        if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
+        if not is_int(start_shard) or start_shard < 0:
             raise ValueError(f"start_shard must be a non-negative int, got {start_shard!r}")
         for option, name in (("manifest", manifest), ("counts", counts)):
             if name is not None and (not name or "/" in name or name.startswith(".")):
@@ -168,7 +169,8 @@ class ShardWriter:
         self.mtime = mtime
         self.spool_dir = spool_dir
         self.directory_url = directory
-        self._fs, self._directory = fsspec.core.url_to_fs(directory, **self.storage_options)
+        chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
+        self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
         self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
         self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
         self._next_index = start_shard

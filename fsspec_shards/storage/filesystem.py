@@ -24,10 +24,12 @@ import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from fsspec_shards import config
+from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS
+from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
+from fsspec_shards.storage.backend_options import check_backend_options
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -134,7 +136,7 @@ class WdsFileSystem(ChainedFileSystem):
         where one connection is slower than the link; on loopback it does not (see
         docs/transport.md).
     block_size:
-        Read size of streamed (uncached) files.
+        Read size of streamed (uncached) files; 0 (fsspec's "no read-ahead") is the default.
     check_stale, stale_ttl:
         Compare a cached file's identity with the backend before using it; with
         ``stale_ttl`` only when the last check is older than that many seconds.
@@ -148,6 +150,23 @@ class WdsFileSystem(ChainedFileSystem):
     # this module, where they are wrapped.
 
     def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        **options: Any,
+    ) -> None:
+        if target_options is not None and not isinstance(target_options, dict):
+            raise ValueError(
+                f"invalid value for option 'target_options': expected a dict, "
+                f"got {type(target_options).__name__}"
+            )
+        # the shapes other tools hand options in (sections, datasets' doubled hop): see
+        # option_shapes; neither a chain's keys nor another protocol's section reach the backend
+        own, backend = option_shapes.layer_options(target_protocol, target_options, options)
+        self._configure(target_protocol, backend, fs, **own)
+
+    def _configure(
         self,
         target_protocol: str | None = None,
         target_options: dict | None = None,
@@ -173,12 +192,14 @@ class WdsFileSystem(ChainedFileSystem):
         fo: str | None = None,
         **kwargs: Any,
     ) -> None:
+        """The options once ``__init__`` sorted out the layer's own from the backend's."""
         unknown = sorted(set(kwargs) - backends.FSSPEC_INSTANCE_OPTIONS)
         if unknown:
-            raise ValueError(
+            raise OptionError(
+                f"wds.{unknown[0]}",
                 f"unknown option(s) for the wds filesystem: {', '.join(unknown)}; backend "
                 "options belong in target_options, or in the backend's own section, e.g. "
-                "storage_options={'wds': {...}, 's3': {...}}"
+                "storage_options={'wds': {...}, 's3': {...}}",
             )
         super().__init__(**kwargs)
         install_log_redaction()
@@ -186,11 +207,6 @@ class WdsFileSystem(ChainedFileSystem):
             raise ValueError(
                 "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
                 "target_protocol=..., or fs=..."
-            )
-        if target_options is not None and not isinstance(target_options, dict):
-            raise ValueError(
-                f"invalid value for option 'target_options': expected a dict, "
-                f"got {type(target_options).__name__}"
             )
         self.policy = RetryPolicy(
             attempts=config.parse_int(retries, "retries", minimum=1),
@@ -215,11 +231,10 @@ class WdsFileSystem(ChainedFileSystem):
             if shared_cache_size is None
             else _parse_size(shared_cache_size, "shared_cache_size")
         )
+        # 0 is fsspec's "no read-ahead" (datasets streams with it): the default pieces then
         self.block_size = (
             DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
-        )
-        if self.block_size < 1:
-            raise ValueError(f"invalid value {block_size!r} for option 'block_size': must be > 0")
+        ) or DEFAULT_BLOCK_SIZE
         self.check_stale = config.parse_bool(check_stale, "check_stale")
         self.stale_ttl = None if stale_ttl is None else config.parse_float(stale_ttl, "stale_ttl")
         if checksums is not None and not isinstance(checksums, dict | str):
@@ -238,6 +253,7 @@ class WdsFileSystem(ChainedFileSystem):
                 self.cache_dir, dict.fromkeys(COUNTERS, 0)
             )
         if fs is None:
+            check_backend_options(target_protocol, self._target_options)
             self._build_backend()
         shorter = backends.backend_timeout(self.fs)
         if shorter is not None and shorter < self.policy.timeout:

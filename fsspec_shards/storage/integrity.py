@@ -25,6 +25,7 @@ from fsspec_shards.checksums import (
     parse_checksum,
     parse_sums_file,
 )
+from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_url
 
 __all__ = [
@@ -254,11 +255,11 @@ def parse_verify(value: Any) -> str | bool:
         return False
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("auto", "true", "1", "yes", "on"):
+        if text == "auto" or bool_word(text) is True:
             return "auto"
         if text == "size":
             return "size"
-        if text in ("false", "0", "no", "off", "none", ""):
+        if text == "none" or bool_word(text) is False:
             return False
     raise ValueError(
         f"invalid value {value!r} for option 'verify': expected 'auto', 'size' or False"
