@@ -15,6 +15,9 @@ this machine, mostly the index's SQLite set-up). Readers:
   handed out as soon as it is verified
 - ``wds_whole``: the same with a manifest that has no block manifest beside it: the whole
   shard is verified before the first sample (today's rule without blocks)
+- ``wds_blocks_4_ranges``: ``wds_blocks`` with ``ranges_in_flight=4`` (what a block fill
+  does under ``ranges_in_flight="auto"``): spans of 16 MiB on 4 connections, the extra three
+  once the first block is verified
 
 The table gives medians and the median of the per-round ratios to webdataset (below 1:
 faster), and the CPU seconds per GB of this process (every thread: ``time.process_time``;
@@ -84,11 +87,13 @@ def webdataset_reader(url: str, directory: str) -> tuple[float, float]:
     return first, time.perf_counter() - started
 
 
-def wds_reader(manifest: str) -> Reader:
+def wds_reader(manifest: str, **wds: object) -> Reader:
     def read(url: str, directory: str) -> tuple[float, float]:
         ShardCache(directory, 1 << 40)  # this node's cache exists, empty: the shard is cold
         sums = url.rsplit("/", 1)[0] + "/" + manifest
-        options = {"wds": {"cache_dir": directory, "checksums": sums, "skip_instance_cache": True}}
+        options = {
+            "wds": {"cache_dir": directory, "checksums": sums, "skip_instance_cache": True, **wds}
+        }
         started = time.perf_counter()
         first = None
         dataset = ShardDataset(
@@ -110,6 +115,7 @@ READERS: dict[str, Reader] = {
     "webdataset": webdataset_reader,
     "wds_blocks": wds_reader("SHA256SUMS"),
     "wds_whole": wds_reader("SHA256SUMS.whole"),
+    "wds_blocks_4_ranges": wds_reader("SHA256SUMS", ranges_in_flight=4),
 }
 
 
