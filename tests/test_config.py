@@ -1,6 +1,7 @@
 import pytest
 
 from fsspec_shards import config
+from fsspec_shards.storage.integrity import parse_verify
 
 
 @pytest.mark.parametrize(
@@ -74,3 +75,24 @@ def test_parse_bool_and_int_reject_garbage_naming_the_option():
         config.parse_int("0", "retries", minimum=1)
     with pytest.raises(ValueError, match="'timeout'"):
         config.parse_float("soon", "timeout")
+
+
+def test_true_and_false_words_are_one_set_for_every_boolean_option():
+    assert [config.bool_word(w) for w in ("YES", " on ", "1", "off", "", "No")] == [
+        True, True, True, False, False, False
+    ]  # fmt: skip
+    assert config.bool_word("maybe") is None and config.bool_word(1) is None
+    assert parse_verify("ON") == "auto" and parse_verify("off") is False
+    assert parse_verify("none") is False
+
+
+def test_a_bool_is_never_a_count():
+    assert config.is_int(3) and not config.is_int(True) and not config.is_int(3.0)
+    assert config.is_number(2.5) and config.is_number(2) and not config.is_number(False)
+
+
+def test_max_member_size_has_one_default_and_one_parse():
+    assert config.DEFAULT_MAX_MEMBER_SIZE == 1 << 30 == config.parse_max_member_size("1GiB")
+    assert config.parse_max_member_size(4096) == 4096
+    with pytest.raises(ValueError, match="^max_member_size: invalid size"):
+        config.parse_max_member_size("huge")

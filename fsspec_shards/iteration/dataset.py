@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fsspec_shards.config import parse_size
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, is_int, parse_max_member_size
 from fsspec_shards.errors import IntegrityError, ShardFormatError
 from fsspec_shards.iteration.lengths import (
     SampleCountError,
@@ -68,7 +68,7 @@ from fsspec_shards.iteration.state import (
 )
 from fsspec_shards.iteration.stats import ProgressLog, StatsBoard, StreamStats, summary
 from fsspec_shards.iteration.stream import ConsumerStream
-from fsspec_shards.iteration.tar import GZIP_MAGIC, iter_members
+from fsspec_shards.iteration.tar import is_gzip_file, iter_members
 from fsspec_shards.iteration.transforms import Batched
 from fsspec_shards.iteration.urls import expand_urls
 from fsspec_shards.redact import clean_error, redact_text, redact_url
@@ -228,7 +228,7 @@ class ShardDataset(_DatasetBase):
         rank: int | None = None,
         world_size: int | None = None,
         group: Any = None,
-        max_member_size: int | str = "1GiB",
+        max_member_size: int | str = DEFAULT_MAX_MEMBER_SIZE,
         raw_urls: bool = False,
         stats_dir: str | os.PathLike | None = None,
         log_interval: float | None = DEFAULT_LOG_INTERVAL,
@@ -261,10 +261,7 @@ class ShardDataset(_DatasetBase):
         self.annotate = bool(annotate)
         self.raw_urls = bool(raw_urls)
         self.split = split
-        try:
-            self.max_member_size = parse_size(max_member_size)
-        except ValueError as exc:
-            raise ValueError(f"max_member_size: {exc}") from None
+        self.max_member_size = parse_max_member_size(max_member_size)
         self.log_interval = log_interval
         self.node = explicit_split(rank, world_size, group)
         self.reader = ShardReader(self.storage_options, max_member_size=self.max_member_size)
@@ -415,7 +412,7 @@ class ShardDataset(_DatasetBase):
                 state["fingerprint"], base_fingerprint(self.fingerprint(self.consumer()))
             )
             epoch = state.get("epoch")
-            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            if not is_int(epoch) or epoch < 0:
                 raise ValueError(f"invalid remainder state: field 'epoch': {epoch!r}")
             pieces = remainder_from_list(state.get("segments"))
             self.check_pieces(pieces)
@@ -487,7 +484,7 @@ class ShardDataset(_DatasetBase):
             yield from self.reader.samples(url, start)
             return
         fs, path = self.reader.locate(url)
-        if _is_gzip(fs, path):
+        if is_gzip_file(fs, path):
             yield from self.reader.samples(url, start, headers_only=True)
             return
         with fs.open(path, "rb", block_size=HEADER_SCAN_BLOCK) as raw:
@@ -504,7 +501,7 @@ class ShardDataset(_DatasetBase):
         """The byte size of a plain tar shard; None for a gzip one (its tar size is unknown).
         Asks for the size and two bytes, never a block of the shard."""
         fs, path = self.reader.locate(url)
-        return None if _is_gzip(fs, path) else int(fs.size(path))
+        return None if is_gzip_file(fs, path) else int(fs.size(path))
 
     def shown_url(self, url: str) -> str:
         """``url`` for display: redacted (no query values, no password)."""
@@ -659,11 +656,6 @@ class ShardDataset(_DatasetBase):
         state["_ranges"] = {}
         state["_plans"] = {}
         return state
-
-
-def _is_gzip(fs: Any, path: str) -> bool:
-    """True for a gzip shard, from its first two bytes (a small ranged read, not a block)."""
-    return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def count_samples_of(dataset: ShardDataset) -> list[int]:

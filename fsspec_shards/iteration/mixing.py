@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec_shards.config import is_int
 from fsspec_shards.iteration.order import node_split, worker_split
 from fsspec_shards.iteration.rng import CounterRNG, derive_key
 
@@ -141,7 +142,7 @@ class MixedDataset(_DatasetBase):
             raise ValueError(f"weights must be positive and finite, got {list(weights)}")
         if stop not in STOP_MODES:
             raise ValueError(f"stop must be one of {STOP_MODES}, got {stop!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
         self.stop = stop

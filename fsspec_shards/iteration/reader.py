@@ -15,13 +15,12 @@ from typing import Any
 
 import fsspec
 
-from fsspec_shards.config import parse_size
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, parse_max_member_size
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
     COMPRESSED_STREAM_ERRORS,
-    DEFAULT_MAX_MEMBER_SIZE,
-    GZIP_MAGIC,
+    is_gzip_file,
     iter_members,
     open_shard_stream,
     parse_members,
@@ -44,10 +43,7 @@ class ShardReader:
         max_member_size: int | str = DEFAULT_MAX_MEMBER_SIZE,
     ) -> None:
         self.storage_options = dict(storage_options or {})
-        try:
-            self.max_member_size = parse_size(max_member_size)
-        except ValueError as exc:
-            raise ValueError(f"max_member_size: {exc}") from None
+        self.max_member_size = parse_max_member_size(max_member_size)
 
     def locate(self, url: str) -> tuple[Any, str]:
         """The fsspec filesystem and path of ``url``: options in sections
@@ -65,7 +61,7 @@ class ShardReader:
         """
         fs, path = self.locate(url)
         with fs.open(path, "rb") as raw:
-            sought = start > 0 and raw.seekable() and not _is_gzip(fs, path)
+            sought = start > 0 and raw.seekable() and not is_gzip_file(fs, path)
             if sought:
                 if raw.seek(0, io.SEEK_END) < start:
                     raise ShardFormatError(url, start, "shard ends before the saved offset")
@@ -86,7 +82,7 @@ class ShardReader:
         if not ranges:
             return []
         fs, path = self.locate(url)
-        if not _is_gzip(fs, path):
+        if not is_gzip_file(fs, path):
             starts = [offset for offset, _ in ranges]
             ends = [end for _, end in ranges]
             blobs = fs.cat_ranges([path] * len(ranges), starts, ends)
@@ -120,11 +116,6 @@ class ShardReader:
         raise ShardFormatError(
             url, missing[0], "no sample at this saved position; the shard changed since"
         )
-
-
-def _is_gzip(fs, path: str) -> bool:
-    """True for a gzip shard, from its first two bytes (a small ranged read, not a block)."""
-    return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def _skip_to(stream, url: str, start: int) -> None:

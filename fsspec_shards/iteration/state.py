@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec_shards.config import is_int
 from fsspec_shards.iteration.plan import EpochPlan, Segment
 from fsspec_shards.redact import without_signing
 
@@ -154,7 +155,7 @@ def _ints(values: Any, name: str, count: int) -> list[int]:
     if (
         not isinstance(values, list | tuple)
         or len(values) != count
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        or not all(is_int(v) for v in values)
     ):
         raise ValueError(
             f"malformed ShardDataset state: field {name!r} must hold lists of {count} ints, "

@@ -22,15 +22,15 @@ import logging
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.tar")
 
 BLOCK_SIZE = 512
-DEFAULT_MAX_MEMBER_SIZE = 1 << 30
 MAX_GZIP_RATIO = 200
 GZIP_RATIO_GRACE = 64 << 20
 GUARDED_READ_SIZE = 1 << 20
@@ -566,6 +566,12 @@ def _buffered(fileobj: BinaryIO) -> BinaryIO:
         return io.BufferedReader(fileobj, STREAM_BUFFER_SIZE)
     except (AttributeError, ValueError):
         return fileobj
+
+
+def is_gzip_file(fs: Any, path: str) -> bool:
+    """True for a gzip shard on a filesystem, from its first two bytes (a small ranged read,
+    not a block)."""
+    return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def is_gzip_shard(shard: str, fileobj: BinaryIO) -> bool:

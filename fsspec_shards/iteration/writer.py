@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from fsspec_shards.config import parse_size
+from fsspec_shards.config import is_int, parse_size
 from fsspec_shards.iteration.encoding import encode_sample
 from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_url
@@ -126,7 +126,7 @@ class ShardWriter:
         mtime: float = 0,
         spool_dir: str | None = None,
     ) -> None:
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+        if not is_int(max_count) or max_count < 1:
             raise ValueError(f"max_count must be a positive int, got {max_count!r}")
         try:
             self.max_size = parse_size(max_size)
@@ -134,7 +134,7 @@ class ShardWriter:
             raise ValueError(f"max_size: {exc}") from None
         if self.max_size < 1:
             raise ValueError(f"max_size must be positive, got {max_size!r}")
-        if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
+        if not is_int(start_shard) or start_shard < 0:
             raise ValueError(f"start_shard must be a non-negative int, got {start_shard!r}")
         for option, name in (("manifest", manifest), ("counts", counts)):
             if name is not None and (not name or "/" in name or name.startswith(".")):

@@ -18,6 +18,7 @@ from typing import Any
 
 import google_crc32c
 
+from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_text, redact_url
 
 logger = logging.getLogger("fsspec_shards.storage.integrity")
@@ -288,11 +289,11 @@ def parse_verify(value: Any) -> str | bool:
         return False
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("auto", "true", "1", "yes", "on"):
+        if text == "auto" or bool_word(text) is True:
             return "auto"
         if text == "size":
             return "size"
-        if text in ("false", "0", "no", "off", "none", ""):
+        if text == "none" or bool_word(text) is False:
             return False
     raise ValueError(
         f"invalid value {value!r} for option 'verify': expected 'auto', 'size' or False"

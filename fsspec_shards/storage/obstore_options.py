@@ -30,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
+from fsspec_shards.config import bool_word
 from fsspec_shards.redact import REDACTED, redact_text
 from fsspec_shards.storage.backends import (
     AZURE_PROTOCOLS,
@@ -185,10 +186,8 @@ class _Options:
 def _as_bool(options: _Options, key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off", ""):
-        return False
+    if bool_word(value) is not None:
+        return bool_word(value)
     raise options.refused(key, f"expected a boolean, got a {type(value).__name__}")
 
 

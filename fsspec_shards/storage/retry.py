@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fsspec_shards.config import is_int
 from fsspec_shards.redact import clean_error, redact_text, redact_url
 
 logger = logging.getLogger("fsspec_shards.storage")
@@ -150,7 +151,7 @@ def http_status(exc: BaseException) -> int | None:
             value = getattr(link, attribute, None)
             if isinstance(value, str) and value.isdigit():
                 value = int(value)
-            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+            if is_int(value) and 100 <= value < 600:
                 return value
     return None
 

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec_shards.config import is_number
 from fsspec_shards.storage.backends import (
     AZURE_PROTOCOLS,
     GCS_PROTOCOLS,
@@ -64,7 +65,7 @@ def timestamp(value: Any) -> float | None:
     number; whole seconds, as HTTP dates carry them."""
     if value is None or value == "":
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         return float(int(value))
     if isinstance(value, str):
         try:

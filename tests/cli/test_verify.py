@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.fleet.verify import read_manifest
 from fsspec_shards.storage.integrity import parse_sums_file
 from tests.cli.running import TIMEOUT, corrupt_copy, error_lines, make_glob_copy, run_cli
 
@@ -191,17 +190,6 @@ def test_verify_max_member_size_makes_larger_members_malformed(dataset, cache):
     assert "0 ok, 4 bad" in small.stdout and "exceeds limit" in small.stdout
     enough = run_cli("verify", dataset.pattern, "--max-member-size", "1MiB", "-q", cache=cache)
     assert enough.returncode == 0, enough.stdout + enough.stderr
-
-
-def test_a_manifest_names_the_entries_a_pattern_matches_as_a_glob_would(dataset, tmp_path):
-    manifest = read_manifest(str(dataset.manifest), {})
-    directory = dataset.directory
-    assert manifest.named_by(f"{directory}/demo-*.tar") == [str(p) for p in dataset.shards]
-    assert manifest.named_by(f"{directory}/demo-00000[13].tar") == [
-        str(dataset.shards[1]), str(dataset.shards[3])
-    ]  # fmt: skip
-    assert manifest.named_by(f"{directory}/{{demo-000002,absent}}.tar") == [str(dataset.shards[2])]
-    assert manifest.named_by(f"{directory}/*/demo-*.tar") == []
 
 
 def zeros_tar_gz(path: Path, size: int) -> None:

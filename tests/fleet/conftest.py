@@ -1,0 +1,24 @@
+"""Fixtures of the fleet tests: a small demo dataset on local disk, and a cache directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsspec_shards.demo import DemoDataset, make_demo_dataset
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> DemoDataset:
+    return make_demo_dataset(tmp_path_factory.mktemp("shards"), shards=4, samples_per_shard=30)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+def streaming(**wds: object) -> dict[str, dict]:
+    """Storage options that read straight from storage (as verify and manifest do)."""
+    return {"wds": {"cache": False, **wds}}
