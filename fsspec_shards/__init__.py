@@ -2,7 +2,8 @@
 
 Importing this package is cheap: the storage layer loads with fsspec's entry point, and the
 iteration module (which may import torch) loads on first use of :class:`ShardDataset`,
-:class:`ShardWriter` or :class:`MixedDataset`.
+:class:`ShardWriter` or :class:`MixedDataset`, and :func:`patch_webdataset` (which changes
+webdataset's opener) only when called.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from fsspec_shards.iteration.mixing import MixedDataset
     from fsspec_shards.iteration.writer import ShardWriter
     from fsspec_shards.storage.filesystem import WdsFileSystem
+    from fsspec_shards.webdataset_patch import patch_webdataset
 
 __version__ = "0.1.0"
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "ShardWriter",
     "WdsFileSystem",
     "__version__",
+    "patch_webdataset",
 ]
 
 
@@ -46,4 +49,8 @@ def __getattr__(name: str) -> Any:
         from fsspec_shards.storage.filesystem import WdsFileSystem
 
         return WdsFileSystem
+    if name == "patch_webdataset":
+        from fsspec_shards.webdataset_patch import patch_webdataset
+
+        return patch_webdataset
     raise AttributeError(f"module 'fsspec_shards' has no attribute {name!r}")

@@ -15,8 +15,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsspec_shards.checksums import Checksum, StreamingHasher, format_sums
 from fsspec_shards.fleet.shards import open_filesystem
-from fsspec_shards.storage.integrity import Checksum, StreamingHasher, format_sums_line
 
 JPEG_SIGNATURE = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
 MANIFEST_NAME = "SHA256SUMS"
@@ -97,8 +97,7 @@ def make_demo_dataset(
         write_shard(path, members)
         paths.append(path)
     manifest = root / MANIFEST_NAME
-    lines = [format_sums_line(sha256_file(path), path.name) + "\n" for path in paths]
-    manifest.write_text("".join(lines))
+    manifest.write_text(format_sums((path.name, sha256_file(path)) for path in paths))
     return DemoDataset(root, paths, manifest, samples_per_shard)
 
 

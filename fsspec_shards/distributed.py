@@ -74,13 +74,16 @@ def manifest(
     executor: Executor | None = None,
     storage_options: dict[str, dict] | None = None,
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    block_size: int | None = None,
 ) -> str:
     """Hash every shard on a dask cluster and write the ``sha256sum`` manifest to ``output``
-    (a path or URL; names relative to its directory); returns the manifest's text."""
+    (a path or URL; names relative to its directory), with ``block_size`` its block manifest
+    ``<output>.blocks`` too; returns the manifest's text."""
     options = _options(storage_options, cache=False)
     found = shard_urls(urls, options)
     executor = _executor(client, executor)
-    return make_manifest(found, output, options, executor, max_member_size).text
+    made = make_manifest(found, output, options, executor, max_member_size, block_size=block_size)
+    return made.text
 
 
 def prefetch(

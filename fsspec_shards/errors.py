@@ -33,3 +33,16 @@ class ShardFormatError(ValueError):
 
     def __reduce__(self):
         return (type(self), (self.shard, self.offset, self.reason))
+
+
+class OptionError(ValueError):
+    """A storage option no filesystem of the chain takes; ``option`` names it as
+    ``PROTOCOL.KEY`` (``s3.endpoint_urll``), checked when the filesystem is made."""
+
+    def __init__(self, option: str, reason: str) -> None:
+        self.option = option
+        self.reason = reason
+        super().__init__(f"invalid storage option {option}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.option, self.reason))

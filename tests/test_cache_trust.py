@@ -130,7 +130,81 @@ def test_a_directory_writable_by_group_or_others_is_refused(tmp_path: Path, mode
     with pytest.raises(CacheDirectoryError) as raised:
         ShardCache(cache.directory, 1000)
     assert "writable by group or others" in str(raised.value)
-    assert f"chmod go-w {cache.directory}" in str(raised.value)
+    assert "chmod" not in str(raised.value)  # never advice to change a directory others use
+    assert "directory of your own" in str(raised.value)
+
+
+def _sticky(path: Path) -> Path:
+    """A real sticky, world-writable directory, as /tmp and /dev/shm are."""
+    path.mkdir()
+    os.chmod(path, 0o1777)
+    assert os.stat(path).st_mode & stat.S_ISVTX
+    return path
+
+
+def test_a_sticky_shared_directory_holds_the_cache_in_a_private_one_of_this_user(
+    tmp_path: Path,
+) -> None:
+    shared = _sticky(tmp_path / "tmp")
+    cache = ShardCache(str(shared), 1000)
+    private = shared / f"fsspec-shards-{os.geteuid()}"
+    assert cache.directory == str(private)
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+    assert (private / layout.MARKER).is_file()
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777  # the shared one is left alone
+    fill(cache, "s3://b/k.tar")
+    store._SHARED.clear()
+    assert ShardCache(str(shared), 1000).directory == str(private)
+
+
+def test_inspecting_a_sticky_directory_looks_at_the_private_one_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    shared = _sticky(tmp_path / "tmp")
+    with pytest.raises(NotACacheError) as raised:
+        ShardCache(str(shared), 1000, create=False)
+    assert raised.value.kind == "missing"
+    assert f"fsspec-shards-{os.geteuid()}" in str(raised.value)
+    assert list(shared.iterdir()) == []
+
+
+def test_a_private_directory_another_user_planted_in_a_sticky_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    shared = _sticky(tmp_path / "tmp")
+    planted = shared / f"fsspec-shards-{os.geteuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(CacheDirectoryError) as raised:
+        ShardCache(str(shared), 1000)
+    message = str(raised.value)
+    assert f"owned by uid {OTHER_UID}" in message and "chmod" not in message
+    assert "directory of your own (such as" in message
+    assert list(planted.iterdir()) == []
+
+
+def test_a_symlink_planted_as_the_private_directory_is_refused(tmp_path: Path) -> None:
+    shared = _sticky(tmp_path / "tmp")
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir(mode=0o700)
+    (shared / f"fsspec-shards-{os.geteuid()}").symlink_to(elsewhere)
+    with pytest.raises(CacheDirectoryError, match="is a symlink"):
+        ShardCache(str(shared), 1000)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_wds_filesystem_given_a_sticky_directory_caches_in_the_private_one(
+    tmp_path: Path,
+) -> None:
+    shared = _sticky(tmp_path / "shm")
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    fs = fsspec.filesystem(
+        "wds", target_protocol="file", cache_dir=str(shared), skip_instance_cache=True
+    )
+    assert fs.cat_file(str(tmp_path / "a.bin")) == b"abc"
+    stats = fs.cache_stats()
+    assert stats["directory"] == str(shared / f"fsspec-shards-{os.geteuid()}")
+    assert stats["cached_files"] == 1
 
 
 def test_a_files_directory_planted_by_another_user_is_refused(tmp_path: Path) -> None:

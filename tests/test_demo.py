@@ -6,8 +6,8 @@ import hashlib
 import json
 import tarfile
 
+from fsspec_shards.checksums import parse_sums_file
 from fsspec_shards.demo import make_demo_dataset
-from fsspec_shards.storage.integrity import parse_sums_file
 
 
 def test_same_arguments_give_the_same_bytes_in_any_directory(tmp_path):

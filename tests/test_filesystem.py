@@ -198,7 +198,8 @@ def test_verify_size_ignores_a_wrong_checksum(shard):
 
 
 def test_a_flipped_byte_is_caught_by_the_sums_file_and_fetched_again(tmp_path):
-    fs, backend, path = _planned(tmp_path, plan=[None, Flip(99)])  # sums file, then shard
+    # the sums file, the block manifest beside it (none), then the shard
+    fs, backend, path = _planned(tmp_path, plan=[None, None, Flip(99)])
     sums = os.path.dirname(path) + "/SHA256SUMS"
     backend.pipe_file(sums, f"{hashlib.sha256(DATA).hexdigest()} *train-0000.tar\n".encode())
     fs = _wds(fs=backend, cache_dir=str(tmp_path / "c2"), backoff=0.001, checksums=sums)
@@ -443,3 +444,32 @@ def test_without_cache_the_counters_include_reads_made_in_other_threads(shard):
     assert fs.cache_stats()["bytes_downloaded"] == len(DATA)
     fs.clear_cache()
     assert fs.cache_stats()["bytes_downloaded"] == 0
+
+
+def test_a_misspelt_backend_option_is_refused_when_the_filesystem_is_made(tmp_path):
+    from fsspec_shards.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"invalid storage option s3\.endpoint_urll") as error:
+        fsspec.filesystem(
+            "wds",
+            target_protocol="s3",
+            target_options={"endpoint_urll": "http://127.0.0.1:9", "skip_instance_cache": True},
+            cache_dir=str(tmp_path / "cache"),
+        )
+    assert "did you mean 'endpoint_url'" in str(error.value)
+
+
+def test_sections_reach_the_layer_and_the_backend_and_others_are_dropped(tmp_path):
+    fs = fsspec.filesystem(
+        "wds",
+        target_protocol="file",
+        target_options={"auto_mkdir": True},
+        wds={"cache_dir": str(tmp_path / "cache"), "retries": 2},
+        s3={"endpoint_url": "http://never-used.invalid"},
+        skip_instance_cache=True,
+    )
+    assert fs.cache_dir == str(tmp_path / "cache")
+    assert fs.policy.attempts == 2
+    assert fs.fs.auto_mkdir is True
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    assert fs.cat_file(str(tmp_path / "a.bin")) == b"abc"

@@ -8,86 +8,20 @@ import hashlib
 import fsspec
 import pytest
 
+from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.storage.backends import backend_checksums, object_identity
 from fsspec_shards.storage.integrity import (
     Checksum,
     Manifest,
-    StreamingHasher,
-    checksum_of_bytes,
     choose_expected,
-    format_sums_line,
     load_manifest,
     manifest_from_mapping,
-    parse_checksum,
-    parse_sums_file,
     parse_verify,
 )
 
 DATA = b"fsspec-shards integrity test data\n" * 1000
 SHA256 = hashlib.sha256(DATA).hexdigest()
 MD5 = hashlib.md5(DATA).hexdigest()
-
-
-def test_checksums_parse_with_prefix_or_by_digest_length():
-    assert parse_checksum(f"sha256:{SHA256.upper()}") == Checksum("sha256", SHA256)
-    assert parse_checksum(f"md5:{MD5}") == Checksum("md5", MD5)
-    assert parse_checksum("crc32c:364b3fb7") == Checksum("crc32c", "364b3fb7")
-    assert parse_checksum(SHA256).algorithm == "sha256"
-    assert str(parse_checksum(f"md5:{MD5}")) == f"md5:{MD5}"
-
-
-@pytest.mark.parametrize("text", ["sha1:abcd", "sha256:xyz", f"md5:{SHA256}", "", "zz", 5])
-def test_malformed_checksums_are_rejected_with_a_clear_message(text):
-    with pytest.raises(ValueError, match="invalid checksum"):
-        parse_checksum(text)
-
-
-def test_streaming_hashers_match_one_shot_digests_whatever_the_pieces():
-    for algorithm, expected in (("sha256", SHA256), ("md5", MD5)):
-        hasher = StreamingHasher(algorithm)
-        for i in range(0, len(DATA), 777):
-            hasher.update(DATA[i : i + 777])
-        assert hasher.checksum().hexdigest == expected
-    assert checksum_of_bytes(b"abc", "crc32c").hexdigest == "364b3fb7"  # RFC 3720 check value
-
-
-def test_sums_files_parse_text_and_binary_markers_comments_and_dot_slash():
-    text = (
-        "# made by sha256sum\n"
-        f"{SHA256}  train-0000.tar\n"
-        f"{SHA256} *sub/train-0001.tar\n"
-        f"md5:{MD5}  ./train-0002.tar\n"
-        "\n"
-    )
-    entries = parse_sums_file(text)
-    assert set(entries) == {"train-0000.tar", "sub/train-0001.tar", "train-0002.tar"}
-    assert entries["train-0002.tar"] == Checksum("md5", MD5)
-
-
-def test_malformed_sums_line_names_the_line():
-    with pytest.raises(ValueError, match="line 2"):
-        parse_sums_file(f"{SHA256}  a.tar\nnot a checksum line\n", "SHA256SUMS")
-
-
-@pytest.mark.parametrize(
-    ("digest", "why"),
-    [("g" * 64, "64 hex digits"), (SHA256[:63], "invalid checksum"), (SHA256 + "0", "invalid")],
-)
-def test_sums_file_digests_that_are_not_hex_of_their_length_name_manifest_and_line(digest, why):
-    text = f"{SHA256}  a.tar\n{digest}  b.tar\n"
-    with pytest.raises(ValueError, match="manifest SHA256SUMS line 2") as raised:
-        parse_sums_file(text, "SHA256SUMS")
-    assert why in str(raised.value)
-    assert "\n" not in str(raised.value)
-
-
-def test_sums_file_entry_listed_twice_is_fine_with_one_digest_an_error_with_two():
-    assert parse_sums_file(f"{SHA256}  a.tar\n{SHA256} *./a.tar\n") == {
-        "a.tar": Checksum("sha256", SHA256)
-    }
-    other = hashlib.sha256(b"other").hexdigest()
-    with pytest.raises(ValueError, match=r"line 3: a.tar is listed again .*first on line 1"):
-        parse_sums_file(f"{SHA256}  a.tar\n{other}  b.tar\n{other}  ./a.tar\n", "SUMS")
 
 
 def test_sums_file_names_of_every_form_resolve_to_full_backend_paths(tmp_path):
@@ -141,7 +75,7 @@ def test_signed_http_urls_find_their_manifest_checksum_whatever_the_query_string
 def test_manifest_file_is_loaded_through_the_backend(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "SHA256SUMS").write_text(
-        format_sums_line(Checksum("sha256", SHA256), "a.tar") + "\n"
+        format_sums([("a.tar", Checksum("sha256", SHA256))])
     )
     local = fsspec.filesystem("file")
     manifest = load_manifest(f"file://{tmp_path}/data/SHA256SUMS", local)
@@ -203,3 +137,44 @@ def test_identity_changes_with_version_etag_or_mtime_and_size():
         {"generation": "2", "size": 1}
     )
     assert object_identity({"mtime": 1.0, "size": 1}) != object_identity({"mtime": 1.0, "size": 2})
+
+
+def write_pair(directory, data: bytes, block_size: int = 4096):
+    """SHA256SUMS and SHA256SUMS.blocks for ``a.tar`` (holding ``data``) in ``directory``."""
+    hasher = BlockHasher(block_size)
+    hasher.update(data)
+    blocks = hasher.block_list()
+    (directory / "SHA256SUMS").write_text(format_sums([("a.tar", blocks.checksum)]))
+    (directory / "SHA256SUMS.blocks").write_text(
+        format_block_manifest([("a.tar", blocks)], block_size)
+    )
+    return blocks
+
+
+def test_block_manifest_beside_the_sums_file_is_found_and_used(tmp_path):
+    blocks = write_pair(tmp_path, DATA)
+    manifest = load_manifest(f"file://{tmp_path}/SHA256SUMS", fsspec.filesystem("file"))
+    assert manifest.lookup_blocks(f"{tmp_path}/a.tar") == blocks
+    assert manifest.lookup_blocks(f"{tmp_path}/b.tar") is None
+    assert manifest.lookup(f"{tmp_path}/a.tar") == Checksum("sha256", SHA256)
+
+
+def test_no_block_manifest_means_whole_files_only(tmp_path):
+    write_pair(tmp_path, DATA)
+    (tmp_path / "SHA256SUMS.blocks").unlink()
+    manifest = load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))
+    assert manifest.lookup_blocks(f"{tmp_path}/a.tar") is None
+    assert manifest.lookup(f"{tmp_path}/a.tar") == Checksum("sha256", SHA256)
+
+
+def test_block_manifest_on_another_protocol_matches_by_trailing_components(tmp_path):
+    blocks = write_pair(tmp_path, DATA)
+    manifest = load_manifest(f"file://{tmp_path}/SHA256SUMS", fsspec.filesystem("memory"))
+    assert manifest.lookup_blocks("/bucket/a.tar") == blocks
+
+
+def test_a_stale_block_manifest_is_an_error_naming_both_files(tmp_path):
+    write_pair(tmp_path, DATA)
+    (tmp_path / "SHA256SUMS").write_text(format_sums([("a.tar", Checksum("sha256", "0" * 64))]))
+    with pytest.raises(ValueError, match=r"SHA256SUMS.blocks lists a.tar .* stale"):
+        load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))

@@ -84,3 +84,29 @@ def test_a_damaged_gzip_shard_resumed_past_the_damage_is_a_shard_format_error(tm
     path.write_bytes(compressed[: len(compressed) // 2])
     with pytest.raises(ShardFormatError, match="corrupt compressed stream before the saved"):
         list(ShardReader().samples(str(path), len(raw) - 512))
+
+
+def test_a_plain_path_with_a_wds_section_is_read_through_the_layer(tmp_path):
+    path = tmp_path / "shard.tar"
+    path.write_bytes(shard_tar(0, 3))
+    cache_dir = tmp_path / "cache"
+    options = {"wds": {"cache_dir": str(cache_dir)}, "s3": {"endpoint_url": "http://x.invalid"}}
+    reader = ShardReader(options)
+    fs, _ = reader.locate(str(path))
+    assert fs.protocol == "wds" and fs.cache_dir == str(cache_dir)
+    assert len(list(reader.samples(str(path)))) == 3
+    assert fs.cache_stats()["cached_files"] == 1
+
+
+def test_a_chained_url_with_an_unused_backend_section_is_no_error(tmp_path):
+    path = tmp_path / "shard.tar"
+    path.write_bytes(shard_tar(0, 2))
+    options = {"wds": {"cache_dir": str(tmp_path / "c")}, "s3": {"key": "unused"}}
+    assert len(list(ShardReader(options).samples(f"wds::file://{path}"))) == 2
+
+
+def test_flat_options_for_a_plain_path_are_the_backends(tmp_path):
+    path = tmp_path / "shard.tar"
+    path.write_bytes(shard_tar(0, 2))
+    fs, _ = ShardReader({"auto_mkdir": False}).locate(str(path))
+    assert fs.protocol != "wds"

@@ -274,3 +274,39 @@ def test_call_returns_the_result_after_transient_failures():
         return 42
 
     assert RetryPolicy(attempts=3, backoff=0.0).call(flaky, "gs://b/k", "info") == 42
+
+
+def _raised_from(outer: BaseException, inner: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as caught:
+            raise outer from caught
+    except BaseException as error:
+        return error
+
+
+def test_connection_failures_buried_under_not_found_say_what_they_were():
+    import socket
+    import ssl
+
+    from fsspec_shards.storage.retry import connection_failure, permanent_error
+
+    tls = _raised_from(
+        FileNotFoundError("https://h/x"),
+        ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"),
+    )
+    dns = _raised_from(
+        FileNotFoundError("http://h.invalid/x"), socket.gaierror(-2, "Name or service not known")
+    )
+    refused = _raised_from(
+        FileNotFoundError("http://h/x"), ConnectionRefusedError(111, "Connect call failed")
+    )
+    assert "does not speak TLS" in connection_failure(tls)
+    assert connection_failure(dns) == "the host name does not resolve (DNS)"
+    assert connection_failure(refused) == "connection refused by"
+    assert connection_failure(FileNotFoundError("http://h/x")) is None
+    assert not is_transient(tls)  # retrying cannot make a plain server speak TLS
+    assert is_transient(refused)
+    converted = permanent_error(tls, "https://h/x")
+    assert isinstance(converted, ConnectionError) and "https://h/x" in str(converted)

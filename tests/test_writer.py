@@ -15,6 +15,7 @@ import numpy
 import pytest
 
 from fsspec_shards import ShardDataset, ShardWriter
+from fsspec_shards.checksums import parse_block_manifest
 from fsspec_shards.iteration import transforms
 from fsspec_shards.iteration.encoding import encode_sample
 from fsspec_shards.iteration.lengths import load_sample_counts
@@ -110,7 +111,27 @@ def test_manifest_and_counts_lie_beside_the_shards_in_the_formats_readers_take(t
     assert check.returncode == 0, check.stdout
     assert writer.counts_url == str(tmp_path / "sample-counts.json")
     assert load_sample_counts(writer.counts_url) == dict(zip(names, [10, 10, 5], strict=True))
-    assert sorted(os.listdir(tmp_path)) == sorted([*names, "SHA256SUMS", "sample-counts.json"])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [*names, "SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+    )
+    blocks = parse_block_manifest((tmp_path / "SHA256SUMS.blocks").read_text())
+    assert list(blocks) == names
+    for name, shard in zip(names, writer.shards, strict=True):
+        data = (tmp_path / name).read_bytes()
+        listed = blocks[name]
+        assert listed == shard.blocks and listed.sha256 == shard.sha256
+        assert all(listed.matches(i, data[slice(*listed.bounds(i))]) for i in range(len(listed)))
+
+
+def test_block_size_of_the_block_manifest_is_a_parameter_and_none_writes_none(tmp_path):
+    writer = write_samples(str(tmp_path / "a" / "s-%02d.tar"), 4, manifest_block_size=4096)
+    text = (tmp_path / "a" / "SHA256SUMS.blocks").read_text()
+    assert parse_block_manifest(text)["s-00.tar"].block_size == 4096
+    assert len(writer.shards[0].blocks) == -(-writer.shards[0].size // 4096)
+    write_samples(str(tmp_path / "b" / "s-%02d.tar"), 4, manifest_block_size=None)
+    assert not (tmp_path / "b" / "SHA256SUMS.blocks").exists()
+    with pytest.raises(ValueError, match="block size must be at least 4096"):
+        ShardWriter(str(tmp_path / "c-%02d.tar"), manifest_block_size=100)
 
 
 def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess:

@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from fsspec_shards import __version__
 from fsspec_shards.cli import cache, demo, manifest, prefetch, stream, verify
@@ -35,8 +34,8 @@ from fsspec_shards.cli.errors import (
     CheckFailed,
     UsageError,
 )
-from fsspec_shards.cli.options import CommandParser, shared_options, storage_options_from
-from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.cli.options import CommandParser, shared_options
+from fsspec_shards.errors import OptionError, ShardFormatError
 from fsspec_shards.fleet.errors import InputError, ShardsFailed, describe_error
 from fsspec_shards.redact import redact_text
 
@@ -83,32 +82,6 @@ def fail(args: argparse.Namespace, code: int, message: str) -> int:
     return code
 
 
-def bad_option(error: Exception, args: argparse.Namespace) -> str | None:
-    """The storage option a backend refused, as ``PROTOCOL.KEY``, when ``error`` is a backend
-    saying it does not take a keyword argument the user gave; else None."""
-    match = _UNEXPECTED_KEYWORD.search(str(error))
-    if not isinstance(error, TypeError) or match is None:
-        return None
-    try:
-        options = storage_options_from(args)
-    except (UsageError, InputError):
-        return None
-    paths = list(_option_paths(options, match.group(1)))
-    return paths[0] if paths else None
-
-
-_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
-
-
-def _option_paths(table: dict, name: str, prefix: str = "") -> Iterator[str]:
-    for key, value in table.items():
-        path = f"{prefix}{key}"
-        if key == name and prefix:
-            yield path
-        if isinstance(value, dict):
-            yield from _option_paths(value, name, path + ".")
-
-
 def main(argv: Iterable[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = build_parser()
@@ -130,13 +103,12 @@ def main(argv: Iterable[str] | None = None) -> int:
         return fail(args, EXIT_USAGE, str(exc))
     except ShardsFailed as exc:
         return fail(args, EXIT_STORAGE, str(exc))
+    except OptionError as exc:  # the library names the option (PROTOCOL.KEY) when it is made
+        return fail(args, EXIT_USAGE, str(exc))
     except (OSError, ShardFormatError) as exc:
         return fail(args, EXIT_STORAGE, describe_error(exc))
     except KeyboardInterrupt:
         return fail(args, EXIT_INTERRUPTED, "interrupted")
     except Exception as exc:
-        option = bad_option(exc, args)
-        if option is not None:
-            return fail(args, EXIT_USAGE, f"invalid storage option {option}: {exc}")
         hint = "" if args.verbose else " (run with --verbose for the traceback)"
         return fail(args, EXIT_INTERNAL, f"{describe_error(exc)}{hint}")

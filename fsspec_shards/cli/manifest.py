@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from fsspec_shards.checksums import DEFAULT_BLOCK_SIZE, block_manifest_name, check_block_size
 from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import SharedOptions, executor_for, streaming_options
 from fsspec_shards.cli.report import print_table, progress
+from fsspec_shards.config import parse_size
 from fsspec_shards.fleet.errors import ShardsFailed
 from fsspec_shards.fleet.manifest import make_manifest, manifest_location
 from fsspec_shards.fleet.shards import shard_urls
@@ -36,7 +38,28 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
         metavar="JSON",
         help="also write {shard name: sample count} to this file",
     )
+    parser.add_argument(
+        "--blocks",
+        action="store_true",
+        help="also write the block manifest SHA256SUMS.blocks beside it (a sha256 per block, "
+        "so readers get each block of a cold shard as soon as it is verified)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=parse_block_size,
+        default=DEFAULT_BLOCK_SIZE,
+        metavar="SIZE",
+        help="bytes per block of --blocks (default 2MiB; at least 4KiB)",
+    )
     parser.set_defaults(run=run)
+
+
+def parse_block_size(text: str) -> int:
+    """``--block-size``: a size like ``4MiB`` (argparse names the option when it fails)."""
+    try:
+        return check_block_size(parse_size(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,11 +77,14 @@ def run(args: argparse.Namespace) -> int:
                     args.max_member_size,
                     bar.update,
                     args.sample_counts,
+                    args.block_size if args.blocks else None,
                 )
     except ShardsFailed as failed:
         print_table(("shard", "problem"), failed.failures)
         raise
     print(f"wrote {len(urls)} checksums to {redact_url(output)}")
+    if made.blocks is not None:
+        print(f"wrote their blocks to {redact_url(block_manifest_name(output))}")
     if args.sample_counts:
         print(
             f"wrote {sum(made.counts.values())} samples in counts to "

@@ -24,9 +24,10 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
         parents=[shared.output, shared.storage, shared.jobs, shared.reading, shared.json],
         help="check every shard's checksum and tar structure",
         description="Read every shard straight from storage (not through the cache), check "
-        "its checksum against a manifest (else what the backend gives, else its size) and "
-        "parse its tar members. One row per shard says which check it got. Exit code 1 if "
-        "any shard is bad.",
+        "its checksum against a manifest (else what the backend gives, else its size), "
+        "block by block against the manifest's block manifest (SHA256SUMS.blocks) when there "
+        "is one beside it, and parse its tar members. One row per shard says which check it "
+        "got. Exit code 1 if any shard is bad.",
     )
     parser.add_argument("url_pattern", metavar="URL_PATTERN")
     parser.add_argument(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, BinaryIO
 
+from fsspec_shards.checksums import BlockHasher, BlockList
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.fleet.errors import describe_error
@@ -26,11 +27,15 @@ HASH_BLOCK_SIZE = 1 << 20
 
 
 class HashingReader(io.RawIOBase):
-    """A raw stream over ``source`` that hashes and counts every byte read through it."""
+    """A raw stream over ``source`` that hashes and counts every byte read through it (and,
+    with ``block_size``, hashes each block of that size for a block manifest)."""
 
-    def __init__(self, source: BinaryIO, algorithms: Iterable[str]) -> None:
+    def __init__(
+        self, source: BinaryIO, algorithms: Iterable[str], block_size: int | None = None
+    ) -> None:
         self.source = source
         self.hashers = [StreamingHasher(algorithm) for algorithm in algorithms]
+        self.blocks = BlockHasher(block_size) if block_size is not None else None
         self.size = 0
 
     def readable(self) -> bool:
@@ -42,6 +47,8 @@ class HashingReader(io.RawIOBase):
         buffer[:count] = data
         for hasher in self.hashers:
             hasher.update(data)
+        if self.blocks is not None:
+            self.blocks.update(data)
         self.size += count
         return count
 
@@ -55,7 +62,8 @@ class ShardCheck:
 
     ``checksums`` maps each algorithm asked for to ``"<algorithm>:<hex>"``; ``storage_check``
     says what the storage layer verified while reading (``size only``, ``backend md5``...);
-    ``problem`` describes why the shard is bad (None when it read cleanly).
+    ``problem`` describes why the shard is bad (None when it read cleanly); ``blocks`` are
+    its block digests when they were asked for.
     """
 
     url: str
@@ -64,12 +72,18 @@ class ShardCheck:
     samples: int = 0
     checksums: dict[str, str] = field(default_factory=dict)
     problem: str | None = None
+    blocks: BlockList | None = None
 
 
 def check_shard(
-    url: str, options: dict[str, dict], algorithms: tuple[str, ...], max_member_size: int
+    url: str,
+    options: dict[str, dict],
+    algorithms: tuple[str, ...],
+    max_member_size: int,
+    block_size: int | None = None,
 ) -> ShardCheck:
-    """Read one shard through the wds filesystem, hashing it and parsing every tar member."""
+    """Read one shard through the wds filesystem, hashing it (with ``block_size``, block by
+    block too) and parsing every tar member."""
     from fsspec_shards.iteration.samples import group_samples
     from fsspec_shards.iteration.tar import iter_members, open_shard_stream
 
@@ -79,7 +93,7 @@ def check_shard(
     try:
         check.storage_check = storage_check(fs, path)
         with fs.open(path, "rb") as source:
-            raw = HashingReader(source, algorithms)
+            raw = HashingReader(source, algorithms, block_size)
             stream = open_shard_stream(io.BufferedReader(raw, HASH_BLOCK_SIZE), name)
             members = iter_members(stream, name, max_member_size=max_member_size)
             check.samples = sum(1 for _ in group_samples(members, name))
@@ -92,6 +106,7 @@ def check_shard(
         return check
     check.size = raw.size
     check.checksums = raw.digests()
+    check.blocks = raw.blocks.block_list() if raw.blocks is not None else None
     return check
 
 
@@ -118,10 +133,16 @@ def check_shards(
     algorithms: tuple[str, ...] = ("sha256",),
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     advance: Callable[[int], Any] = lambda count: None,
+    block_size: int | None = None,
 ) -> list[ShardCheck]:
-    """Check every shard on ``executor``; the checks in URL order. ``advance(1)`` per shard."""
+    """Check every shard on ``executor``; the checks in URL order. ``advance(1)`` per shard.
+    With ``block_size`` each check carries its block digests."""
     work = partial(
-        check_shard, options=options, algorithms=algorithms, max_member_size=max_member_size
+        check_shard,
+        options=options,
+        algorithms=algorithms,
+        max_member_size=max_member_size,
+        block_size=block_size,
     )
     checks: dict[str, ShardCheck] = {}
     for check in executor.map(work, urls):

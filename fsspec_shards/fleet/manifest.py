@@ -1,9 +1,11 @@
 """The ``manifest`` chore: hash every shard and write a checksum manifest.
 
 Invariants: the manifest lists the shards in pattern order, in ``sha256sum`` format
-(:func:`~fsspec_shards.storage.integrity.format_sums_line`), names relative to its own
-directory when the shards lie below it; it is written only when every shard was read, so the
-same shards give the same bytes wherever the hashing ran (threads here, or dask workers).
+(:func:`~fsspec_shards.checksums.format_sums`, the writer ``ShardWriter`` uses too), names
+relative to its own directory when the shards lie below it; it is written only when every
+shard was read, so the same shards give the same bytes wherever the hashing ran (threads
+here, or dask workers). With a block size, the block manifest ``<manifest>.blocks``
+(:func:`~fsspec_shards.checksums.format_block_manifest`) is written beside it, after it.
 """
 
 from __future__ import annotations
@@ -14,22 +16,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec_shards.checksums import (
+    block_manifest_name,
+    check_block_size,
+    format_block_manifest,
+    format_sums,
+    parse_checksum,
+)
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.fleet.checks import check_shards
 from fsspec_shards.fleet.errors import InputError, ShardsFailed
 from fsspec_shards.fleet.executors import Executor
 from fsspec_shards.fleet.report import shown
 from fsspec_shards.fleet.shards import comparable, write_text
-from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.integrity import format_sums_line, parse_checksum
 
 
 @dataclass
 class ManifestText:
-    """A manifest ready to write, and the sample counts of its shards by sidecar key."""
+    """A manifest ready to write, its block manifest (None when not asked for), and the
+    sample counts of its shards by sidecar key."""
 
     text: str
     counts: dict[str, int]
+    blocks: str | None = None
 
 
 def build_manifest(
@@ -39,30 +48,39 @@ def build_manifest(
     executor: Executor,
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     advance: Callable[[int], Any] = lambda count: None,
+    block_size: int | None = None,
 ) -> ManifestText:
-    """Hash ``urls`` on ``executor`` into the text of a manifest to be written at ``output``.
+    """Hash ``urls`` on ``executor`` into the text of a manifest to be written at ``output``
+    (and with ``block_size``, of its block manifest).
 
     When shards cannot be read, :class:`ShardsFailed` carries their (shard, problem) rows: no
     manifest with holes. A shard name the format cannot hold is an :class:`InputError`."""
     manifest_dir = comparable(output).rsplit("/", 1)[0]
-    checks = check_shards(list(urls), options, executor, ("sha256",), max_member_size, advance)
+    if block_size is not None:
+        try:
+            check_block_size(block_size)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    checks = check_shards(
+        list(urls), options, executor, ("sha256",), max_member_size, advance, block_size
+    )
     failures = [(shown(check.url), check.problem) for check in checks if check.problem]
     if failures:
         raise ShardsFailed(
             f"{len(failures)} shards could not be read; no manifest written", sorted(failures)
         )
     names = [manifest_name(check.url, manifest_dir) for check in checks]
-    bad_names = [name for name in names if "\n" in name or "\\" in name]
-    if bad_names:
-        raise InputError(
-            f"shard name {redact_url(bad_names[0])!r} cannot be written in sha256sum format"
-        )
-    lines = [
-        format_sums_line(parse_checksum(check.checksums["sha256"]), name) + "\n"
-        for check, name in zip(checks, names, strict=True)
-    ]
+    checksums = [parse_checksum(check.checksums["sha256"]) for check in checks]
+    try:
+        text = format_sums(zip(names, checksums, strict=True))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    blocks = None
+    if block_size is not None:
+        listed = [(name, check.blocks) for name, check in zip(names, checks, strict=True)]
+        blocks = format_block_manifest(listed, block_size)
     counts = {key: check.samples for key, check in zip(count_keys(names), checks, strict=True)}
-    return ManifestText("".join(lines), counts)
+    return ManifestText(text, counts, blocks)
 
 
 def make_manifest(
@@ -73,12 +91,16 @@ def make_manifest(
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     advance: Callable[[int], Any] = lambda count: None,
     sample_counts: str | None = None,
+    block_size: int | None = None,
 ) -> ManifestText:
-    """Hash ``urls`` and write their manifest at ``output`` (a path or URL), and with
-    ``sample_counts`` the ``{shard name: samples}`` sidecar there; returns what was written."""
+    """Hash ``urls`` and write their manifest at ``output`` (a path or URL), with
+    ``block_size`` its block manifest ``<output>.blocks``, and with ``sample_counts`` the
+    ``{shard name: samples}`` sidecar there; returns what was written."""
     output = manifest_location(output)
-    made = build_manifest(urls, output, options, executor, max_member_size, advance)
+    made = build_manifest(urls, output, options, executor, max_member_size, advance, block_size)
     write_text(output, made.text, options)
+    if made.blocks is not None:
+        write_text(block_manifest_name(output), made.blocks, options)
     if sample_counts:
         write_text(sample_counts, json.dumps(made.counts, indent=1) + "\n", options)
     return made

@@ -1,7 +1,8 @@
 """The ``verify`` chore: check every shard's checksum and tar structure.
 
 Invariants: every shard the pattern names gets one row, saying which check it got and its
-result; with a manifest, every entry the pattern names but storage lacks gets a row too. The
+result (against a block manifest beside the manifest, the first bad block by number and
+byte range); with a manifest, every entry the pattern names but storage lacks gets a row too. The
 report says which rows are bad; what that means for an exit code is the caller's choice.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec_shards.checksums import BlockList
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.fleet.checks import ShardCheck, check_shards
 from fsspec_shards.fleet.errors import InputError
@@ -170,7 +172,10 @@ def verify_shards(
     algorithms: tuple[str, ...] = ()
     if expected is not None:
         algorithms = tuple(sorted({c.algorithm for c in expected.manifest.entries.values()}))
-    checks = check_shards(urls, options, executor, algorithms, max_member_size, advance)
+    block_size = None
+    if expected is not None and expected.manifest.blocks:
+        block_size = next(iter(expected.manifest.blocks.values())).block_size
+    checks = check_shards(urls, options, executor, algorithms, max_member_size, advance, block_size)
     report = VerifyReport(manifest)
     report.rows = [verdict(check, expected) for check in checks]
     if expected is not None:
@@ -185,12 +190,33 @@ def verdict(check: ShardCheck, expected: ManifestFile | None) -> VerifyRow:
     row = VerifyRow(shown(check.url), check.storage_check, check.problem, check.samples, check.size)
     if expected is None:
         return row
-    wanted = expected.manifest.lookup(expected.path_of(check.url))
+    path = expected.path_of(check.url)
+    wanted = expected.manifest.lookup(path)
+    blocks = expected.manifest.lookup_blocks(path)
     row.check = f"{wanted.algorithm} (manifest)" if wanted else "manifest"
+    if blocks is not None:
+        row.check = f"{wanted.algorithm} (manifest, blocks)"
     if row.problem is not None:
         return row
     if wanted is None:
         row.problem = "not in the manifest"
+    elif blocks is not None and check.blocks is not None and check.blocks != blocks:
+        row.problem = bad_blocks(blocks, check.blocks)
     elif check.checksums.get(wanted.algorithm) != str(wanted):
         row.problem = f"integrity: expected {wanted}, got {check.checksums.get(wanted.algorithm)}"
     return row
+
+
+def bad_blocks(listed: BlockList, found: BlockList) -> str:
+    """What differs between a shard's blocks and its block manifest entry: the size, or the
+    first bad block (number and byte range) and how many are bad."""
+    if listed.size != found.size:
+        return f"integrity: expected {listed.size} bytes (block manifest), got {found.size}"
+    bad = [i for i, (a, b) in enumerate(zip(listed.blocks, found.blocks, strict=True)) if a != b]
+    first = bad[0]
+    start, end = listed.bounds(first)
+    more = f" ({len(bad)} bad blocks)" if len(bad) > 1 else ""
+    return (
+        f"integrity: block {first} (bytes {start}-{end}): expected "
+        f"sha256:{listed.blocks[first]}, got sha256:{found.blocks[first]}{more}"
+    )

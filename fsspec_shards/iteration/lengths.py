@@ -19,6 +19,7 @@ from typing import Any
 
 import fsspec
 
+from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_text, redact_url
 
 logger = logging.getLogger("fsspec_shards.dataset")
@@ -37,7 +38,8 @@ def load_sample_counts(
     if isinstance(source, Mapping):
         return {str(name): int(count) for name, count in source.items()}
     try:
-        with fsspec.open(source, "r", **_options_for(source, storage_options or {})) as handle:
+        url, options = fsspec_arguments(source, storage_options)  # as the shards are opened
+        with fsspec.open(url, "r", **options) as handle:
             data = json.load(handle)
     except (OSError, ValueError) as exc:
         reason = redact_text(str(exc), source)
@@ -45,20 +47,6 @@ def load_sample_counts(
     if not isinstance(data, dict):
         raise ValueError(f"sample counts in {redact_url(source)} must be a JSON object")
     return {str(name): int(count) for name, count in data.items()}
-
-
-def _options_for(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options to open ``url`` with: a dataset's options are per protocol
-    (``{"wds": {...}, "s3": {...}}``), which a chained URL takes whole and a plain URL takes
-    as its own protocol's section."""
-    if "::" in url or not all(isinstance(value, Mapping) for value in storage_options.values()):
-        return dict(storage_options)
-    protocol = fsspec.core.split_protocol(url)[0] or "file"
-    protocols = fsspec.get_filesystem_class(protocol).protocol
-    for name in (protocols,) if isinstance(protocols, str) else protocols:
-        if name in storage_options:
-            return dict(storage_options[name])
-    return {}
 
 
 def _lookup(counts: Mapping[str, int], url: str) -> int | None:

@@ -25,6 +25,7 @@ from fsspec_shards.iteration.tar import (
     open_shard_stream,
     parse_members,
 )
+from fsspec_shards.option_shapes import fsspec_arguments
 
 _SKIP_PIECE = 1 << 20
 
@@ -45,8 +46,11 @@ class ShardReader:
         self.max_member_size = parse_max_member_size(max_member_size)
 
     def locate(self, url: str) -> tuple[Any, str]:
-        """The fsspec filesystem and path of ``url``."""
-        return fsspec.core.url_to_fs(url, **self.storage_options)
+        """The fsspec filesystem and path of ``url``: options in sections
+        (``{"wds": {...}, "s3": {...}}``) read a plain backend URL through the layer, and
+        sections the URL does not use are left out (see :mod:`fsspec_shards.option_shapes`)."""
+        chained, options = fsspec_arguments(url, self.storage_options)
+        return fsspec.core.url_to_fs(chained, **options)
 
     def samples(self, url: str, start: int = 0, headers_only: bool = False) -> Iterator[RawSample]:
         """Samples of the shard from uncompressed byte offset ``start`` (a sample boundary).

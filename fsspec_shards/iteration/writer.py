@@ -11,9 +11,11 @@ shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
 - Every member reads back as the key and field it was written from (:mod:`.encoding`), and a
   sample is never merged with the one before it: a repeated key in a row is refused.
 - On a clean ``close()``, ``SHA256SUMS`` (GNU ``sha256sum`` format, names relative to the
-  shards' directory) and the sample-count sidecar ``sample-counts.json``
-  (``{shard file name: samples}``, as ``ShardDataset(samples_per_shard=...)`` reads it) are
-  written beside the shards, listing exactly the shards this writer wrote.
+  shards' directory), its block manifest ``SHA256SUMS.blocks`` (both written by
+  :mod:`fsspec_shards.checksums`, as ``fsspec-shards manifest --blocks`` writes them) and the
+  sample-count sidecar ``sample-counts.json`` (``{shard file name: samples}``, as
+  ``ShardDataset(samples_per_shard=...)`` reads it) are written beside the shards, listing
+  exactly the shards this writer wrote.
 
 Writes go through fsspec only (``fsspec.core.url_to_fs``), so ``wds::`` URLs drop cached
 copies of what they overwrite; the storage layer is never imported.
@@ -22,7 +24,6 @@ copies of what they overwrite; the storage layer is never imported.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import os
@@ -36,8 +37,18 @@ from typing import Any, BinaryIO
 
 import fsspec
 
+from fsspec_shards.checksums import (
+    DEFAULT_BLOCK_SIZE,
+    BlockHasher,
+    BlockList,
+    block_manifest_name,
+    check_block_size,
+    format_block_manifest,
+    format_sums,
+)
 from fsspec_shards.config import is_int, parse_size
 from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.writer")
@@ -52,26 +63,29 @@ _LOCAL_PROTOCOLS = frozenset(("file", "local"))
 
 @dataclass(frozen=True)
 class WrittenShard:
-    """A shard this writer completed: its URL, file name, samples, size and SHA-256."""
+    """A shard this writer completed: its URL, file name, samples, size, SHA-256 and blocks."""
 
     url: str
     name: str
     samples: int
     size: int
     sha256: str
+    blocks: BlockList
 
 
 class _HashingFile:
     """A write-only file that hashes and counts what passes through it."""
 
-    def __init__(self, target: BinaryIO) -> None:
+    def __init__(self, target: BinaryIO, block_size: int) -> None:
         self.target = target
-        self.digest = hashlib.sha256()
-        self.size = 0
+        self.hasher = BlockHasher(block_size)
+
+    @property
+    def size(self) -> int:
+        return self.hasher.size
 
     def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        self.size += len(data)
+        self.hasher.update(data)
         return self.target.write(data)
 
     def flush(self) -> None:
@@ -81,12 +95,14 @@ class _HashingFile:
 class _OpenShard:
     """The shard being filled: its temporary file, tar stream and counts."""
 
-    def __init__(self, url: str, name: str, handle: BinaryIO, spool: str, compress: bool) -> None:
+    def __init__(
+        self, url: str, name: str, handle: BinaryIO, spool: str, compress: bool, block_size: int
+    ) -> None:
         self.url = url
         self.name = name
         self.handle = handle
         self.spool = spool  # the temporary file: a local path, or a path on the target fs
-        self.hashing = _HashingFile(handle)
+        self.hashing = _HashingFile(handle, block_size)
         self.output = (
             gzip.GzipFile(fileobj=self.hashing, mode="wb", mtime=0) if compress else self.hashing
         )
@@ -104,7 +120,9 @@ class ShardWriter:
     sample alone is larger, at most ``max_size`` bytes of uncompressed tar (an int or a size
     such as ``"1GB"``). ``storage_options`` go to fsspec as for ``ShardDataset``.
     ``manifest`` and ``counts`` name the checksum manifest and the sample-count sidecar
-    written beside the shards on close (``None``: not written). ``mtime`` is every member's
+    written beside the shards on close (``None``: not written); the block manifest
+    ``<manifest>.blocks`` lists a SHA-256 per ``manifest_block_size`` bytes of each shard
+    (``None``: not written). ``mtime`` is every member's
     modification time (fixed by default, so equal samples make byte-identical shards).
     ``spool_dir`` holds the local temporary copy of a shard bound for a remote backend.
 
@@ -122,6 +140,7 @@ class ShardWriter:
         start_shard: int = 0,
         manifest: str | None = DEFAULT_MANIFEST,
         counts: str | None = DEFAULT_COUNTS,
+        manifest_block_size: int | None = DEFAULT_BLOCK_SIZE,
         mtime: float = 0,
         spool_dir: str | None = None,
     ) -> None:
@@ -138,16 +157,20 @@ class ShardWriter:
         for option, name in (("manifest", manifest), ("counts", counts)):
             if name is not None and (not name or "/" in name or name.startswith(".")):
                 raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
+        if manifest_block_size is not None:
+            check_block_size(manifest_block_size)
         directory, self._name_pattern = _split_pattern(pattern)
         self.pattern = pattern
         self.max_count = max_count
         self.storage_options = dict(storage_options or {})
         self.manifest = manifest
         self.counts = counts
+        self.manifest_block_size = manifest_block_size
         self.mtime = mtime
         self.spool_dir = spool_dir
         self.directory_url = directory
-        self._fs, self._directory = fsspec.core.url_to_fs(directory, **self.storage_options)
+        chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
+        self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
         self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
         self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
         self._next_index = start_shard
@@ -197,8 +220,13 @@ class ShardWriter:
         if self._shard is not None:
             self._finish_shard()
         if self.manifest is not None:
-            lines = "".join(f"{shard.sha256}  {shard.name}\n" for shard in self.shards)
-            self._publish_bytes(self.manifest, lines.encode("utf-8"))
+            sums = format_sums((shard.name, shard.blocks.checksum) for shard in self.shards)
+            self._publish_bytes(self.manifest, sums.encode("utf-8"))
+            if self.manifest_block_size is not None:
+                blocks = format_block_manifest(
+                    ((shard.name, shard.blocks) for shard in self.shards), self.manifest_block_size
+                )
+                self._publish_bytes(block_manifest_name(self.manifest), blocks.encode("utf-8"))
         if self.counts is not None:
             counts = {shard.name: shard.samples for shard in self.shards}
             self._publish_bytes(self.counts, (json.dumps(counts, indent=1) + "\n").encode())
@@ -251,7 +279,8 @@ class ShardWriter:
         else:
             descriptor, spool = tempfile.mkstemp(prefix=".fsspec-shards-", dir=self.spool_dir)
             handle = os.fdopen(descriptor, "wb")
-        return _OpenShard(url, name, handle, spool, self._compress)
+        block_size = self.manifest_block_size or DEFAULT_BLOCK_SIZE
+        return _OpenShard(url, name, handle, spool, self._compress, block_size)
 
     def _finish_shard(self) -> None:
         """End the tar, then move or upload it under its final name."""
@@ -273,8 +302,10 @@ class ShardWriter:
             self._closed = True
             self._discard(shard)
             raise
-        digest = shard.hashing.digest.hexdigest()
-        written = WrittenShard(shard.url, shard.name, shard.samples, shard.hashing.size, digest)
+        blocks = shard.hashing.hasher.block_list()
+        written = WrittenShard(
+            shard.url, shard.name, shard.samples, blocks.size, blocks.sha256, blocks
+        )
         self.shards.append(written)
         logger.info(
             "wrote %s: %d samples, %d bytes in %.1f s",

@@ -1,5 +1,8 @@
 """The file objects ``WdsFileSystem.open`` returns.
 
+They hold the filesystem as fsspec's base class (``AbstractFileSystem``): the wds filesystem
+imports this module, so this one does not import it back, not even for annotations.
+
 - :class:`CachedFile`: the verified local copy, pickled as "open this path again here".
 - :class:`RetryingFile`: ranged reads straight from the backend (``cache=False`` or
   ``ranged_reads="direct"``), each retried and resumed, every one of the version the file
@@ -11,17 +14,14 @@
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
-from fsspec.spec import AbstractBufferedFile
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
 from fsspec_shards.storage.download import Target, read_range
 from fsspec_shards.storage.integrity import StreamingHasher
-
-if TYPE_CHECKING:
-    from fsspec_shards.storage.filesystem import WdsFileSystem
 
 
 class DropCachedOnClose(io.RawIOBase):
@@ -70,7 +70,7 @@ class CachedFile(io.BufferedReader):
     """The cached copy of a file, open for reading. It pickles as "open this path again at
     this position", as fsspec's own files do (dask ships open files to its workers)."""
 
-    def __init__(self, raw: io.FileIO, wds: WdsFileSystem, path: str) -> None:
+    def __init__(self, raw: io.FileIO, wds: AbstractFileSystem, path: str) -> None:
         super().__init__(raw)
         self.fs = wds
         self.path = path
@@ -79,7 +79,7 @@ class CachedFile(io.BufferedReader):
         return _reopen, (self.fs, self.path, 0 if self.closed else self.tell())
 
 
-def _reopen(fs: WdsFileSystem, path: str, position: int) -> BinaryIO:
+def _reopen(fs: AbstractFileSystem, path: str, position: int) -> BinaryIO:
     handle = fs.open(path, "rb")
     handle.seek(position)
     return handle
@@ -94,7 +94,9 @@ class RetryingFile(AbstractBufferedFile):
     raises ``IntegrityError``.
     """
 
-    def __init__(self, wds: WdsFileSystem, target: Target, info: dict, block_size: int) -> None:
+    def __init__(
+        self, wds: AbstractFileSystem, target: Target, info: dict, block_size: int
+    ) -> None:
         self.target = target
         self.version = target.expected_version(info)
         expected = target.expected_checksum(info)

@@ -17,16 +17,19 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from fsspec_shards import config
+from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS
+from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
+from fsspec_shards.storage.backend_options import check_backend_options
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -41,6 +44,7 @@ from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
 if TYPE_CHECKING:
+    from fsspec_shards.checksums import BlockList
     from fsspec_shards.storage.cache import ShardCache
     from fsspec_shards.storage.cache.shared import SharedTier
 
@@ -132,7 +136,7 @@ class WdsFileSystem(ChainedFileSystem):
         where one connection is slower than the link; on loopback it does not (see
         docs/transport.md).
     block_size:
-        Read size of streamed (uncached) files.
+        Read size of streamed (uncached) files; 0 (fsspec's "no read-ahead") is the default.
     check_stale, stale_ttl:
         Compare a cached file's identity with the backend before using it; with
         ``stale_ttl`` only when the last check is older than that many seconds.
@@ -146,6 +150,23 @@ class WdsFileSystem(ChainedFileSystem):
     # this module, where they are wrapped.
 
     def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        **options: Any,
+    ) -> None:
+        if target_options is not None and not isinstance(target_options, dict):
+            raise ValueError(
+                f"invalid value for option 'target_options': expected a dict, "
+                f"got {type(target_options).__name__}"
+            )
+        # the shapes other tools hand options in (sections, datasets' doubled hop): see
+        # option_shapes; neither a chain's keys nor another protocol's section reach the backend
+        own, backend = option_shapes.layer_options(target_protocol, target_options, options)
+        self._configure(target_protocol, backend, fs, **own)
+
+    def _configure(
         self,
         target_protocol: str | None = None,
         target_options: dict | None = None,
@@ -171,12 +192,14 @@ class WdsFileSystem(ChainedFileSystem):
         fo: str | None = None,
         **kwargs: Any,
     ) -> None:
+        """The options once ``__init__`` sorted out the layer's own from the backend's."""
         unknown = sorted(set(kwargs) - backends.FSSPEC_INSTANCE_OPTIONS)
         if unknown:
-            raise ValueError(
+            raise OptionError(
+                f"wds.{unknown[0]}",
                 f"unknown option(s) for the wds filesystem: {', '.join(unknown)}; backend "
                 "options belong in target_options, or in the backend's own section, e.g. "
-                "storage_options={'wds': {...}, 's3': {...}}"
+                "storage_options={'wds': {...}, 's3': {...}}",
             )
         super().__init__(**kwargs)
         install_log_redaction()
@@ -184,11 +207,6 @@ class WdsFileSystem(ChainedFileSystem):
             raise ValueError(
                 "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
                 "target_protocol=..., or fs=..."
-            )
-        if target_options is not None and not isinstance(target_options, dict):
-            raise ValueError(
-                f"invalid value for option 'target_options': expected a dict, "
-                f"got {type(target_options).__name__}"
             )
         self.policy = RetryPolicy(
             attempts=config.parse_int(retries, "retries", minimum=1),
@@ -213,11 +231,10 @@ class WdsFileSystem(ChainedFileSystem):
             if shared_cache_size is None
             else _parse_size(shared_cache_size, "shared_cache_size")
         )
+        # 0 is fsspec's "no read-ahead" (datasets streams with it): the default pieces then
         self.block_size = (
             DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
-        )
-        if self.block_size < 1:
-            raise ValueError(f"invalid value {block_size!r} for option 'block_size': must be > 0")
+        ) or DEFAULT_BLOCK_SIZE
         self.check_stale = config.parse_bool(check_stale, "check_stale")
         self.stale_ttl = None if stale_ttl is None else config.parse_float(stale_ttl, "stale_ttl")
         if checksums is not None and not isinstance(checksums, dict | str):
@@ -236,6 +253,7 @@ class WdsFileSystem(ChainedFileSystem):
                 self.cache_dir, dict.fromkeys(COUNTERS, 0)
             )
         if fs is None:
+            check_backend_options(target_protocol, self._target_options)
             self._build_backend()
         shorter = backends.backend_timeout(self.fs)
         if shorter is not None and shorter < self.policy.timeout:
@@ -456,7 +474,10 @@ class WdsFileSystem(ChainedFileSystem):
         handle = self._open_cached(backend_path, obj)
         if handle is None:
             return None
-        handle.close()
+        with handle:
+            wait = getattr(handle.raw, "wait_until_cached", None)
+            if wait is not None:  # still filling (with a block manifest): let it finish
+                wait()
         return self.shard_cache.get(obj, count=False)
 
     def _cached_handle(self, backend_path: str, obj: ObjectId | None = None) -> CachedFile | None:
@@ -508,8 +529,12 @@ class WdsFileSystem(ChainedFileSystem):
             target = self._target(backend_path)
             info = target.stat()
             try:
-                fill = self._filler(obj, target, info)
-                raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
+                blocks = self._blocks_of(backend_path)
+                if blocks is not None:
+                    raw = self._open_filling(backend_path, obj, target, info, blocks, since)
+                else:
+                    fill = self._filler(obj, target, info)
+                    raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
             except CacheFullError as exc:
                 warnings.warn(f"not caching {obj.shown}: {exc}; streaming it instead", stacklevel=3)
                 return None
@@ -520,19 +545,67 @@ class WdsFileSystem(ChainedFileSystem):
             return CachedFile(raw, self, backend_path)
         return None
 
-    def _filler(self, obj: ObjectId, target: Target, info: dict) -> Any:
+    def _blocks_of(self, backend_path: str) -> BlockList | None:
+        """The block manifest's entry of ``backend_path`` (None without one, or when
+        checksums are not verified)."""
+        manifest = self.manifest
+        if manifest is None or self.verify != "auto":
+            return None
+        return manifest.lookup_blocks(backend_path)
+
+    def _open_filling(
+        self,
+        backend_path: str,
+        obj: ObjectId,
+        target: Target,
+        info: dict,
+        blocks: BlockList,
+        since: int,
+    ) -> io.RawIOBase:
+        """The object from the cache, readable block by block while it fills
+        (:mod:`.progressive`)."""
+        from fsspec_shards.storage import progressive
+
+        def fill(out: BinaryIO, progress: progressive.BlockProgress) -> dict:
+            ranges = progressive.ranges_for(target.ranges_in_flight)
+            download_blocks = lambda into: progressive.fill_blocks(  # noqa: E731
+                target, into, info, blocks, progress, ranges
+            )
+            return self._filler(obj, target, info, download_blocks)(out)
+
+        return progressive.open_while_filling(
+            self.shard_cache, obj, blocks, fill, since, lambda: self._reopen_raw(backend_path)
+        )
+
+    def _reopen_raw(self, backend_path: str) -> io.RawIOBase:
+        """The object open again from the cache, as a raw file (a reader whose fill ended
+        goes on with it)."""
+        handle = self._open_cached(backend_path)
+        if handle is None:
+            raise OSError(f"{self._object(backend_path).shown} can no longer be cached")
+        return handle.detach()
+
+    def _filler(
+        self,
+        obj: ObjectId,
+        target: Target,
+        info: dict,
+        fetch: Callable[[BinaryIO], dict] | None = None,
+    ) -> Any:
         """What fills a local miss: the shared tier when there is one (which downloads from
         the backend, and keeps a copy, only when it lacks this version), else the backend."""
         shared = self.shared_tier
+        if fetch is None:
+            fetch = lambda out: download(target, out, info)  # noqa: E731
         if shared is None:
-            return lambda out: download(target, out, info)
+            return fetch
 
         def fill(out: BinaryIO) -> dict:
             identity = backends.object_identity(info)
             metadata, source = shared.fill(
                 shared.current_version(obj, identity),
                 out,
-                lambda into: download(target, into, info),
+                fetch,
                 size=info.get("size"),
                 expected=target.expected_checksum(info),
                 identity=identity,
@@ -589,6 +662,11 @@ class WdsFileSystem(ChainedFileSystem):
                 raise
             spool.seek(0)
             return spool
+        blocks = self._blocks_of(backend_path)
+        if blocks is not None:
+            from fsspec_shards.storage.progressive import BlockCheckedFile
+
+            return BlockCheckedFile(self, target, info, block_size or self.block_size, blocks)
         return RetryingFile(self, target, info, block_size or self.block_size)
 
     def cat_file(
@@ -847,7 +925,7 @@ def _resolve_range(start: int | None, end: int | None, size: int | None) -> tupl
 
 
 def _read_local_range(handle: BinaryIO, start: int | None, end: int | None) -> bytes:
-    size = os.fstat(handle.fileno()).st_size
+    size = handle.seek(0, io.SEEK_END)  # (a file still filling has its final size too)
     first, last = _resolve_range(start, end, size)
     handle.seek(first)
     return handle.read(last - first)

@@ -1,99 +1,45 @@
-"""Checksums: parsing, streaming hashers, manifests, and the choice of what to verify.
+"""Manifests and the choice of what to verify.
 
-A checksum is written ``"<algorithm>:<hex>"`` with algorithm ``sha256``, ``md5`` or ``crc32c``
-(crc32c as the 8 hex digits of its big-endian value). A manifest maps object paths to
-checksums; it comes from a mapping or from a ``SHA256SUMS``-style file whose names are
-relative to the file's own location.
+A manifest maps object paths to checksums; it comes from a mapping or from a
+``SHA256SUMS``-style file whose names are relative to the file's own location. A block
+manifest beside that file (``SHA256SUMS.blocks``) is found and loaded with it: it adds, per
+object, a SHA-256 per block, so a reader can be handed each block once it is verified
+(:mod:`.progressive`). The formats
+themselves (checksums, hashers, sums files) live in :mod:`fsspec_shards.checksums`; the
+names storage uses are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import posixpath
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
-
+from fsspec_shards.checksums import (
+    BlockList,
+    Checksum,
+    StreamingHasher,
+    block_manifest_name,
+    parse_block_manifest,
+    parse_checksum,
+    parse_sums_file,
+)
 from fsspec_shards.config import bool_word
-from fsspec_shards.redact import redact_text, redact_url
+from fsspec_shards.redact import redact_url
+
+__all__ = [
+    "Checksum",
+    "Manifest",
+    "StreamingHasher",
+    "choose_expected",
+    "load_manifest",
+    "manifest_from_mapping",
+    "parse_checksum",
+    "parse_verify",
+]
 
 logger = logging.getLogger("fsspec_shards.storage.integrity")
-
-ALGORITHMS = ("sha256", "md5", "crc32c")
-"""Known algorithms, strongest first."""
-
-_HEX_LENGTH = {"sha256": 64, "md5": 32, "crc32c": 8}
-_ALGORITHM_BY_HEX_LENGTH = {length: name for name, length in _HEX_LENGTH.items()}
-_HEX_RE = re.compile(r"^[0-9a-fA-F]+$")
-_SUMS_LINE_RE = re.compile(r"^(?P<digest>\S+) (?P<mode>[ *])(?P<name>.+)$")
-
-
-@dataclass(frozen=True)
-class Checksum:
-    """One expected or computed digest."""
-
-    algorithm: str
-    hexdigest: str
-
-    def __str__(self) -> str:
-        return f"{self.algorithm}:{self.hexdigest}"
-
-    @property
-    def strength(self) -> int:
-        """Higher is stronger: sha256 > md5 > crc32c."""
-        return len(ALGORITHMS) - ALGORITHMS.index(self.algorithm)
-
-
-def parse_checksum(text: str) -> Checksum:
-    """Parse ``"sha256:<hex>"`` / ``"md5:<hex>"`` / ``"crc32c:<hex>"``; a bare hex digest is
-    accepted when its length names the algorithm (64 sha256, 32 md5, 8 crc32c)."""
-    if not isinstance(text, str):
-        raise ValueError(f"invalid checksum {text!r}: expected a string like 'sha256:<hex>'")
-    algorithm, sep, digest = text.strip().partition(":")
-    if not sep:
-        digest = algorithm
-        algorithm = _ALGORITHM_BY_HEX_LENGTH.get(len(digest), "")
-    algorithm = algorithm.lower()
-    if algorithm not in _HEX_LENGTH:
-        raise ValueError(
-            f"invalid checksum {text!r}: expected 'sha256:<hex>', 'md5:<hex>' or 'crc32c:<hex>'"
-        )
-    if len(digest) != _HEX_LENGTH[algorithm] or not _HEX_RE.match(digest):
-        raise ValueError(
-            f"invalid checksum {text!r}: {algorithm} needs {_HEX_LENGTH[algorithm]} hex digits"
-        )
-    return Checksum(algorithm, digest.lower())
-
-
-class StreamingHasher:
-    """Hashes bytes as they stream past, so verification needs no second pass."""
-
-    def __init__(self, algorithm: str) -> None:
-        if algorithm not in _HEX_LENGTH:
-            raise ValueError(f"unknown checksum algorithm {algorithm!r}; known: {ALGORITHMS}")
-        self.algorithm = algorithm
-        self._hash: Any = (
-            google_crc32c.Checksum() if algorithm == "crc32c" else hashlib.new(algorithm)
-        )
-
-    def update(self, data: bytes) -> None:
-        self._hash.update(data)
-
-    def checksum(self) -> Checksum:
-        if self.algorithm == "crc32c":
-            return Checksum("crc32c", self._hash.digest().hex())
-        return Checksum(self.algorithm, self._hash.hexdigest())
-
-
-def checksum_of_bytes(data: bytes, algorithm: str = "sha256") -> Checksum:
-    """The checksum of ``data`` (a convenience for tests and small objects)."""
-    hasher = StreamingHasher(algorithm)
-    hasher.update(data)
-    return hasher.checksum()
 
 
 class Manifest:
@@ -104,7 +50,8 @@ class Manifest:
     path by ``strip_protocol`` when given) stands for itself: :attr:`entries` is then keyed by
     full backend paths. Without ``base`` (a mapping given in code), a key matches a path
     exactly, or as its trailing path components, e.g. ``"train-0001.tar"`` matches
-    ``"bucket/data/train-0001.tar"``.
+    ``"bucket/data/train-0001.tar"``. ``blocks`` (from a block manifest) are keyed and
+    looked up the same way.
     """
 
     def __init__(
@@ -112,15 +59,18 @@ class Manifest:
         entries: Mapping[str, Checksum],
         base: str | None = None,
         strip_protocol: Any = None,
+        blocks: Mapping[str, BlockList] | None = None,
     ) -> None:
         self.base = base.rstrip("/") if base is not None else None
+        self.entries = self._keyed(entries, strip_protocol)
+        self.blocks = self._keyed(blocks or {}, strip_protocol)
+
+    def _keyed(self, entries: Mapping[str, Any], strip_protocol: Any) -> dict[str, Any]:
         if self.base is None:
-            self.entries = dict(entries)
-        else:
-            self.entries = {
-                _resolve_name(self.base, name, strip_protocol): checksum
-                for name, checksum in entries.items()
-            }
+            return dict(entries)
+        return {
+            _resolve_name(self.base, name, strip_protocol): value for name, value in entries.items()
+        }
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -130,34 +80,37 @@ class Manifest:
 
         A URL's query string (a signed URL's signature, expiry...) is ignored when the path
         with it is not listed."""
-        found = self._lookup(path)
+        found = self._lookup(self.entries, path)
         if found is None and _without_query(path) != path:
-            found = self._lookup(_without_query(path))
+            found = self._lookup(self.entries, _without_query(path))
+        if found is None:
+            blocks = self.lookup_blocks(path)
+            return None if blocks is None else blocks.checksum
         return found
 
-    def _lookup(self, path: str) -> Checksum | None:
+    def lookup_blocks(self, path: str) -> BlockList | None:
+        """The block list of ``path`` from the block manifest, or None if it has none."""
+        if not self.blocks:
+            return None
+        found = self._lookup(self.blocks, path)
+        if found is None and _without_query(path) != path:
+            found = self._lookup(self.blocks, _without_query(path))
+        return found
+
+    def _lookup(self, entries: dict[str, Any], path: str) -> Any:
         if self.base is not None:
-            return self.entries.get(_normalize_path(path))
-        if path in self.entries:
-            return self.entries[path]
-        matches = [key for key in self.entries if path.endswith("/" + key.lstrip("/"))]
+            return entries.get(_normalize_path(path))
+        if path in entries:
+            return entries[path]
+        matches = [key for key in entries if path.endswith("/" + key.lstrip("/"))]
         if not matches:
             return None
-        return self.entries[max(matches, key=len)]
+        return entries[max(matches, key=len)]
 
 
 def _without_query(path: str) -> str:
     """``path`` without its query string when it is a URL (object keys may contain "?")."""
     return path.split("?", 1)[0] if "://" in path else path
-
-
-def _normalize_name(name: str) -> str:
-    """A manifest name as written, tidied: ``./a/../b.tar`` -> ``b.tar``; URLs stay as they are."""
-    name = name.strip()
-    if "://" in name:
-        return name
-    name = posixpath.normpath(name)
-    return name[2:] if name.startswith("./") else name
 
 
 def _normalize_path(path: str) -> str:
@@ -192,46 +145,15 @@ def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None
     return Manifest(entries)
 
 
-def parse_sums_file(text: str, source: str = "<manifest>") -> dict[str, Checksum]:
-    """Parse ``sha256sum``-style lines (``<hex>  name`` or ``<hex> *name``) into name -> checksum.
-
-    The algorithm follows from the digest length; ``algo:<hex>`` digests are accepted too.
-    Names are tidied (``./a.tar`` is ``a.tar``). Blank lines and ``#`` comments are skipped.
-    A malformed line, a digest that is not hex of its algorithm's length, and a name listed
-    twice with different digests are errors naming the manifest and the line; the same entry
-    twice is not.
-    """
-    entries: dict[str, Checksum] = {}
-    lines: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip("\r")
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"manifest {redact_url(source)} line {number}"
-        match = _SUMS_LINE_RE.match(line)
-        if not match:
-            raise ValueError(f"{where}: expected '<hex>  <name>', got {redact_text(line[:80])!r}")
-        try:
-            checksum = parse_checksum(match.group("digest"))
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        name = _normalize_name(match.group("name"))
-        if name in entries and entries[name] != checksum:
-            raise ValueError(
-                f"{where}: {redact_url(name)} is listed again with another checksum "
-                f"(first on line {lines[name]})"
-            )
-        entries[name] = checksum
-        lines.setdefault(name, number)
-    return entries
-
-
 def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
-    """Load the ``checksums`` option: a mapping, or the path/URL of a sums file.
+    """Load the ``checksums`` option: a mapping, or the path/URL of a sums file and, when
+    there is one beside it, its block manifest (``<sums file>.blocks``).
 
     A path without protocol, or a URL of the backend's own protocol, is read through the
     backend and its names resolve against the file's directory; a URL of another protocol is
     read through fsspec and its names match object paths by their trailing components.
+    A block manifest whose whole-file digest of an object disagrees with the sums file's is
+    an error naming both (one of them is stale).
     """
     if isinstance(source, Mapping):
         return manifest_from_mapping(source, backend._strip_protocol)
@@ -243,27 +165,71 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     own = backend.protocol if isinstance(backend.protocol, tuple) else (backend.protocol,)
     if protocol is None or protocol in own:
         path = backend._strip_protocol(source)
-        text = backend.cat_file(path).decode("utf-8")
         base = posixpath.dirname(_without_query(path))
-    else:
-        import fsspec
 
-        with fsspec.open(source, "rt", encoding="utf-8") as handle:
-            text = handle.read()
+        def read(location: str) -> str:
+            return backend.cat_file(backend._strip_protocol(location)).decode("utf-8")
+    else:
         base = None
-    entries = parse_sums_file(text, source)
-    logger.info("loaded %d checksums from %s", len(entries), redact_url(source))
+
+        def read(location: str) -> str:
+            import fsspec
+
+            with fsspec.open(location, "rt", encoding="utf-8") as handle:
+                return handle.read()
+
+    entries = parse_sums_file(read(source), source)
+    blocks_source = _block_manifest_beside(source)
+    blocks = _read_block_manifest(read, blocks_source)
+    _check_agreement(entries, blocks, source, blocks_source)
+    logger.info(
+        "loaded %d checksums from %s%s",
+        len(entries),
+        redact_url(source),
+        f" and {len(blocks)} block lists from its block manifest" if blocks else "",
+    )
 
     def strip_own_protocol(url: str) -> str:
         return backend._strip_protocol(url) if url.split("://", 1)[0] in own else url
 
-    return Manifest(entries, base, strip_own_protocol if base is not None else None)
+    return Manifest(entries, base, strip_own_protocol if base is not None else None, blocks)
 
 
-def format_sums_line(checksum: Checksum, name: str) -> str:
-    """One manifest line in ``sha256sum`` format (binary marker), for writers of manifests."""
-    digest = checksum.hexdigest if checksum.algorithm == "sha256" else str(checksum)
-    return f"{digest} *{name}"
+def _block_manifest_beside(source: str) -> str:
+    """Where the block manifest of the sums file ``source`` lies (a URL's query kept)."""
+    location, mark, query = source.partition("?") if "://" in source else (source, "", "")
+    return block_manifest_name(location) + mark + query
+
+
+def _read_block_manifest(read: Any, location: str) -> dict[str, BlockList]:
+    """The block manifest at ``location``; none when there is no such file (or it may not be
+    read: then a warning names it, and objects are verified whole)."""
+    try:
+        text = read(location)
+    except FileNotFoundError:
+        logger.debug("no block manifest at %s", redact_url(location))
+        return {}
+    except PermissionError as exc:
+        logger.warning(
+            "block manifest %s cannot be read (%s): verifying whole files only",
+            redact_url(location),
+            exc.strerror or type(exc).__name__,
+        )
+        return {}
+    return parse_block_manifest(text, location)
+
+
+def _check_agreement(
+    entries: dict[str, Checksum], blocks: dict[str, BlockList], source: str, blocks_source: str
+) -> None:
+    for name, listed in blocks.items():
+        checksum = entries.get(name)
+        if checksum is not None and checksum.algorithm == "sha256" and checksum != listed.checksum:
+            raise ValueError(
+                f"block manifest {redact_url(blocks_source)} lists {redact_url(name)} with "
+                f"sha256 {listed.sha256}, manifest {redact_url(source)} with {checksum.hexdigest}: "
+                "one of them is stale (write both again, e.g. with fsspec-shards manifest --blocks)"
+            )
 
 
 def choose_expected(

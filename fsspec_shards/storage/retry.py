@@ -17,6 +17,9 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import re
+import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -166,8 +169,67 @@ def _error_code(exc: BaseException) -> str | None:
     return None
 
 
+_TLS_MISMATCH = re.compile(r"wrong.version.number|InvalidContentType", re.I)
+_DNS_TEXT = re.compile(
+    r"name or service not known|nodename nor servname|failed to lookup address|"
+    r"temporary failure in name resolution|getaddrinfo failed|dns error",
+    re.I,
+)
+_REFUSED_TEXT = re.compile(r"connection refused|connect call failed", re.I)
+
+
+def connection_failure(exc: BaseException) -> str | None:
+    """In words, when ``exc`` is a failure to connect: a TLS handshake that failed (``https``
+    to a plain-HTTP server, a certificate that does not verify), a host name that does not
+    resolve, or a refused connection; None otherwise. Backends bury these under their own
+    errors (fsspec's HTTP filesystem under ``FileNotFoundError``), so the chain is searched."""
+    links = list(_chain(exc))
+    names = [_type_names(link) for link in links]
+    host = next((h for h in map(_host_of, links) if h), "")
+    at = f" {host}" if host else ""
+    for link, types in zip(links, names, strict=True):
+        if isinstance(link, ssl.SSLError) or "SSLError" in types or "ClientSSLError" in types:
+            if isinstance(link, ssl.SSLCertVerificationError) or "CERTIFICATE" in str(link):
+                return f"TLS with{at} failed: its certificate does not verify"
+            if _TLS_MISMATCH.search(str(link)):
+                return (
+                    f"TLS handshake with{at} failed: it does not speak TLS "
+                    "(a plain http:// server?)"
+                )
+    for link, types in zip(links, names, strict=True):
+        if isinstance(link, socket.gaierror) or "ClientConnectorDNSError" in types:
+            return f"the host name{at} does not resolve (DNS)"
+    for link in links:
+        if isinstance(link, ConnectionRefusedError) or getattr(link, "errno", None) == (
+            errno.ECONNREFUSED
+        ):
+            return f"connection refused by{at}"
+    text = " ".join(str(link) for link in links)  # obstore and others say it in words
+    if _DNS_TEXT.search(text):
+        return f"the host name{at} does not resolve (DNS)"
+    if _REFUSED_TEXT.search(text):
+        return f"connection refused by{at}"
+    return None
+
+
+def _host_of(link: BaseException) -> str | None:
+    """``host:port`` of a connection error that names them (aiohttp's connector errors)."""
+    host, port = getattr(link, "host", None), getattr(link, "port", None)
+    if isinstance(host, str) and host:
+        return f"{host}:{port}" if isinstance(port, int) else host
+    return None
+
+
+def _tls_is_permanent(exc: BaseException) -> bool:
+    """A TLS failure retrying cannot fix: a plain-HTTP server, a certificate that fails."""
+    cause = connection_failure(exc)
+    return cause is not None and cause.startswith("TLS")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying ``exc`` may succeed: network cuts, time-outs, 408/429/5xx, throttling."""
+    if _tls_is_permanent(exc):
+        return False
     for link in _chain(exc):
         if isinstance(link, ConnectionError | TimeoutError | EOFError):
             return True
@@ -192,7 +254,9 @@ def describe(exc: BaseException, *hide: str) -> str:
         text = text[:197] + "..."
     name = type(exc).__name__
     label = f"{name} HTTP {status}" if status is not None else name
-    return f"{label}: {text}" if text else label
+    described = f"{label}: {text}" if text else label
+    cause = connection_failure(exc)
+    return f"{cause} ({described})" if cause else described
 
 
 def permanent_error(exc: BaseException, url: str, *hide: str) -> BaseException:
@@ -205,6 +269,8 @@ def permanent_error(exc: BaseException, url: str, *hide: str) -> BaseException:
     status = http_status(exc)
     names = set().union(*(_type_names(link) for link in _chain(exc)))
     message = str(exc)
+    if _tls_is_permanent(exc):  # before "not found": fsspec's HTTP wraps it in one
+        return ConnectionError(errno.EPROTO, f"cannot connect for {shown}: {reason}")
     if status in (404, 410) or (status is None and isinstance(exc, FileNotFoundError)):
         return FileNotFoundError(errno.ENOENT, f"not found: {shown} ({reason})")
     if (

@@ -6,8 +6,11 @@ import json
 import shutil
 import subprocess
 
+import pytest
+
+from fsspec_shards import ShardWriter
+from fsspec_shards.checksums import parse_block_manifest, parse_sums_file
 from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
-from fsspec_shards.storage.integrity import parse_sums_file
 from tests.cli.running import run_cli
 
 
@@ -42,3 +45,47 @@ def test_manifest_outside_the_shards_directory_names_full_paths(dataset, tmp_pat
     result = run_cli("manifest", dataset.pattern, "-o", str(output), "-q", cache=cache)
     assert result.returncode == 0, result.stderr
     assert list(parse_sums_file(output.read_text())) == [str(path) for path in dataset.shards]
+
+
+def _written_shards(directory) -> str:
+    """Shards written by ShardWriter with blocks of 4 KiB into ``directory``; their pattern."""
+    with ShardWriter(str(directory / "w-%03d.tar"), max_count=5, manifest_block_size=4096) as w:
+        for index in range(12):
+            w.write({"__key__": f"s{index:04d}", "bin": bytes([index]) * (3000 + 977 * index)})
+    return str(directory / "w-{000..002}.tar")
+
+
+@pytest.mark.parametrize("dask", [False, True], ids=["local", "dask"])
+def test_writer_and_manifest_blocks_write_the_same_block_manifest_bytes(tmp_path, cache, dask):
+    pattern = _written_shards(tmp_path)
+    output = tmp_path / "SHA256SUMS.cli"
+    extra = ["--dask", "local:1"] if dask else []
+    args = ["manifest", pattern, "-o", str(output), "--blocks", "--block-size", "4KiB", "-q"]
+    result = run_cli(*args, *extra, cache=cache)
+    assert result.returncode == 0, result.stderr
+    assert output.read_bytes() == (tmp_path / "SHA256SUMS").read_bytes()
+    written = (tmp_path / "SHA256SUMS.blocks").read_bytes()
+    assert (tmp_path / "SHA256SUMS.cli.blocks").read_bytes() == written
+    assert len(parse_block_manifest(written.decode())) == 3
+    assert "wrote their blocks to" in result.stdout
+
+
+def test_manifest_without_blocks_writes_no_block_manifest_and_a_bad_size_is_a_usage_error(
+    dataset, tmp_path, cache
+):
+    output = tmp_path / "SHA256SUMS"
+    result = run_cli("manifest", dataset.pattern, "-o", str(output), "-q", cache=cache)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "SHA256SUMS.blocks").exists()
+    bad = run_cli(
+        "manifest",
+        dataset.pattern,
+        "-o",
+        str(output),
+        "--blocks",
+        "--block-size",
+        "100",
+        cache=cache,
+    )
+    assert bad.returncode == 2
+    assert "--block-size" in bad.stderr and "at least 4096" in bad.stderr

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage.integrity import parse_sums_file
+from fsspec_shards import ShardWriter
+from fsspec_shards.checksums import parse_sums_file
 from tests.cli.running import TIMEOUT, corrupt_copy, error_lines, make_glob_copy, run_cli
 
 
@@ -238,3 +239,20 @@ def test_verify_of_a_gzip_bomb_is_a_malformed_shard_in_bounded_memory(dataset, t
     rows = [line for line in stdout.splitlines() if "bomb-000000.tar.gz" in line]
     assert len(rows) == 1 and "malformed tar" in rows[0] and "200x" in rows[0]
     assert peak - baseline < 300 << 20, f"RSS grew by {(peak - baseline) >> 20} MiB"
+
+
+def test_verify_against_a_block_manifest_names_the_bad_block(tmp_path, cache):
+    with ShardWriter(str(tmp_path / "b-%03d.tar"), max_count=4, manifest_block_size=4096) as w:
+        for index in range(8):
+            w.write({"__key__": f"s{index:04d}", "bin": bytes([index]) * 5000})
+    shard = tmp_path / "b-001.tar"
+    data = bytearray(shard.read_bytes())
+    data[2 * 4096 + 700] ^= 0xFF  # inside block 2
+    shard.write_bytes(bytes(data))
+    pattern = str(tmp_path / "b-{000..001}.tar")
+    manifest = str(tmp_path / "SHA256SUMS")
+    result = run_cli("verify", pattern, "--manifest", manifest, "--json", "-q", cache=cache)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = {Path(row["shard"]).name: row for row in json.loads(result.stdout)["results"]}
+    assert rows["b-000.tar"]["ok"] and rows["b-000.tar"]["check"] == "sha256 (manifest, blocks)"
+    assert rows["b-001.tar"]["problem"].startswith("integrity: block 2 (bytes 8192-12288): ")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fsspec_shards.checksums import parse_sums_file
 from fsspec_shards.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
-from fsspec_shards.storage.integrity import parse_sums_file
 from tests.cli.running import run_cli
 from tests.integration.fault_proxy import Flip
 

@@ -6,6 +6,8 @@ Layout (format :data:`FORMAT`)::
     cache.db                   diskcache index: entries, write generations, counters (0600)
     files/ab/<key>.<token>     cached bytes (0400), published by rename, never rewritten
     tmp/<key>.<pid>.<token>.<reserved>.part   downloads in flight and the bytes they reserve
+    tmp/<key>.progress         how far a download in flight is verified (block manifests)
+    tmp/<key>.progress.<token> the next progress record, before its rename over the last
     locks/<key>.lock           one download per key across processes (0600, kept)
     locks/space.lock           reservation, publication, eviction, clearing
     locks/scan.lock            shared tier: one eviction scan at a time; its mtime is the last
@@ -51,6 +53,7 @@ _DATA_NAME = re.compile(r"([0-9a-f]{64})\.[0-9a-f]{8}")
 _DATA_FILE = re.compile(r"files/([0-9a-f]{2})/(([0-9a-f]{64})\.[0-9a-f]{8})")
 _TEMP_NAME = re.compile(r"([0-9a-f]{64})\.[0-9]+\.[0-9a-f]{8}\.([0-9]+)\.part")
 _SHARD_DIRECTORY = re.compile(r"[0-9a-f]{2}")
+_PROGRESS_NAME = re.compile(r"([0-9a-f]{64})\.progress(\.[0-9a-f]{8})?")
 
 
 def check_key(key: str) -> str:
@@ -110,6 +113,22 @@ def parse_temp_name(name: str) -> tuple[str, int] | None:
     """``(key, reserved bytes)`` of a temp file name this cache makes, else None."""
     match = _TEMP_NAME.fullmatch(name)
     return None if match is None else (match.group(1), int(match.group(2)))
+
+
+def progress_name(key: str) -> str:
+    """The progress record of a download of ``key`` in flight (:mod:`..progressive`)."""
+    return f"{check_key(key)}.progress"
+
+
+def new_progress_name(key: str) -> str:
+    """A fresh name for the next progress record of ``key``, renamed over the last."""
+    return f"{progress_name(key)}.{secrets.token_hex(4)}"
+
+
+def parse_progress_name(name: str) -> str | None:
+    """The key of a progress record name (current or next) this cache makes, else None."""
+    match = _PROGRESS_NAME.fullmatch(name)
+    return None if match is None else match.group(1)
 
 
 def key_lock_name(key: str) -> str:

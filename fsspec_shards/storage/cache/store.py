@@ -597,7 +597,7 @@ class ShardCache:
         temp = os.path.join(self.directory, layout.TMP)
         for name in layout.list_directory(temp):
             parsed = layout.parse_temp_name(name)
-            if parsed is not None and parsed[0] == key:
+            if (parsed is not None and parsed[0] == key) or layout.parse_progress_name(name) == key:
                 logger.log(self._log_level, "removing leftover file %s", name)
                 layout.remove_file(os.path.join(temp, name))
         shard = os.path.join(self.directory, layout.FILES, key[:2])
@@ -679,7 +679,7 @@ def _foreign_names(directory: str) -> list[str]:
     found.extend(
         os.path.join(temp, name)
         for name in layout.list_directory(temp)
-        if layout.parse_temp_name(name) is None
+        if layout.parse_temp_name(name) is None and layout.parse_progress_name(name) is None
     )
     return found
 

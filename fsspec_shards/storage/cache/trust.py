@@ -7,7 +7,11 @@ Invariants (as ssh's StrictModes):
 - An existing directory is used only if it is empty or carries the marker, is owned by the
   current user, and is not writable by group or others; the same holds for the marker,
   the subdirectories and the index file, none of which may be a symlink. Anything else is
-  a :class:`CacheDirectoryError` naming the path, the reason and the fix.
+  a :class:`CacheDirectoryError` naming the path, the reason and a fix that keeps it safe
+  (a directory of one's own; never loosening or tightening a directory others use).
+- A sticky directory everyone may write to (``/tmp``, ``/dev/shm``) is never the cache
+  itself: the cache lives in ``fsspec-shards-<uid>`` inside it, made 0700 and marked, and
+  held to the rules above (another user's, or a symlink, is refused).
 - A directory of an earlier layout format (format 1: no marker, the released versions'
   diskcache layout and nothing else; format 2: a marker of format 2) is adopted
   (:mod:`.adoption`) under the directory's lock, the marker saying ``"adopting"`` until it
@@ -28,10 +32,12 @@ import secrets
 import stat
 from dataclasses import dataclass
 
+from fsspec_shards.config import user_cache_dir
 from fsspec_shards.storage.cache import adoption, layout, locks
 
 _SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+PRIVATE_PREFIX = "fsspec-shards-"
 
 
 class CacheDirectoryError(OSError):
@@ -82,14 +88,47 @@ _OPTION_OF_TIER = {
 
 
 def _choose_another(tier: str) -> str:
-    """The fix that always works: the option (of ``tier``) naming a directory of one's own."""
-    return f"set {_OPTION_OF_TIER[tier]} to a new or empty directory of your own"
+    """The fix that always works: the option (of ``tier``) naming a directory of one's own
+    (for the local tier, the per-user default as an example)."""
+    example = f" (such as {user_cache_dir()})" if tier == "local" else ""
+    return f"set {_OPTION_OF_TIER[tier]} to a new or empty directory of your own{example}"
+
+
+def private_directory(shared: str) -> str:
+    """Where the cache of this user lives when it is given a sticky, world-writable
+    directory (``/tmp``, ``/dev/shm``) that everyone shares: ``fsspec-shards-<uid>`` in it."""
+    return os.path.join(shared, f"{PRIVATE_PREFIX}{os.geteuid()}")
+
+
+def _in_sticky_directory(path: str, create: bool, tier: str) -> str:
+    """``path``, or for a sticky world-writable directory the private one inside it (made
+    0700 with ``create``; a symlink there is refused: anyone may have planted it)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return path
+    sticky_and_shared = info.st_mode & stat.S_ISVTX and info.st_mode & stat.S_IWOTH
+    if not (stat.S_ISDIR(info.st_mode) and sticky_and_shared):
+        return path
+    private = private_directory(path)
+    if create:
+        _create(private)
+    try:
+        found = os.lstat(private)
+    except FileNotFoundError:
+        return private
+    if stat.S_ISLNK(found.st_mode):
+        raise CacheDirectoryError(private, "is a symlink", _choose_another(tier))
+    return private
 
 
 def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prepared:
     """Check ``directory`` and, with ``create``, make it (or an empty one) a cache of
-    ``tier`` (``"local"``, or ``"shared"``: the tier all nodes mount)."""
+    ``tier`` (``"local"``, or ``"shared"``: the tier all nodes mount). A sticky directory
+    everyone may write to (``/tmp``) holds the cache in a private directory of this user
+    (:func:`private_directory`), never itself."""
     path = os.path.abspath(os.path.expanduser(str(directory)))
+    path = _in_sticky_directory(path, create, tier)
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -204,8 +243,9 @@ def _check_private(path: str, info: os.stat_result, tier: str) -> None:
     if info.st_mode & 0o022:
         raise CacheDirectoryError(
             path,
-            f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})",
-            f"run 'chmod go-w {path}' if you trust its contents, or {_choose_another(tier)}",
+            f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}), who "
+            "could swap the files it holds",
+            _choose_another(tier),
         )
 
 
