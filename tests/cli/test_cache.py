@@ -10,6 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from fsspec_shards.fleet.report import format_bytes
 from tests.cli.running import run_cli
 from tests.secrets import SECRET_PARAMETERS
 
@@ -18,9 +19,13 @@ OTHER_UID = 12345
 
 def test_cache_info_ls_and_clear(dataset, cache):
     assert run_cli("prefetch", dataset.pattern, "-q", cache=cache).returncode == 0
-    info = run_cli("cache", "info", cache=cache)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("CACHE_SIZE")}
+    info = run_cli("cache", "info", cache=cache, env=env)
     assert info.returncode == 0, info.stderr
-    assert "cached files" in info.stdout and str(cache) in info.stdout
+    assert "cached files        4" in info.stdout and str(cache) in info.stdout
+    total = format_bytes(sum(path.stat().st_size for path in dataset.shards))
+    assert f"cached bytes        {total}" in info.stdout and total.endswith("KiB")
+    assert "size limit          20 GiB" in info.stdout, "the default bound as documented"
     listing = run_cli("cache", "ls", "--cache-dir", str(cache), cache=cache)
     assert listing.returncode == 0, listing.stderr
     assert sorted(line.rsplit("/", 1)[1] for line in listing.stdout.splitlines()) == [
