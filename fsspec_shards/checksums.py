@@ -36,6 +36,7 @@ from typing import Any
 
 import google_crc32c
 
+from fsspec_shards.config import is_int
 from fsspec_shards.redact import redact_text, redact_url
 
 ALGORITHMS = ("sha256", "md5", "crc32c")
@@ -268,7 +269,7 @@ class BlockHasher:
 
 def check_block_size(block_size: Any) -> int:
     """A valid block size (an int >= 4096), else ValueError."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
+    if not is_int(block_size):
         raise ValueError(f"block size must be an int, got {block_size!r}")
     if block_size < MIN_BLOCK_SIZE:
         raise ValueError(f"block size must be at least {MIN_BLOCK_SIZE} bytes, got {block_size}")
@@ -361,7 +362,7 @@ def _parse_block_entry(line: str, block_size: int) -> tuple[str, BlockList]:
     name, size, whole, blocks = entry["name"], entry["size"], entry["sha256"], entry["blocks"]
     if not isinstance(name, str) or not name:
         raise ValueError("'name' must be a non-empty string")
-    if isinstance(size, bool) or not isinstance(size, int):
+    if not is_int(size):
         raise ValueError("'size' must be an int")
     if not isinstance(blocks, list):
         raise ValueError("'blocks' must be a list of sha256 digests")
