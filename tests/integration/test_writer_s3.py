@@ -57,6 +57,7 @@ def test_shards_written_to_s3_read_back_exactly_and_appear_only_whole(
                 assert s3.exists(plain % 0) and not s3.exists(plain % 1)
     assert sorted(path.rsplit("/", 1)[-1] for path in s3.ls(s3_backend.url())) == [
         "SHA256SUMS",
+        "SHA256SUMS.blocks",
         "sample-counts.json",
         "train-000000.tar",
         "train-000001.tar",
@@ -152,6 +153,7 @@ def test_shards_round_trip_on_the_other_object_stores(request, protocol, tmp_pat
     listed = backend.filesystem().ls(backend.url())
     assert sorted(path.rsplit("/", 1)[-1] for path in listed) == [
         "SHA256SUMS",
+        "SHA256SUMS.blocks",
         "sample-counts.json",
         "train-000000.tar",
         "train-000001.tar",
