@@ -29,6 +29,7 @@ from typing import Any
 
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, is_int, parse_max_member_size
 from fsspec_shards.errors import IntegrityError, ShardFormatError
+from fsspec_shards.iteration.epoch import EpochNumber
 from fsspec_shards.iteration.lengths import (
     SampleCountError,
     count_samples,
@@ -199,9 +200,14 @@ class ShardDataset(_DatasetBase):
     Sample counts (``samples_per_shard``: ``{shard name: count}`` or a JSON sidecar; or
     ``count_samples=True``: a header-only scan now) give every consumer the same number of
     samples per epoch (``equalize="pad"``, the default, or ``"truncate"``; None: off), make
-    ``len(ds)`` known, and let consumers share shards by sample ranges (``split="samples"``,
-    automatic when there are fewer shards than consumers). ``rank``/``world_size`` or
-    ``group`` (a process group, or a DeviceMesh dimension) choose the data-parallel split.
+    ``len(ds)`` known, and let consumers share shards by sample ranges (``split="samples"``;
+    ``"auto"``, the default, does so when the counts are known, so padding is at most one
+    sample per consumer, and reads whole shards otherwise). ``batch_size`` B (needs the
+    counts and ``equalize``) makes every consumer's epoch whole batches, the same number on
+    every rank for any DataLoader worker count, so ``len(DataLoader(ds, batch_size=B))`` is
+    the batches it yields (:func:`~fsspec_shards.iteration.plan.batch_quotas`).
+    ``rank``/``world_size`` or ``group`` (a process group, or a DeviceMesh dimension)
+    choose the data-parallel split.
     ``stats_dir`` is where DataLoader workers leave their counters for :meth:`stats` (default:
     a private temporary directory); ``log_interval`` the seconds between INFO progress lines
     (None: never). See the contract (section 2), docs/pytorch.md and docs/resumption.md.
@@ -224,7 +230,8 @@ class ShardDataset(_DatasetBase):
         samples_per_shard: Mapping[str, int] | str | None = None,
         count_samples: bool = False,
         equalize: str | None = "pad",
-        split: str = "shards",
+        split: str = "auto",
+        batch_size: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         group: Any = None,
@@ -278,13 +285,14 @@ class ShardDataset(_DatasetBase):
                 "count_samples=True"
             )
         self.equalize = equalize if self.shard_sizes is not None else None
+        self.batch_size = check_batch_size(batch_size, self.shard_sizes, self.equalize, split)
         self._identity = {
             "urls": shard_identity(self.urls),
             "sample_counts": None
             if self.shard_sizes is None
             else urls_digest([str(size) for size in self.shard_sizes]),
         }
-        self.epoch = 0
+        self._epoch = EpochNumber()
         self._resume: _Position | _Counts | _Remainder | _Running | None = None
         self._plans: dict[tuple[int, Consumer], EpochPlan] = {}
         self._ranges: dict[tuple[str, Segment], tuple[int, int | None]] = {}
@@ -299,8 +307,17 @@ class ShardDataset(_DatasetBase):
 
     # --- epochs, plans and state ---------------------------------------------------------
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.set(epoch)
+
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch the next iteration reads; its shard order comes from (seed, epoch)."""
+        """Choose the epoch the next iteration reads; its shard order comes from (seed, epoch).
+        DataLoader workers, persistent ones too, read it at their next iteration."""
         self.epoch = int(epoch)
 
     def consumer(self) -> Consumer:
@@ -316,28 +333,42 @@ class ShardDataset(_DatasetBase):
         """What ``consumer`` reads in ``epoch``: its part of the shards or of a remainder."""
         if remainder is not None:
             known = all(samples is not None for _, samples in remainder)
-            split = "samples" if known and remainder else "shards"
+            split = "samples" if known and (remainder or self.batch_size) else "shards"
             equalize = self.equalize if known else None
-            return plan_epoch(remainder, consumer.index, consumer.total, split, equalize)
+            batch_size = self.batch_size if known else None
+            return plan_epoch(
+                remainder,
+                consumer.index,
+                consumer.total,
+                split,
+                equalize,
+                batch_size,
+                consumer.num_workers,
+            )
         plan = self._plans.get((epoch, consumer))
         if plan is None:
             order = shard_order(len(self.urls), self.seed, epoch, self.shuffle_shards)
             pieces = shard_pieces(order, self.shard_sizes)
             known = self.shard_sizes is not None
             split = choose_split(self.split, len(pieces), consumer.total, known)
-            plan = plan_epoch(pieces, consumer.index, consumer.total, split, self.equalize)
+            plan = plan_epoch(
+                pieces,
+                consumer.index,
+                consumer.total,
+                split,
+                self.equalize,
+                self.batch_size,
+                consumer.num_workers,
+            )
             if len(self._plans) >= PLANS_KEPT:
                 self._plans.clear()
             self._plans[(epoch, consumer)] = plan
         return plan
 
-    def consumer_urls(self, epoch: int, consumer: Consumer) -> list[str]:
-        """The shard URLs ``consumer`` reads in ``epoch``, in order (one pass)."""
-        return [self.urls[segment.shard] for segment in self.plan(epoch, consumer).segments]
-
     def __len__(self) -> int:
         """Samples this consumer takes from the stream in the current epoch (before
-        transforms drop any); TypeError when the sample counts are unknown."""
+        transforms drop any): in the main process, this rank's; TypeError when the sample
+        counts are unknown."""
         plan = self.plan(self.epoch, self.consumer(), self._loaded_remainder())
         length = plan.own if plan.length is None else plan.length
         if length is None:
@@ -369,9 +400,16 @@ class ShardDataset(_DatasetBase):
             "worker": consumer.worker,
             "num_workers": consumer.num_workers,
             "equalize": self.equalize,
-            "split": self.split,
+            "split": self._split_kind(),
+            "batch_size": self.batch_size,
             "sample_counts": self._identity["sample_counts"],
         }
+
+    def _split_kind(self) -> str:
+        """The split asked for, ``"auto"`` resolved: states from before ``"auto"`` load."""
+        if self.split != "auto":
+            return self.split
+        return "samples" if self.shard_sizes is not None else "shards"
 
     def tracker_fingerprint(self, num_workers: int) -> dict[str, Any]:
         """The arguments a :class:`~fsspec_shards.iteration.resume.DeliveryTracker` state
@@ -459,6 +497,7 @@ class ShardDataset(_DatasetBase):
     # --- iteration -------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        self._epoch.follow()
         consumer = self.consumer()
         resume = self._resume
         if resume is not None and resume.epoch != self.epoch:
@@ -656,6 +695,28 @@ class ShardDataset(_DatasetBase):
         state["_ranges"] = {}
         state["_plans"] = {}
         return state
+
+
+def check_batch_size(
+    batch_size: Any, sizes: Sequence[int] | None, equalize: str | None, split: str
+) -> int | None:
+    """``batch_size`` checked against what whole batches need: counts, equalize, a sample split."""
+    if batch_size is None:
+        return None
+    if not is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if sizes is None:
+        raise ValueError(
+            "batch_size= needs the sample counts: pass samples_per_shard= or count_samples=True"
+        )
+    if equalize is None:
+        raise ValueError("batch_size= needs equal epochs: equalize='pad' or 'truncate'")
+    if split == "shards":
+        raise ValueError(
+            "batch_size= cuts shards by sample ranges so that every DataLoader worker gets "
+            "whole batches: use split='auto' or 'samples'"
+        )
+    return int(batch_size)
 
 
 def count_samples_of(dataset: ShardDataset) -> list[int]:
