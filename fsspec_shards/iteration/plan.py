@@ -1,4 +1,5 @@
-"""Epoch planning: which samples each consumer reads in one epoch, as pure functions.
+"""Epoch planning: which samples each consumer reads in one epoch (pure functions, and a
+:class:`Planner` that applies them with a dataset's arguments).
 
 An epoch's work is a list of pieces, each a :class:`Segment` of one shard with its sample
 count when known: the whole shards in the epoch's shard order, or what is left of an
@@ -29,10 +30,15 @@ main process (one worker) is K * B: ``len(loader)`` is exact for every W.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsspec_shards.iteration.order import Consumer, shard_order
 
 EQUALIZE_MODES = ("pad", "truncate")
 SPLIT_MODES = ("auto", "shards", "samples")
+PLANS_KEPT = 8
+"""Epoch plans a :class:`Planner` keeps: computing one orders every shard."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,3 +267,69 @@ def _sample_range(pieces: Sequence[Piece], low: int, size: int) -> list[Piece]:
         if position >= high:
             break
     return segments
+
+
+@dataclass
+class Planner:
+    """The plans of a dataset of ``shards`` shards (``sizes``: their sample counts, None when
+    unknown): each epoch's order from (``seed``, epoch), split and equalized as asked."""
+
+    shards: int
+    sizes: Sequence[int] | None
+    seed: int
+    shuffle_shards: bool
+    split: str
+    equalize: str | None
+    batch_size: int | None
+    _plans: dict[tuple[int, Consumer], EpochPlan] = field(default_factory=dict, repr=False)
+
+    @property
+    def split_kind(self) -> str:
+        """The split asked for, ``"auto"`` resolved (states from before ``"auto"`` load)."""
+        if self.split != "auto":
+            return self.split
+        return "samples" if self.sizes is not None else "shards"
+
+    def plan(
+        self,
+        epoch: int,
+        consumer: Consumer,
+        remainder: Sequence[Piece] | None = None,
+    ) -> EpochPlan:
+        """What ``consumer`` reads in ``epoch``: its part of the shards or of a remainder."""
+        if remainder is not None:
+            known = all(samples is not None for _, samples in remainder)
+            split = "samples" if known and (remainder or self.batch_size) else "shards"
+            return plan_epoch(
+                remainder,
+                consumer.index,
+                consumer.total,
+                split,
+                self.equalize if known else None,
+                self.batch_size if known else None,
+                consumer.num_workers,
+            )
+        plan = self._plans.get((epoch, consumer))
+        if plan is None:
+            order = shard_order(self.shards, self.seed, epoch, self.shuffle_shards)
+            pieces = shard_pieces(order, self.sizes)
+            known = self.sizes is not None
+            split = choose_split(self.split, len(pieces), consumer.total, known)
+            plan = plan_epoch(
+                pieces,
+                consumer.index,
+                consumer.total,
+                split,
+                self.equalize,
+                self.batch_size,
+                consumer.num_workers,
+            )
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.clear()
+            self._plans[(epoch, consumer)] = plan
+        return plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plans"] = {}
+        return state
