@@ -177,11 +177,12 @@ def check_position(state: StreamState, plan: EpochPlan, buffer_size: int) -> Non
     limit = plan.limit
     if state.epoch < 0:
         raise _bad("epoch", f"{state.epoch} is negative")
-    if not 0 <= state.shard <= limit:
+    # An equal-length stream that fell short reads further passes, past the plan's limit.
+    if not 0 <= state.shard <= limit and not (plan.length is not None and state.shard > limit):
         raise _bad("shard", f"{state.shard} is outside this consumer's segments 0..{limit}")
     if state.offset < 0 or state.offset % BLOCK:
         raise _bad("offset", f"{state.offset} is not a tar block boundary (a multiple of 512)")
-    if state.shard == limit and state.offset:
+    if state.shard == limit and state.offset and plan.length is None:
         raise _bad("offset", f"{state.offset} at the end of the segments must be 0")
     if state.delivered < 0:
         raise _bad("delivered", f"{state.delivered} is negative")
@@ -203,7 +204,7 @@ def check_position(state: StreamState, plan: EpochPlan, buffer_size: int) -> Non
         )
     _check_window(state)
     if state.finished and not (
-        (state.buffered == 0 and state.shard == limit)
+        (state.buffered == 0 and state.shard >= limit)
         or (plan.length is not None and state.delivered == plan.length)
     ):
         raise _bad("finished", "set, but samples remain to be read or delivered")

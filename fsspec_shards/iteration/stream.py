@@ -32,6 +32,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec_shards.iteration.lengths import SampleCountError
 from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import EpochPlan, Piece, Planner
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
@@ -159,7 +160,7 @@ class ConsumerStream:
             state.fingerprint, state.epoch, window.shard, window.offset, window.index
         )
         found: dict[int, SampleRef] = {}
-        source = self._read(scan, None, headers_only=True)
+        source = self._read(scan, None, headers_only=True, counted=False)
         try:
             for ref, _ in source:
                 if ref.index == window.index and ref.offset != window.offset:
@@ -232,10 +233,19 @@ class ConsumerStream:
     ) -> Iterator[Entry]:
         """The samples to deliver, in order: the plan's first pass through the shuffle buffer
         (drained at its end, so that every sample of the pass comes before any padding),
-        then the padding passes as read."""
-        first = self._read(self.state, prefetcher, headers_only, until=len(self.plan.segments))
+        then the padding passes as read. When those fall short of an equal length (a shard
+        left out, or holding fewer samples than its count), more passes keep the length
+        equal, as long as a pass yields any sample."""
+        state, plan = self.state, self.plan
+        first = self._read(state, prefetcher, headers_only, until=len(plan.segments))
         yield from self._shuffled(first) if self.buffer is not None else first
-        yield from self._read(self.state, prefetcher, headers_only)
+        yield from self._read(state, prefetcher, headers_only)
+        while self._wants_more() and plan.length is not None:
+            read = state.read
+            stop = max(state.shard, plan.limit) + len(plan.segments)
+            yield from self._read(state, prefetcher, headers_only, until=stop, beyond=True)
+            if state.read == read:
+                return
 
     def _read(
         self,
@@ -243,17 +253,28 @@ class ConsumerStream:
         prefetcher: ShardPrefetcher | None,
         headers_only: bool = False,
         until: int | None = None,
+        beyond: bool = False,
+        counted: bool = True,
     ) -> Iterator[Entry]:
         """Samples of the plan from ``state``'s cursor on, moving it, up to segment index
-        ``until`` (default: the plan's end); ``state.shard`` indexes the plan's segments. A
-        shard that turns out malformed is read once more (after its cached copy is dropped)
-        before the handler decides."""
+        ``until`` (default: the plan's end; ``beyond``: past it, in further passes);
+        ``state.shard`` indexes the plan's segments. A shard that turns out malformed is read
+        once more (after its cached copy is dropped) before the handler decides.
+
+        ``counted``: ``state.segment_read`` counts from the segment's start (not so for a
+        window scan), so a segment holding other than its sample count is a
+        :class:`~fsspec_shards.iteration.lengths.SampleCountError` for the handler, raised at
+        the sample past the count (the count's samples delivered first) or at the short end.
+        """
         plan, source = self.plan, self.source
-        stop = plan.limit if until is None else min(until, plan.limit)
+        stop = plan.limit if until is None else until if beyond else min(until, plan.limit)
         while state.shard < stop:
             index = state.shard
             segment = plan.segment(index)
             url = source.urls[segment.shard]
+            expected = (
+                plan.samples[index % len(plan.segments)] if counted and plan.samples else None
+            )
             retried = False
             while True:
                 failure = None
@@ -269,11 +290,15 @@ class ConsumerStream:
                         for sample in samples:
                             if end is not None and sample.offset >= end:
                                 break
+                            if expected is not None and state.segment_read >= expected:
+                                raise _miscounted(source, url, expected, "more")
                             ref = SampleRef(index, sample.offset, sample.end, state.read)
                             state.offset = sample.end
                             state.read += 1
                             state.segment_read += 1
                             yield ref, sample
+                    if expected is not None and state.segment_read < expected:
+                        raise _miscounted(source, url, expected, f"only {state.segment_read}")
                 except source.shard_errors as exc:
                     failure = exc
                 # Handled outside the except block, so that a raised error chains nothing.
@@ -291,6 +316,25 @@ class ConsumerStream:
             state.shard = index + 1
             state.offset = 0
             state.segment_read = 0
+
+    def _check_overrun(self) -> None:
+        """At an equal length reached right at the count of a segment read to its shard's
+        end: whether the shard holds more (one header read), for the handler."""
+        state, plan, source = self.state, self.plan, self.source
+        segment = plan.segment(state.shard)
+        expected = plan.samples[state.shard % len(plan.segments)]
+        if expected != state.segment_read or segment.end is not None or segment.count is not None:
+            return
+        url = source.urls[segment.shard]
+        failure: BaseException | None = None
+        try:
+            with closing(source.samples(url, state.offset, headers_only=True)) as samples:
+                if next(samples, None) is not None:
+                    failure = _miscounted(source, url, expected, "more")
+        except source.shard_errors as exc:
+            failure = exc
+        if failure is not None:
+            source.shard_failed(url, failure)
 
     def _shuffled(self, source: Iterator[Entry]) -> Iterator[Entry]:
         """``source`` through the shuffle buffer, noting which read sample is oldest."""
@@ -314,7 +358,9 @@ class ConsumerStream:
         if state.finished:
             return
         stats = source.counters()
-        urls = [source.urls[plan.segment(index).shard] for index in range(plan.limit)]
+        # One pass: padding passes read shards already read (and cached), and a pass count
+        # from a count that lies (10**10) must not become a list.
+        urls = [source.urls[segment.shard] for segment in plan.segments]
         prefetcher = ShardPrefetcher(urls, source.reader.locate, source.prefetch)
         progress = source.progress_log(self.consumer, urls)
         started = time.perf_counter()
@@ -350,11 +396,20 @@ class ConsumerStream:
                 asked = time.perf_counter()
             if plan.length is not None and state.delivered < plan.length:
                 source.short_epoch(state.epoch, state.delivered, plan.length)
+            elif plan.length is not None and state.shard < plan.limit:
+                self._check_overrun()
             state.finished = True
         finally:
             prefetcher.close()
             stats.seconds += time.perf_counter() - started
             source.publish_stats(self.consumer)
+
+
+def _miscounted(source: ShardSource, url: str, expected: int, held: str) -> SampleCountError:
+    return SampleCountError(
+        f"shard {source.shown_url(url)} holds {held} samples where its sample count says "
+        f"{expected}: the counts are wrong or the shard changed"
+    )
 
 
 @dataclass(frozen=True)
