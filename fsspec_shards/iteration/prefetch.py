@@ -58,12 +58,18 @@ class ShardPrefetcher:
         return future.exception()
 
     def close(self) -> None:
-        """Cancel queued prefetches; a fetch already running finishes in its thread."""
+        """Cancel queued prefetches; a fetch already running finishes in its thread.
+
+        Every submitted future not yet waited for is in ``_futures``, so cancelling those
+        cancels the queue. Not ``shutdown(cancel_futures=True)``: that drains the queue with
+        ``except queue.Empty``, which fails when a generator closes this at interpreter exit,
+        after the ``queue`` module's globals are cleared.
+        """
         for future in self._futures.values():
             future.cancel()
         self._futures.clear()
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=False)
             self._executor = None
 
 

@@ -301,6 +301,7 @@ class ConsumerStream:
         if state.finished:
             return
         stats = dataset.counters()
+        stats.begin_epoch(state.epoch)
         urls = [dataset.urls[plan.segment(index).shard] for index in range(plan.limit)]
         prefetcher = ShardPrefetcher(urls, dataset.reader.locate, dataset.prefetch)
         progress = dataset.progress_log(self.consumer, urls)
