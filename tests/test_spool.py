@@ -30,14 +30,19 @@ def test_a_run_whose_lock_is_free_is_removed(tmp_path):
     assert os.listdir(dead.area) == []
 
 
-@pytest.mark.parametrize("kind", ["symlink", "open"])
+@pytest.mark.parametrize("kind", ["symlink", "open", "another uid"])
 def test_a_spool_directory_not_private_to_this_user_is_refused_naming_the_option(tmp_path, kind):
     area = tmp_path / f".fsspec-shards-spool-{os.geteuid()}"
     if kind == "symlink":
         (tmp_path / "elsewhere").mkdir()
         area.symlink_to(tmp_path / "elsewhere")
-    else:
+    elif kind == "open":
         area.mkdir(mode=0o777)
         os.chmod(area, 0o777)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("making a directory another uid owns needs root")
+        area.mkdir(mode=0o700)
+        os.chown(area, 4242, 4242)
     with pytest.raises(PermissionError, match="not a private directory.*spool_dir"):
         Spool(str(tmp_path), "spool_dir")

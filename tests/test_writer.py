@@ -223,6 +223,7 @@ def test_a_pattern_without_one_file_name_placeholder_is_refused(tmp_path, patter
         ({"start_shard": -1}, "start_shard"),
         ({"manifest": "sub/SHA256SUMS"}, "manifest must be a file name"),
         ({"counts": ""}, "counts must be a file name"),
+        ({"max_member_size": "huge"}, "max_member_size"),
     ],
 )
 def test_invalid_limits_are_refused_naming_the_option(tmp_path, options, message):
