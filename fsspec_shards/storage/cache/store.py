@@ -32,7 +32,6 @@ import io
 import logging
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -106,9 +105,6 @@ class ShardCache:
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
-        if self._log_level == logging.INFO and not logger.handlers:
-            logger.addHandler(logging.StreamHandler(sys.stderr))
-            logger.setLevel(logging.INFO)
         if not prepared.usable:
             warn_once(
                 self.directory,
