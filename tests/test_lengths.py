@@ -48,6 +48,7 @@ def test_truncate_gives_every_rank_the_smallest_count_without_overlap(
         urls=shards,
         samples_per_shard=sidecar,
         equalize="truncate",
+        split="shards",
         seed=1,
         shuffle_buffer=shuffle_buffer,
     )
@@ -119,6 +120,7 @@ def test_padding_a_consumer_without_samples_is_an_error(tmp_path, monkeypatch):
         urls,
         samples_per_shard={u: n for u, n in zip(urls, [0, 4], strict=True)},
         equalize="pad",
+        split="shards",
         shuffle_shards=False,
     )
     with pytest.raises(ValueError, match="has no samples"):
@@ -197,7 +199,7 @@ def test_too_few_shards_without_counts_is_an_error_naming_the_way_out(shards, mo
 def test_padding_is_counted_in_the_stats(shards, sidecar, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    dataset = ShardDataset(shards, samples_per_shard=sidecar, shuffle_shards=False)
+    dataset = ShardDataset(shards, samples_per_shard=sidecar, shuffle_shards=False, split="shards")
     part = keys(dataset)
     own = len(set(part))
     assert dataset.stats()["padded"] == len(part) - own > 0

@@ -80,7 +80,8 @@ def test_prefetch_follows_this_consumers_order(recorded, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     dataset = ShardDataset(urls, seed=5, prefetch=1)
     mine = [
-        url.removeprefix(f"{PROTOCOL}://") for url in dataset.consumer_urls(0, dataset.consumer())
+        url.removeprefix(f"{PROTOCOL}://")
+        for url in (dataset.urls[s.shard] for s in dataset.plan(0, dataset.consumer()).segments)
     ]
     list(dataset)
     assert RecordingFileSystem.calls == mine[1:]

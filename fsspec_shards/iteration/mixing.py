@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsspec_shards.config import is_int
+from fsspec_shards.iteration.epoch import EpochNumber
 from fsspec_shards.iteration.order import node_split, worker_split
 from fsspec_shards.iteration.rng import CounterRNG, derive_key
 
@@ -119,7 +120,10 @@ class MixedDataset(_DatasetBase):
     ``"all_exhausted"`` or ``"never"`` (see the module docstring and docs/mixing.md).
 
     Sources need ``set_epoch``, ``state_dict`` and ``load_state_dict`` to resume; each keeps
-    its own shuffle and split. A ``torch.utils.data.IterableDataset`` when torch is
+    its own shuffle and split. ``batch_size`` B (with ``stop="all_exhausted"``, every source a
+    ShardDataset made with ``batch_size=B``): each consumer's mixture is the sum of whole
+    batches, so ``len(mix)`` (the sources' lengths added) gives an exact
+    ``len(DataLoader(mix, batch_size=B))``. A ``torch.utils.data.IterableDataset`` when torch is
     installed: works in DataLoader workers and with torchdata's StatefulDataLoader.
     """
 
@@ -129,6 +133,7 @@ class MixedDataset(_DatasetBase):
         weights: Sequence[float] | None = None,
         seed: int = 0,
         stop: str = "first_exhausted",
+        batch_size: int | None = None,
     ) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
@@ -148,11 +153,27 @@ class MixedDataset(_DatasetBase):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
         self.stop = stop
-        self.epoch = 0
+        self.batch_size = _check_batch_size(batch_size, self.datasets, stop)
+        self._epoch = EpochNumber()
         self._pending: MixState | None = None
         self._live: MixState | None = None
 
     # --- epochs and state ---------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.set(epoch)
+
+    def __len__(self) -> int:
+        """Samples of one epoch of this consumer: the sources' lengths added, when every
+        sample of every source is delivered (``stop="all_exhausted"``); else TypeError."""
+        if self.stop != "all_exhausted":
+            raise TypeError(f"len() of a MixedDataset needs stop='all_exhausted', not {self.stop}")
+        return sum(len(dataset) for dataset in self.datasets)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the next iteration, for the draws and every source."""
@@ -210,6 +231,7 @@ class MixedDataset(_DatasetBase):
     # --- iteration ----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        self._epoch.follow()
         state = self._start_state()
         self._live = state
         for index, dataset in enumerate(self.datasets):
@@ -281,6 +303,21 @@ class MixedDataset(_DatasetBase):
 
 
 _END = object()
+
+
+def _check_batch_size(batch_size: Any, sources: Sequence[Any], stop: str) -> int | None:
+    """``batch_size``, when whole batches per source add up to an exact mixture length."""
+    if batch_size is None:
+        return None
+    if stop != "all_exhausted":
+        raise ValueError(f"batch_size= needs stop='all_exhausted' (every sample once), not {stop}")
+    for index, source in enumerate(sources):
+        if getattr(source, "batch_size", None) != batch_size:
+            raise ValueError(
+                f"source {index} has batch_size={getattr(source, 'batch_size', None)!r}: make "
+                f"every source with batch_size={batch_size!r}, so each gives whole batches"
+            )
+    return batch_size
 
 
 class _WeightedChoice:

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec_shards.config import is_int
+from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import EpochPlan, Segment
 from fsspec_shards.redact import without_signing
 
 STATE_VERSION = 2
+CONSUMER_FIELDS = ("rank", "world_size", "worker", "num_workers")
+"""The fingerprint fields that name the consumer a position is of."""
 BLOCK = 512
 """Tar offsets are multiples of the block size."""
 
@@ -241,6 +244,23 @@ def urls_digest(values: Sequence[str]) -> str:
         digest.update(value.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
+
+
+def consumer_fingerprint(identity: Mapping[str, Any], consumer: Consumer) -> dict[str, Any]:
+    """The fingerprint of a position of ``consumer``: the dataset's ``identity`` (the
+    arguments its plans and streams depend on) and the consumer."""
+    return {
+        **identity,
+        "rank": consumer.rank,
+        "world_size": consumer.world_size,
+        "worker": consumer.worker,
+        "num_workers": consumer.num_workers,
+    }
+
+
+def base_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """A state fingerprint without the consumer it was taken by."""
+    return {key: value for key, value in fingerprint.items() if key not in CONSUMER_FIELDS}
 
 
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -16,19 +16,24 @@ buffer size. Resuming rebuilds what the state leaves out:
 Both check that what they find matches the state exactly, else ValueError naming the field.
 The first pass over the plan goes through the shuffle buffer and is drained before any padding
 pass is read, so every sample of the pass is delivered before a repeat. Shard errors and
-sample errors go through the dataset's ``handler``; the counters are published for the main
+sample errors go through the source's ``handler``; the counters are published for the main
 process every ``FLUSH_SECONDS`` and when the stream ends.
+
+:class:`Streams` makes the streams of one dataset's consumers (fresh, at a loaded position,
+over a remainder) from the parts they use: the source, the planner, the shuffle and the
+dataset's identity for the fingerprint.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from fsspec_shards.iteration.order import Consumer
-from fsspec_shards.iteration.plan import EpochPlan
+from fsspec_shards.iteration.plan import EpochPlan, Piece, Planner
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
 from fsspec_shards.iteration.rng import CounterRNG
 from fsspec_shards.iteration.samples import RawSample
@@ -38,36 +43,44 @@ from fsspec_shards.iteration.shuffle import (
     replay_buffer,
     shuffle_key,
 )
-from fsspec_shards.iteration.state import SampleRef, StreamState
+from fsspec_shards.iteration.source import ShardSource
+from fsspec_shards.iteration.state import (
+    SampleRef,
+    StreamState,
+    check_fingerprint,
+    check_position,
+    consumer_fingerprint,
+)
 from fsspec_shards.iteration.stats import FLUSH_SECONDS
-
-if TYPE_CHECKING:
-    from fsspec_shards.iteration.dataset import ShardDataset
 
 Entry = tuple[SampleRef, RawSample]
 
 
 class ConsumerStream:
-    """The stream of ``consumer`` over ``plan``, from ``state`` (a fresh or loaded position)."""
+    """The stream of ``consumer`` over ``plan`` read from ``source``, from ``state`` (a fresh
+    or loaded position), through a shuffle buffer of ``shuffle_buffer`` samples (0: none)
+    keyed by ``seed``."""
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        source: ShardSource,
         consumer: Consumer,
         plan: EpochPlan,
         state: StreamState,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
         loaded: bool = False,
     ) -> None:
-        self.dataset = dataset
+        self.source = source
         self.consumer = consumer
         self.plan = plan
         self.state = state
         self.epoch = state.epoch
         self.buffer: ShuffleBuffer[Entry] | None = None
         self.oldest: OldestBuffered[SampleRef] = OldestBuffered()
-        if dataset.shuffle_buffer:
-            key = shuffle_key(dataset.seed, state.epoch, consumer.rank, consumer.worker)
-            self.buffer = ShuffleBuffer(dataset.shuffle_buffer, CounterRNG(key))
+        if shuffle_buffer:
+            key = shuffle_key(seed, state.epoch, consumer.rank, consumer.worker)
+            self.buffer = ShuffleBuffer(shuffle_buffer, CounterRNG(key))
         self.rebuilt = not loaded
         """False while a loaded state's cursor is unchecked and its buffer not read back."""
 
@@ -122,11 +135,11 @@ class ConsumerStream:
         if not state.offset or state.shard >= self.plan.limit:
             return
         segment = self.plan.segment(state.shard)
-        url = self.dataset.urls[segment.shard]
+        url = self.source.urls[segment.shard]
         try:
-            start, end = self.dataset.byte_range(url, segment)
-            size = self.dataset.plain_size(url)
-        except self.dataset.shard_errors:
+            start, end = self.source.byte_range(url, segment)
+            size = self.source.plain_size(url)
+        except self.source.shard_errors:
             return  # reading it will meet the same error, and the handler decides
         if state.offset < start or (end is not None and state.offset > end):
             raise ValueError(
@@ -136,7 +149,7 @@ class ConsumerStream:
         if size is not None and state.offset > size:
             raise ValueError(
                 f"invalid ShardDataset state: field 'offset': {state.offset} is past the end "
-                f"of shard {self.dataset.shown_url(url)} ({size} bytes)"
+                f"of shard {self.source.shown_url(url)} ({size} bytes)"
             )
 
     def _scan_window(self, wanted: set[int]) -> dict[int, SampleRef]:
@@ -196,15 +209,15 @@ class ConsumerStream:
             ranges.setdefault(ref.shard, []).append(ref)
         found: dict[SampleRef, RawSample] = {}
         for index, shard_refs in ranges.items():
-            url = self.dataset.urls[self.plan.segment(index).shard]
+            url = self.source.urls[self.plan.segment(index).shard]
             spans = [(ref.offset, ref.end) for ref in shard_refs]
             failure = None
             try:
-                samples = self.dataset.reader.samples_at(url, spans)
-            except self.dataset.shard_errors as exc:
+                samples = self.source.reader.samples_at(url, spans)
+            except self.source.shard_errors as exc:
                 failure = exc
             if failure is not None:
-                self.dataset.shard_failed(url, failure)
+                self.source.shard_failed(url, failure)
                 continue
             found.update(zip(shard_refs, samples, strict=True))
         return [(ref, found[ref]) for ref in refs if ref in found]
@@ -235,12 +248,12 @@ class ConsumerStream:
         ``until`` (default: the plan's end); ``state.shard`` indexes the plan's segments. A
         shard that turns out malformed is read once more (after its cached copy is dropped)
         before the handler decides."""
-        plan, dataset = self.plan, self.dataset
+        plan, source = self.plan, self.source
         stop = plan.limit if until is None else min(until, plan.limit)
         while state.shard < stop:
             index = state.shard
             segment = plan.segment(index)
-            url = dataset.urls[segment.shard]
+            url = source.urls[segment.shard]
             retried = False
             while True:
                 failure = None
@@ -250,9 +263,9 @@ class ConsumerStream:
                         prefetcher.advance(index)
                         if prefetch_error is not None:
                             raise prefetch_error
-                    start, end = dataset.byte_range(url, segment)
+                    start, end = source.byte_range(url, segment)
                     position = state.offset or start
-                    with closing(dataset.samples(url, position, headers_only)) as samples:
+                    with closing(source.samples(url, position, headers_only)) as samples:
                         for sample in samples:
                             if end is not None and sample.offset >= end:
                                 break
@@ -261,19 +274,19 @@ class ConsumerStream:
                             state.read += 1
                             state.segment_read += 1
                             yield ref, sample
-                except dataset.shard_errors as exc:
+                except source.shard_errors as exc:
                     failure = exc
                 # Handled outside the except block, so that a raised error chains nothing.
                 if failure is None:
                     if not headers_only:
-                        dataset.counters().shards_done += 1
-                elif isinstance(failure, dataset.malformed_errors) and not retried:
-                    retried = dataset.drop_cached(url)
+                        source.counters().shards_done += 1
+                elif isinstance(failure, source.malformed_errors) and not retried:
+                    retried = source.drop_cached(url)
                     if retried:
                         continue
-                    dataset.shard_failed(url, failure)
+                    source.shard_failed(url, failure)
                 else:
-                    dataset.shard_failed(url, failure)
+                    source.shard_failed(url, failure)
                 break
             state.shard = index + 1
             state.offset = 0
@@ -297,14 +310,14 @@ class ConsumerStream:
 
     def run(self) -> Iterator[Any]:
         """Deliver the rest of the epoch: samples through the transforms, with the stats."""
-        state, dataset, plan = self.state, self.dataset, self.plan
+        state, source, plan = self.state, self.source, self.plan
         if state.finished:
             return
-        stats = dataset.counters()
+        stats = source.counters()
         stats.begin_epoch(state.epoch)
-        urls = [dataset.urls[plan.segment(index).shard] for index in range(plan.limit)]
-        prefetcher = ShardPrefetcher(urls, dataset.reader.locate, dataset.prefetch)
-        progress = dataset.progress_log(self.consumer, urls)
+        urls = [source.urls[plan.segment(index).shard] for index in range(plan.limit)]
+        prefetcher = ShardPrefetcher(urls, source.reader.locate, source.prefetch)
+        progress = source.progress_log(self.consumer, urls)
         started = time.perf_counter()
         asked = started
         check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
@@ -322,7 +335,7 @@ class ConsumerStream:
                 stats.bytes_read += sample.end - sample.offset
                 if ref.shard >= padding_from:
                     stats.padded += 1
-                result = dataset.prepare(sample, self.consumer, state.delivered - 1)
+                result = source.prepare(sample, self.consumer, state.delivered - 1)
                 if result is None:
                     continue
                 stats.samples += 1
@@ -331,15 +344,56 @@ class ConsumerStream:
                 if now >= check_at:
                     stats.seconds += now - started
                     started = now
-                    dataset.publish_stats(self.consumer)
+                    source.publish_stats(self.consumer)
                     progress.maybe_log(stats)
                     check_at = now + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
                 yield result
                 asked = time.perf_counter()
             if plan.length is not None and state.delivered < plan.length:
-                dataset.short_epoch(state.epoch, state.delivered, plan.length)
+                source.short_epoch(state.epoch, state.delivered, plan.length)
             state.finished = True
         finally:
             prefetcher.close()
             stats.seconds += time.perf_counter() - started
-            dataset.publish_stats(self.consumer)
+            source.publish_stats(self.consumer)
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Makes the streams of a dataset's consumers. ``identity`` is what a position depends
+    on besides its consumer (:func:`~fsspec_shards.iteration.state.consumer_fingerprint`)."""
+
+    source: ShardSource
+    planner: Planner
+    shuffle_buffer: int
+    seed: int
+    identity: Mapping[str, Any]
+
+    def fingerprint(self, consumer: Consumer) -> dict[str, Any]:
+        """The arguments a position of ``consumer`` depends on."""
+        return consumer_fingerprint(self.identity, consumer)
+
+    def fresh(self, consumer: Consumer, epoch: int) -> ConsumerStream:
+        """The stream of ``consumer`` from the start of ``epoch``."""
+        state = StreamState(self.fingerprint(consumer), epoch=epoch)
+        return self._stream(consumer, self.planner.plan(epoch, consumer), state)
+
+    def at(self, consumer: Consumer, state: StreamState) -> ConsumerStream:
+        """The stream of ``consumer`` at a loaded position; ValueError naming the field when
+        the position cannot be of this consumer (before anything is read)."""
+        check_fingerprint(state.fingerprint, self.fingerprint(consumer))
+        plan = self.planner.plan(state.epoch, consumer, state.remainder)
+        check_position(state, plan, self.shuffle_buffer)
+        return self._stream(consumer, plan, state, loaded=True)
+
+    def over(self, consumer: Consumer, epoch: int, pieces: Sequence[Piece]) -> ConsumerStream:
+        """The stream of ``consumer`` over its share of an epoch's remainder ``pieces``."""
+        state = StreamState(self.fingerprint(consumer), epoch, remainder=tuple(pieces))
+        return self._stream(consumer, self.planner.plan(epoch, consumer, pieces), state)
+
+    def _stream(
+        self, consumer: Consumer, plan: EpochPlan, state: StreamState, loaded: bool = False
+    ) -> ConsumerStream:
+        return ConsumerStream(
+            self.source, consumer, plan, state, self.shuffle_buffer, self.seed, loaded
+        )
