@@ -38,6 +38,7 @@ from fsspec_shards.storage.backends import (
     GCS_PROTOCOLS,
     HTTP_PROTOCOLS,
     S3_PROTOCOLS,
+    http,
     s3,
 )
 
@@ -639,6 +640,9 @@ def _map_http(options: _Options) -> StoreSpec:
     headers.update(client_kwargs.take("headers") or {})
     secrets: list[str] = []
     auth = client_kwargs.take("auth")
+    for middleware in client_kwargs.take("middlewares") or ():
+        if middleware is not http.same_origin_headers:  # obstore's redirects: see below
+            raise client_kwargs.refused("middlewares", "aiohttp middlewares cannot be carried over")
     if auth is not None:
         login, password = getattr(auth, "login", None), getattr(auth, "password", None)
         if login is None:
@@ -646,6 +650,11 @@ def _map_http(options: _Options) -> StoreSpec:
         encoded = base64.b64encode(f"{login}:{password or ''}".encode()).decode()
         headers["Authorization"] = f"Basic {encoded}"
         secrets += [encoded, str(password or "")]
+    for name in headers:
+        if name.lower() not in http.OBSTORE_STRIPPED | http.CROSS_ORIGIN_HEADERS:
+            raise options.refused(
+                f"headers.{name}", "obstore would send it on to any origin a redirect names"
+            )
     secrets += [str(v) for k, v in headers.items() if k.lower() in ("authorization", "cookie")]
     client: dict[str, Any] = {}
     if headers:
