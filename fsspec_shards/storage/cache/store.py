@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
+from fsspec_shards import exception_chain
 from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
@@ -686,15 +687,11 @@ def _foreign_names(directory: str) -> list[str]:
 
 def _is_disk_full(error: BaseException) -> bool:
     """Whether ``error`` or an exception it was raised from means the disk is full."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if type(error).__module__ == "sqlite3" and "full" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        (isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT))
+        or (type(link).__module__ == "sqlite3" and "full" in str(link))
+        for link in exception_chain.links(error, follow_suppressed=True)
+    )
 
 
 def _free_bytes(directory: str) -> int:
