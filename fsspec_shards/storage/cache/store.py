@@ -484,9 +484,8 @@ class ShardCache:
         with open(temp, "r+b") as file:
             metadata = download(file)
             file.flush()
-            os.fsync(file.fileno())
+            layout.finish_file(file.fileno(), read_only=True)
             size = os.fstat(file.fileno()).st_size
-            os.fchmod(file.fileno(), 0o400)
         # The download says what it verified (a newer version may differ in size from
         # what was reserved); otherwise the size announced beforehand must hold.
         promised = (metadata or {}).get("size", expected_size)
@@ -509,9 +508,8 @@ class ShardCache:
                             "is not a private directory of the cache",
                             "remove it (the cache makes it again)",
                         )
-                    os.rename(temp, final)
                     try:
-                        _fsync_directory(os.path.dirname(final))
+                        layout.rename_into_place(temp, final)
                         published, replaced = self._index.publish(
                             key, relative, size, redact_url(obj.shown), record, since
                         )
@@ -697,12 +695,3 @@ def _is_disk_full(error: BaseException) -> bool:
 def _free_bytes(directory: str) -> int:
     usage = os.statvfs(directory)
     return usage.f_bavail * usage.f_frsize
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make a rename durable across power loss."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
