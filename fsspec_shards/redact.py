@@ -31,8 +31,10 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from fsspec_shards import exception_chain
 
 REDACTED = "REDACTED"
 
@@ -183,15 +185,6 @@ def shows_secret(text: str) -> bool:
     return redact_text(text) != text
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _link_shows_secret(error: BaseException, urls: tuple[str, ...]) -> bool:
     text = str(error)
     notes = "\n".join(getattr(error, "__notes__", []) or [])
@@ -209,7 +202,7 @@ def clean_error(error: BaseException, *urls: str) -> BaseException:
     if _link_shows_secret(error, urls):
         error = _redacted_copy(error, urls)
     previous = error
-    for link in list(_chain(error))[1:]:
+    for link in list(exception_chain.links(error, follow_suppressed=True))[1:]:
         if _link_shows_secret(link, urls):
             previous.__cause__ = None
             previous.__context__ = None

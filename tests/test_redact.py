@@ -119,6 +119,19 @@ def test_clean_error_cuts_a_chain_that_holds_a_signed_url():
     assert cleaned.__context__ is None and cleaned.__cause__ is None
 
 
+def test_clean_error_cuts_a_context_hidden_by_from_none_too():
+    # A traceback hides it, but it stays reachable as ``__context__`` (and leaves with the error).
+    try:
+        raise FileNotFoundError(2, f"No such file: {SIGNED}")
+    except FileNotFoundError:
+        try:
+            raise FileNotFoundError(2, f"not found: {redact_url(SIGNED)}") from None
+        except FileNotFoundError as outer:
+            hidden = outer
+    cleaned = clean_error(hidden)
+    assert cleaned.__context__ is None and cleaned.__suppress_context__
+
+
 def test_clean_error_redacts_an_error_whose_own_text_shows_a_secret():
     cleaned = clean_error(PermissionError(13, f"denied: {SAS}"))
     assert isinstance(cleaned, PermissionError) and cleaned.errno == 13

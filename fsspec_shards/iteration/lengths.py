@@ -22,6 +22,7 @@ import fsspec
 
 from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_text, redact_url
+from fsspec_shards.shard_names import by_trailing_path
 
 logger = logging.getLogger("fsspec_shards.dataset")
 
@@ -95,12 +96,7 @@ def _lookup(counts: Mapping[str, int], url: str) -> int | None:
     """The count of ``url``: by full URL, else by its longest trailing path in ``counts``."""
     if url in counts:
         return counts[url]
-    parts = url.split("?", 1)[0].split("::")[-1].split("/")
-    for first in range(len(parts)):
-        count = counts.get("/".join(parts[first:]))
-        if count is not None:
-            return count
-    return None
+    return by_trailing_path(counts, url.split("?", 1)[0].split("::")[-1])
 
 
 def shard_sizes(urls: Sequence[str], counts: Mapping[str, int]) -> list[int]:
