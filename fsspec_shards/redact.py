@@ -307,7 +307,9 @@ def redact_record(record: logging.LogRecord) -> None:
     if shown != message or not formatted:
         record.msg, record.args = shown, None
     error = record.exc_info[1] if record.exc_info else None
-    if error is not None and any(shows_secret(_text(link)) for link in _chain(error)):
+    if error is not None and any(
+        shows_secret(_text(link)) for link in exception_chain.links(error, follow_suppressed=True)
+    ):
         record.msg = f"{shown} ({type(error).__name__}: {redact_text(_text(error))})"
         record.args = None
         record.exc_info = None
