@@ -79,3 +79,18 @@ def test_unreadable_cache_counters_are_one_warning_and_the_line_goes_on(caplog):
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(lines) == 2 and "cache hit rate" not in lines[1]
     assert logger.handlers == handlers
+
+
+def test_a_record_without_epochs_from_an_older_version_counts_but_has_no_rate():
+    old = record(0, 0, 1000.0, 100, 0.5)
+    for name in ("epoch", "epoch_started", "epoch_samples", "epoch_seconds"):
+        del old[name]
+    stats = summary([old, record(1, 3, 2000.0, 50, 0.5)], None)
+    assert stats["samples"] == 150 and stats["samples_per_second"] == pytest.approx(100.0)
+    assert [worker["epoch"] for worker in stats["workers"]] == [None, 3]
+
+
+def test_the_current_epoch_is_the_latest_started_not_the_highest_number():
+    earlier_run = record(0, 5, 1000.0, 900, 1.0)  # left in a stats_dir used again
+    stats = summary([earlier_run, record(0, 0, 5000.0, 30, 1.5)], None)
+    assert stats["samples_per_second"] == pytest.approx(20.0)
