@@ -52,14 +52,16 @@ def test_with_workers_the_rate_is_what_the_loader_delivers(tmp_path):
     loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=list)
     for epoch in range(2):  # workers are not persistent: epoch 0's records stay behind
         dataset.set_epoch(epoch)
+        batches = iter(loader)
+        next(batches)  # the workers' start-up is not part of either rate
         started, delivered = time.perf_counter(), 0
-        for batch in loader:
+        for batch in batches:
             delivered += len(batch)
             time.sleep(0.01)  # a training step: about 400 samples/s
         delivered_rate = delivered / (time.perf_counter() - started)
     stats = dataset.stats()
     assert stats["samples"] == 400
-    assert 0.7 < stats["samples_per_second"] / delivered_rate < 1.5
+    assert 0.7 < stats["samples_per_second"] / delivered_rate < 1.5  # 1.09 measured; 2.2 before
 
 
 def test_unreadable_cache_counters_are_one_warning_and_the_line_goes_on(caplog):
