@@ -52,14 +52,16 @@ def test_with_workers_the_rate_is_what_the_loader_delivers(tmp_path):
     loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=list)
     for epoch in range(2):  # workers are not persistent: epoch 0's records stay behind
         dataset.set_epoch(epoch)
+        batches = iter(loader)
+        next(batches)  # the workers' start-up is not part of either rate
         started, delivered = time.perf_counter(), 0
-        for batch in loader:
+        for batch in batches:
             delivered += len(batch)
             time.sleep(0.01)  # a training step: about 400 samples/s
         delivered_rate = delivered / (time.perf_counter() - started)
     stats = dataset.stats()
     assert stats["samples"] == 400
-    assert 0.7 < stats["samples_per_second"] / delivered_rate < 1.5
+    assert 0.7 < stats["samples_per_second"] / delivered_rate < 1.5  # 1.09 measured; 2.2 before
 
 
 def test_unreadable_cache_counters_are_one_warning_and_the_line_goes_on(caplog):
@@ -79,3 +81,18 @@ def test_unreadable_cache_counters_are_one_warning_and_the_line_goes_on(caplog):
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(lines) == 2 and "cache hit rate" not in lines[1]
     assert logger.handlers == handlers
+
+
+def test_a_record_without_epochs_from_an_older_version_counts_but_has_no_rate():
+    old = record(0, 0, 1000.0, 100, 0.5)
+    for name in ("epoch", "epoch_started", "epoch_samples", "epoch_seconds"):
+        del old[name]
+    stats = summary([old, record(1, 3, 2000.0, 50, 0.5)], None)
+    assert stats["samples"] == 150 and stats["samples_per_second"] == pytest.approx(100.0)
+    assert [worker["epoch"] for worker in stats["workers"]] == [None, 3]
+
+
+def test_the_current_epoch_is_the_latest_started_not_the_highest_number():
+    earlier_run = record(0, 5, 1000.0, 900, 1.0)  # left in a stats_dir used again
+    stats = summary([earlier_run, record(0, 0, 5000.0, 30, 1.5)], None)
+    assert stats["samples_per_second"] == pytest.approx(20.0)

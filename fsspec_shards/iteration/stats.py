@@ -171,9 +171,11 @@ def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str,
                 "rank": record["rank"],
                 "worker": record["worker"],
                 "pid": record["pid"],
-                "epoch": record["epoch"],
+                "epoch": record.get("epoch"),  # None in a record of an older version
                 "samples": record["samples"],
-                "samples_per_second": _rate(record["epoch_samples"], record["epoch_seconds"]),
+                "samples_per_second": _rate(
+                    record.get("epoch_samples", 0), record.get("epoch_seconds", 0.0)
+                ),
                 "wait_seconds": record["wait_seconds"],
             }
         )
