@@ -94,9 +94,36 @@ def test_without_any_s3_region_the_bucket_is_asked_for_it():
     assert "endpoint" not in spec.config
 
 
-def test_the_aws_region_environment_variable_is_honoured(monkeypatch):
-    monkeypatch.setenv("AWS_REGION", "ap-south-1")
+def test_the_aws_region_is_botocores_default_region_not_aws_region(monkeypatch):
+    """As s3fs: botocore reads AWS_DEFAULT_REGION; AWS_REGION is other SDKs' name."""
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert spec_of("s3", {"anon": True}).bucket_region
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
     assert spec_of("s3", {"anon": True}).config["region"] == "ap-south-1"
+
+
+def test_the_config_files_endpoint_and_region_hold_with_keys_given(monkeypatch, tmp_path):
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = eu-west-3\nendpoint_url = http://10.0.0.2:9000\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    spec = spec_of("s3", {"key": "AKID", "secret": "s3cr3t"})
+    assert (spec.config["endpoint"], spec.config["region"]) == ("http://10.0.0.2:9000", "eu-west-3")
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    spec = spec_of("s3", {"key": "AKID", "secret": "s3cr3t"})
+    assert spec.config["endpoint"] == "https://s3.eu-west-3.amazonaws.com"
+
+
+def test_a_services_section_names_the_s3_endpoint(monkeypatch, tmp_path):
+    config = tmp_path / "config"
+    config.write_text(
+        "[profile lab]\nservices = lab-services\n"
+        "[services lab-services]\ns3 =\n  endpoint_url = http://10.0.0.3:9000\n"
+    )
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    spec = spec_of("s3", {"anon": True, "profile": "lab"})
+    assert spec.config["endpoint"] == "http://10.0.0.3:9000"
+    refused = refusal_of("s3", {"anon": True, "profile": "nowhere"})
+    assert refused.option == "profile" and "nowhere" in refused.reason
 
 
 def test_botocores_endpoint_environment_variable_is_honoured(monkeypatch):
@@ -382,20 +409,29 @@ def test_azure_options_without_an_obstore_equivalent_are_refused_by_name(options
 # --------------------------------------------------------------------------- http
 
 
+@pytest.mark.parametrize("name", ["X-Api-Key", "x-amz-security-token"])
+def test_http_headers_obstore_would_carry_across_origins_are_refused(name):
+    """obstore follows a redirect to another origin with every header but Authorization
+    and Cookie (tests/integration/test_redirects.py)."""
+    refused = refusal_of("https", {"client_kwargs": {"headers": {name: "s3cr3t"}}})
+    assert refused.option == f"headers.{name}"
+    assert "s3cr3t" not in str(refused)
+
+
 def test_http_headers_and_basic_auth_become_default_headers():
     spec = spec_of(
         "https",
         {
-            "headers": {"X-Team": "a"},
+            "headers": {"User-Agent": "a"},
             "client_kwargs": {
-                "headers": {"X-Run": "b"},
+                "headers": {"Accept": "b"},
                 "auth": basic_auth("user", "pa55"),
                 "trust_env": True,
             },
         },
     )
     headers = spec.client["default_headers"]
-    assert headers["X-Team"] == "a" and headers["X-Run"] == "b"
+    assert headers["User-Agent"] == "a" and headers["Accept"] == "b"
     assert headers["Authorization"].startswith("Basic ")
     assert "pa55" in spec.secrets
     assert headers["Authorization"].split()[1] in spec.secrets

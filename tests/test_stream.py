@@ -1,4 +1,4 @@
-"""ConsumerStream against sample counts that lie: an absurd count, a shard that holds fewer
+"""ConsumerStream against sample counts that lie: an absurd count (2**32), a shard that holds fewer
 or more samples than its count (an error under handler="raise", equal lengths otherwise)."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def ranks(urls, counts, world_size=2, **args):
 
 
 def test_an_absurd_count_starts_the_stream_without_planning_it_in_memory(shards):
-    counts = dict(zip(shards, [10**10, 3, 4, 6], strict=True))
-    # Rank 1 pads its 3 + 6 samples towards 10**10 + 4: its first samples come at once.
+    counts = dict(zip(shards, [2**32, 3, 4, 6], strict=True))
+    # Rank 1 pads its 3 + 6 samples towards 2**32 + 4: its first samples come at once.
     args = dict(samples_per_shard=counts, world_size=2, prefetch=0, shuffle_shards=False)
     dataset = ShardDataset(shards, rank=1, split="shards", **args)
     iterator = iter(dataset)

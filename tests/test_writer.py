@@ -223,6 +223,7 @@ def test_a_pattern_without_one_file_name_placeholder_is_refused(tmp_path, patter
         ({"start_shard": -1}, "start_shard"),
         ({"manifest": "sub/SHA256SUMS"}, "manifest must be a file name"),
         ({"counts": ""}, "counts must be a file name"),
+        ({"max_member_size": "huge"}, "max_member_size"),
     ],
 )
 def test_invalid_limits_are_refused_naming_the_option(tmp_path, options, message):
@@ -263,30 +264,103 @@ import sys, time
 from pathlib import Path
 from fsspec_shards import ShardWriter
 
-directory = Path(sys.argv[1])
-writer = ShardWriter(str(directory / "k-%03d.tar"), max_count=50)
+directory, prefix, ready = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+writer = ShardWriter(str(directory / f"{prefix}-%03d.tar"), max_count=50, manifest=prefix)
 for index in range(120):
     writer.write({"__key__": f"s{index:04d}", "bin": bytes(2000)})
     if index == 75:
-        (directory.parent / "ready").write_text("mid-shard")
+        ready.write_text("mid-shard")
         time.sleep(600)
 """
 
 
-def test_a_killed_writer_leaves_only_complete_shards_under_final_names(tmp_path):
+def start_writer(directory: Path, prefix: str) -> subprocess.Popen:
+    """A writer subprocess stopped in the middle of its second shard."""
+    ready = directory.parent / f"{prefix}.ready"
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(directory), prefix, str(ready)]
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"the writer {prefix} did not get mid-shard")
+        time.sleep(0.05)
+    return process
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(TIMEOUT)
+
+
+def spool_files(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.glob(".fsspec-shards-spool-*/*/*"))
+
+
+def test_a_killed_writer_leaves_only_complete_shards_and_the_next_writer_its_spool(tmp_path):
+    """SIGKILL mid-shard: no partial shard under a final name; the next writer removes the
+    dead writer's spool and never a live writer's."""
     directory = tmp_path / "out"
     directory.mkdir()
-    process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(directory)])
+    kill(start_writer(directory, "k"))
+    assert [name for name in sorted(os.listdir(directory)) if name[0] != "."] == ["k-000.tar"]
+    [dead] = spool_files(directory)
+    assert dead.startswith("k-001.tar.")
+    live = start_writer(directory, "l")
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (tmp_path / "ready").exists():
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        [live_spool] = [name for name in spool_files(directory) if name != dead]
+        with ShardWriter(str(directory / "c-%03d.tar"), manifest="c", counts=None) as writer:
+            assert spool_files(directory) == [live_spool]  # the dead run went, the live stayed
+            writer.write({"__key__": "c", "txt": "c"})
     finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait(TIMEOUT)
-    names = sorted(os.listdir(directory))
-    assert [name for name in names if not name.startswith(".")] == ["k-000.tar"]
-    assert len(names) == 2 and names[0].startswith(".k-001.tar.")
+        kill(live)
+    write_samples(str(directory / "d-%03d.tar"), 3, manifest="d", counts=None)
+    assert [name for name in os.listdir(directory) if name.startswith(".")] == []
     complete = list(ShardDataset(str(directory / "k-000.tar")))
     assert [s["__key__"] for s in complete] == [f"s{index:04d}" for index in range(50)]
+
+
+MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+
+
+def test_an_aborted_run_over_earlier_shards_leaves_no_manifest_of_the_earlier_run(tmp_path):
+    pattern = str(tmp_path / "t-%02d.tar")
+    write_samples(pattern, 30, max_count=10)
+    assert set(MANIFESTS) <= set(os.listdir(tmp_path))
+    with pytest.raises(RuntimeError, match="stop"), ShardWriter(pattern, max_count=10) as writer:
+        for index in range(15):
+            writer.write(make_sample(100 + index))
+        raise RuntimeError("stop")
+    assert sorted(os.listdir(tmp_path)) == ["t-00.tar", "t-01.tar", "t-02.tar"]
+    write_samples(pattern, 12, max_count=10)
+    counts = load_sample_counts(str(tmp_path / "sample-counts.json"))
+    assert counts == {"t-00.tar": 10, "t-01.tar": 2}
+    sums = (tmp_path / "SHA256SUMS").read_text()
+    assert "t-02.tar" not in sums and "t-01.tar" in sums
+
+
+def test_a_member_larger_than_readers_take_is_refused_naming_key_and_field(tmp_path):
+    from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
+
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        huge = bytes(DEFAULT_MAX_MEMBER_SIZE + 1)  # calloc'd: no memory is touched
+        with pytest.raises(ValueError, match=r"sample 'big' field 'bin': .*max_member_size"):
+            writer.write({"__key__": "big", "bin": huge})
+        del huge
+        writer.write({"__key__": "small", "bin": b"x"})
+    small = ShardWriter(str(tmp_path / "s-%02d.tar"), max_member_size="1KiB")
+    with small, pytest.raises(ValueError, match=r"'k' field 'txt.gz'"):
+        small.write({"__key__": "k", "txt.gz": os.urandom(2000)})
+    read = [sample["__key__"] for sample in ShardDataset(str(tmp_path / "t-00.tar"))]
+    assert read == ["small"]
+
+
+def test_a_lone_surrogate_is_refused_naming_key_and_field(tmp_path):
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        with pytest.raises(ValueError, match=r"sample 'k' field 'txt': .*surrogates"):
+            writer.write({"__key__": "k", "txt": "caption \ud800"})
+        with pytest.raises(ValueError, match=r"sample 'k\\ud800' field 'txt'"):
+            writer.write({"__key__": "k\ud800", "txt": "x"})
+        writer.write({"__key__": "k", "txt": "fine"})
+    assert [s["txt"] for s in ShardDataset(str(tmp_path / "t-00.tar"))] == [b"fine"]

@@ -106,6 +106,8 @@ class MixState:
         pairs = zip(state.round_delivered, state.delivered, strict=True)
         if any(in_round > in_epoch for in_round, in_epoch in pairs):
             raise ValueError("MixedDataset state field 'round_delivered': above 'delivered'")
+        if all(state.exhausted) and not state.finished:
+            raise ValueError("MixedDataset state field 'finished': false with every source done")
         return state
 
 
@@ -199,6 +201,11 @@ class MixedDataset(_DatasetBase):
                 )
         if self.stop != "never" and any(loaded.rounds):
             raise ValueError("MixedDataset state field 'rounds': restarts happen only with 'never'")
+        if self.stop == "first_exhausted" and any(loaded.exhausted) and not loaded.finished:
+            raise ValueError(
+                "MixedDataset state field 'finished': false with a source done under "
+                "'first_exhausted'"
+            )
         for dataset, source_state in zip(self.datasets, state["sources"], strict=True):
             dataset.load_state_dict(source_state)
         self._pending = loaded
@@ -317,14 +324,21 @@ class _WeightedChoice:
     """Picks a source among those not exhausted, with chances proportional to weights.
 
     A 64-bit draw becomes a point in ``[0, total weight)`` (its top 53 bits, exactly), and
-    the source is the one whose share of the cumulative weights holds the point.
+    the source is the one whose share of the cumulative weights holds the point. The weights
+    are first scaled by the power of two that brings the largest into ``[0.5, 1)``: their sum
+    cannot overflow nor the point underflow (``[1.7e308] * 2``, ``[5e-324] * 2``), and the
+    scaling is exact, so ordinary weights draw exactly as unscaled ones.
     """
 
     __slots__ = ("cumulative", "running", "scale")
 
     def __init__(self, weights: Sequence[float], exhausted: Sequence[bool]) -> None:
         self.running = [index for index, done in enumerate(exhausted) if not done]
-        self.cumulative = list(itertools.accumulate(weights[index] for index in self.running))
+        top = max((weights[index] for index in self.running), default=1.0)
+        shift = -math.frexp(top)[1]
+        self.cumulative = list(
+            itertools.accumulate(math.ldexp(weights[index], shift) for index in self.running)
+        )
         self.scale = _UNIT * self.cumulative[-1] if self.running else 0.0
 
     def __call__(self, draw: int) -> int:

@@ -358,8 +358,9 @@ class ConsumerStream:
         if state.finished:
             return
         stats = source.counters()
+        stats.begin_epoch(state.epoch)
         # One pass: padding passes read shards already read (and cached), and a pass count
-        # from a count that lies (10**10) must not become a list.
+        # from a count that lies (2**32) must not become a list.
         urls = [source.urls[segment.shard] for segment in plan.segments]
         prefetcher = ShardPrefetcher(urls, source.reader.locate, source.prefetch)
         progress = source.progress_log(self.consumer, urls)

@@ -25,7 +25,7 @@ from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config, option_shapes
-from fsspec_shards.counters import COUNTERS
+from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
@@ -53,7 +53,6 @@ logger = logging.getLogger("fsspec_shards.storage.filesystem")
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
-_SHARED_COUNTERS = ("shared_hits", "shared_misses", "shared_evictions")
 RANGED_READS = ("cache", "direct")
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
@@ -442,7 +441,7 @@ class WdsFileSystem(ChainedFileSystem):
         if cache is not None:
             stats = cache.stats()
             if self.shared_cache_dir is not None:
-                for name in _SHARED_COUNTERS:
+                for name in SHARED_COUNTERS:
                     stats.setdefault(name, 0)
                 stats["shared_cache_dir"] = self.shared_cache_dir
             return stats

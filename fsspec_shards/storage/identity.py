@@ -3,7 +3,8 @@
 Invariants:
 
 - Two different objects never share a key. The key covers the protocol, the backend's
-  location (S3 endpoint, or profile and region on AWS; GCS endpoint; Azure account
+  location (S3 endpoint as botocore resolves it, :func:`.backends.s3.location`, or profile
+  and region on AWS; GCS endpoint; Azure account
   endpoint; HTTP scheme+host+port, in the URL itself; for any other backend every option it
   was built with), the path, and the whole query string except signing parameters
   (:func:`fsspec_shards.redact.without_signing`): ``?key=shard-1`` and ``?key=shard-2`` are
@@ -17,15 +18,15 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 
 import fsspec
 from fsspec.utils import tokenize
 
 from fsspec_shards.redact import redact_url, without_signing
+from fsspec_shards.storage.backends import s3
 
-KEY_FORMAT = "fsspec-shards-key-v2"
+KEY_FORMAT = "fsspec-shards-key-v3"  # v3: S3 endpoints from config files, as botocore
 _PATH_IS_ADDRESS = frozenset({"http", "https", "file", "local", "memory"})
 # options of every fsspec filesystem that say nothing about where its objects live
 _NOT_LOCATION = frozenset(
@@ -58,7 +59,7 @@ def backend_location(fs: fsspec.AbstractFileSystem) -> str:
     (http URLs, local and in-memory files)."""
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
     if protocol in ("s3", "s3a"):
-        return _s3_location(fs)
+        return str(s3.location_of(fs))
     if protocol in ("gs", "gcs"):
         return f"endpoint={getattr(fs, '_location', None) or 'https://storage.googleapis.com'}"
     if protocol in ("az", "abfs", "abfss", "adl"):
@@ -70,30 +71,6 @@ def backend_location(fs: fsspec.AbstractFileSystem) -> str:
         return ""
     options = {k: v for k, v in fs.storage_options.items() if k not in _NOT_LOCATION}
     return "options=" + tokenize(type(fs).__name__, fs.storage_args, options)
-
-
-def _s3_location(fs: fsspec.AbstractFileSystem) -> str:
-    """The endpoint an s3fs instance talks to, as far as its options and the environment
-    say: explicit ``endpoint_url``, else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, else
-    AWS itself; with the profile (whose configuration may name an endpoint) and region."""
-    client_kwargs = getattr(fs, "client_kwargs", None) or {}
-    endpoint = (
-        getattr(fs, "endpoint_url", None)
-        or client_kwargs.get("endpoint_url")
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-    )
-    if endpoint:
-        return f"endpoint={endpoint}"
-    session = getattr(fs, "kwargs", None) or {}
-    profile = session.get("profile") or os.environ.get("AWS_PROFILE") or ""
-    region = (
-        client_kwargs.get("region_name")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or ""
-    )
-    return f"endpoint=aws;profile={profile};region={region}"
 
 
 def object_id(fs: fsspec.AbstractFileSystem, path: str, location: str | None = None) -> ObjectId:

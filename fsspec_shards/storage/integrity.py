@@ -27,6 +27,7 @@ from fsspec_shards.checksums import (
 )
 from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_url
+from fsspec_shards.shard_names import by_trailing_path
 
 __all__ = [
     "Checksum",
@@ -100,12 +101,7 @@ class Manifest:
     def _lookup(self, entries: dict[str, Any], path: str) -> Any:
         if self.base is not None:
             return entries.get(_normalize_path(path))
-        if path in entries:
-            return entries[path]
-        matches = [key for key in entries if path.endswith("/" + key.lstrip("/"))]
-        if not matches:
-            return None
-        return entries[max(matches, key=len)]
+        return by_trailing_path(entries, path)
 
 
 def _without_query(path: str) -> str:

@@ -38,6 +38,8 @@ from fsspec_shards.storage.backends import (
     GCS_PROTOCOLS,
     HTTP_PROTOCOLS,
     S3_PROTOCOLS,
+    http,
+    s3,
 )
 
 # Options that do not change which bytes a GET returns or how it is authorised: caching,
@@ -156,6 +158,7 @@ class _Options:
     def __init__(self, options: Mapping[str, Any], prefix: str = "") -> None:
         if not isinstance(options, Mapping):
             raise _Refused(prefix.rstrip(".") or "options", "is not a mapping")
+        self.given = dict(options)
         self._left = dict(options)
         self._prefix = prefix
 
@@ -230,22 +233,22 @@ def _map_s3(options: _Options) -> StoreSpec:
     config: dict[str, Any] = {"virtual_hosted_style_request": False, "request_payer": False}
     client: dict[str, Any] = {}
 
-    endpoint = options.take("endpoint_url") or client_kwargs.take("endpoint_url")
-    if not endpoint and os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() not in (
-        "true",
-        "1",
+    if options.take("session") is not None:
+        raise options.refused("session", "a botocore session object cannot be carried over")
+    located = _s3_location(options)
+    endpoint, region = located.endpoint, located.region
+    for taken, name in (
+        (options, "endpoint_url"),
+        (client_kwargs, "endpoint_url"),
+        (client_kwargs, "region_name"),
+        (config_kwargs, "region_name"),
+        (config_kwargs, "ignore_configured_endpoint_urls"),
     ):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        taken.take(name)  # resolved in located
     use_ssl = _as_bool(options, "use_ssl", options.take("use_ssl", True))
     if not use_ssl and not endpoint:
         raise options.refused("use_ssl", "plain-HTTP AWS endpoints are not supported")
     client.update(_tls(client_kwargs, "verify", client_kwargs.take("verify")))
-    region = (
-        client_kwargs.take("region_name")
-        or config_kwargs.take("region_name")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
-    )
 
     signature = config_kwargs.take("signature_version")
     anon = _as_bool(options, "anon", options.take("anon", False))
@@ -287,8 +290,6 @@ def _map_s3(options: _Options) -> StoreSpec:
     )
     token = options.take("token") or client_kwargs.take("aws_session_token")
     profile = options.take("profile")
-    if options.take("session") is not None:
-        raise options.refused("session", "a botocore session object cannot be carried over")
     client_kwargs.finish()
 
     credentials = None
@@ -307,8 +308,7 @@ def _map_s3(options: _Options) -> StoreSpec:
         config["skip_signature"] = False
         how = "access key"
     else:
-        credentials, found_region = _botocore_credentials(options, profile)
-        region = region or found_region
+        credentials = _botocore_credentials(options, profile)
         config["skip_signature"] = False
         how = f"profile {profile}" if profile else "default credential chain"
 
@@ -373,7 +373,24 @@ class _BotocoreCredentials:
         return f"{type(self).__name__}({REDACTED})"
 
 
-def _botocore_credentials(options: _Options, profile: str | None) -> tuple[Any, str | None]:
+def _s3_location(options: _Options) -> s3.Location:
+    """The endpoint and region s3fs would use for these options (see ``backends.s3``)."""
+    try:
+        from fsspec_shards.storage.deps.botocore import Error
+    except ImportError:
+        raise options.refused(
+            "target_protocol", "botocore is not installed to resolve the endpoint"
+        ) from None
+    try:
+        return s3.location(options.given)
+    except Error as exc:  # an unknown profile, a missing services section, a bad file
+        raise options.refused(
+            "profile" if options.given.get("profile") else "endpoint_url",
+            redact_text(f"botocore: {exc}"),
+        ) from None
+
+
+def _botocore_credentials(options: _Options, profile: str | None) -> Any:
     try:
         import botocore.session
     except ImportError:
@@ -383,7 +400,6 @@ def _botocore_credentials(options: _Options, profile: str | None) -> tuple[Any, 
     try:
         session = botocore.session.Session(profile=profile)
         credentials = session.get_credentials()
-        region = session.get_config_variable("region")
     except Exception as exc:  # botocore: ProfileNotFound, config parse errors
         raise options.refused(
             "profile" if profile else "key", redact_text(f"botocore: {exc}")
@@ -393,7 +409,7 @@ def _botocore_credentials(options: _Options, profile: str | None) -> tuple[Any, 
             "profile" if profile else "key",
             "no key given and botocore's credential chain found none",
         )
-    return _BotocoreCredentials(credentials, profile), region
+    return _BotocoreCredentials(credentials, profile)
 
 
 def _map_gcs(options: _Options) -> StoreSpec:
@@ -624,6 +640,9 @@ def _map_http(options: _Options) -> StoreSpec:
     headers.update(client_kwargs.take("headers") or {})
     secrets: list[str] = []
     auth = client_kwargs.take("auth")
+    for middleware in client_kwargs.take("middlewares") or ():
+        if middleware is not http.same_origin_headers:  # obstore's redirects: see below
+            raise client_kwargs.refused("middlewares", "aiohttp middlewares cannot be carried over")
     if auth is not None:
         login, password = getattr(auth, "login", None), getattr(auth, "password", None)
         if login is None:
@@ -631,6 +650,11 @@ def _map_http(options: _Options) -> StoreSpec:
         encoded = base64.b64encode(f"{login}:{password or ''}".encode()).decode()
         headers["Authorization"] = f"Basic {encoded}"
         secrets += [encoded, str(password or "")]
+    for name in headers:
+        if name.lower() not in http.OBSTORE_STRIPPED | http.CROSS_ORIGIN_HEADERS:
+            raise options.refused(
+                f"headers.{name}", "obstore would send it on to any origin a redirect names"
+            )
     secrets += [str(v) for k, v in headers.items() if k.lower() in ("authorization", "cookie")]
     client: dict[str, Any] = {}
     if headers:

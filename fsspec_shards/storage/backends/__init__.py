@@ -29,6 +29,7 @@ from typing import Any
 import fsspec
 from fsspec.asyn import sync
 
+from fsspec_shards.storage.backends import http
 from fsspec_shards.storage.integrity import Checksum
 
 logger = logging.getLogger("fsspec_shards.storage.backends")
@@ -69,13 +70,9 @@ def tamed_target_options(protocol: str, options: dict[str, Any], timeout: float)
         config.setdefault("read_timeout", timeout)
         options["config_kwargs"] = config
     elif protocol in HTTP_PROTOCOLS:
-        import aiohttp
-
-        client = dict(options.get("client_kwargs") or {})
-        client.setdefault(
-            "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        options["client_kwargs"] = http.tamed_client_kwargs(
+            options.get("client_kwargs") or {}, timeout
         )
-        options["client_kwargs"] = client
     return options
 
 
