@@ -93,3 +93,20 @@ def test_a_resume_in_a_pass_past_the_plan_continues_exactly(shards):
         resumed = ShardDataset(shards, **args)
         resumed.load_state_dict(dataset.state_dict())
         assert head + keys(resumed) == expected, f"cut after {cut}"
+
+
+def test_an_equal_length_ending_right_at_a_low_count_still_finds_the_shard_longer(tmp_path):
+    urls = write_shards(tmp_path, 2, [6, 3])
+    # Rank 0 takes shard 0 (count 4, holds 6) and ends at the length 4 right at its count.
+    counts = dict(zip(urls, [4, 3], strict=True))
+    dataset = ShardDataset(
+        urls,
+        samples_per_shard=counts,
+        rank=0,
+        world_size=2,
+        split="shards",
+        shuffle_shards=False,
+        prefetch=0,
+    )
+    with pytest.raises(SampleCountError, match="shard-0000.tar holds more samples"):
+        keys(dataset)
