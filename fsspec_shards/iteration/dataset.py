@@ -107,19 +107,7 @@ class ShardDataset(_DatasetBase):
         stats_dir: str | os.PathLike | None = None,
         log_interval: float | None = DEFAULT_LOG_INTERVAL,
     ) -> None:
-        if handler not in HANDLERS:
-            raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
-        if int(shuffle_buffer) < 0 or int(prefetch) < 0:
-            raise ValueError("shuffle_buffer and prefetch must be >= 0")
-        if equalize is not None and equalize not in EQUALIZE_MODES:
-            raise ValueError(f"equalize must be one of {EQUALIZE_MODES} or None, got {equalize!r}")
-        if split not in SPLIT_MODES:
-            raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
-        if any(isinstance(step, Batched) for step in transforms):
-            raise ValueError(
-                "batched() spans samples and would lose a partial batch on resume: batch in "
-                "the DataLoader (batch_size=...) or apply it to the dataset's output"
-            )
+        check_arguments(handler, shuffle_buffer, prefetch, equalize, split, transforms)
         expanded = expand_urls(urls)
         if not expanded:
             raise ValueError(f"no shard URLs in {urls!r}")
@@ -161,17 +149,7 @@ class ShardDataset(_DatasetBase):
             equalize,
             check_batch_size(batch_size, sizes, equalize, split),
         )
-        identity = {
-            "urls": shard_identity(expanded),
-            "shards": len(expanded),
-            "seed": self.planner.seed,
-            "shuffle_shards": self.planner.shuffle_shards,
-            "shuffle_buffer": int(shuffle_buffer),
-            "equalize": equalize,
-            "split": self.planner.split_kind,
-            "sample_counts": None if sizes is None else urls_digest([str(n) for n in sizes]),
-            "batch_size": self.planner.batch_size,
-        }
+        identity = dataset_identity(expanded, self.planner, int(shuffle_buffer))
         self.streams = Streams(
             self.source, self.planner, int(shuffle_buffer), self.planner.seed, identity
         )
@@ -269,6 +247,47 @@ class ShardDataset(_DatasetBase):
         DataLoader workers): samples, shards done and failed, sample errors per kind, padded
         samples, bytes read, seconds waited, samples/s, one entry per worker, and failures."""
         return self.source.stats()
+
+
+def check_arguments(
+    handler: str,
+    shuffle_buffer: int,
+    prefetch: int,
+    equalize: str | None,
+    split: str,
+    transforms: Sequence[Callable[[dict], Any]],
+) -> None:
+    """ValueError naming the first argument of ``ShardDataset`` that it cannot take."""
+    if handler not in HANDLERS:
+        raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
+    if int(shuffle_buffer) < 0 or int(prefetch) < 0:
+        raise ValueError("shuffle_buffer and prefetch must be >= 0")
+    if equalize is not None and equalize not in EQUALIZE_MODES:
+        raise ValueError(f"equalize must be one of {EQUALIZE_MODES} or None, got {equalize!r}")
+    if split not in SPLIT_MODES:
+        raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
+    if any(isinstance(step, Batched) for step in transforms):
+        raise ValueError(
+            "batched() spans samples and would lose a partial batch on resume: batch in "
+            "the DataLoader (batch_size=...) or apply it to the dataset's output"
+        )
+
+
+def dataset_identity(urls: Sequence[str], planner: Planner, shuffle_buffer: int) -> dict[str, Any]:
+    """What a position depends on besides its consumer: the shards (as the cache identifies
+    them), their counts, and the arguments of the order, split and shuffle."""
+    sizes = planner.sizes
+    return {
+        "urls": shard_identity(urls),
+        "shards": len(urls),
+        "seed": planner.seed,
+        "shuffle_shards": planner.shuffle_shards,
+        "shuffle_buffer": shuffle_buffer,
+        "equalize": planner.equalize,
+        "split": planner.split_kind,
+        "sample_counts": None if sizes is None else urls_digest([str(n) for n in sizes]),
+        "batch_size": planner.batch_size,
+    }
 
 
 def check_batch_size(

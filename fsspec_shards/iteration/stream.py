@@ -259,7 +259,8 @@ class ConsumerStream:
         """Samples of the plan from ``state``'s cursor on, moving it, up to segment index
         ``until`` (default: the plan's end; ``beyond``: past it, in further passes);
         ``state.shard`` indexes the plan's segments. A shard that turns out malformed is read
-        once more (after its cached copy is dropped) before the handler decides.
+        once more (after its cached copy is dropped) before the handler decides. Long
+        because it is the per-sample read loop: kept in one function for speed.
 
         ``counted``: ``state.segment_read`` counts from the segment's start (not so for a
         window scan), so a segment holding other than its sample count is a
@@ -356,7 +357,8 @@ class ConsumerStream:
             yield entry
 
     def run(self) -> Iterator[Any]:
-        """Deliver the rest of the epoch: samples through the transforms, with the stats."""
+        """Deliver the rest of the epoch: samples through the transforms, with the stats.
+        Long because it is the per-sample loop: its steps stay inline for speed."""
         state, source, plan = self.state, self.source, self.plan
         if state.finished:
             return
