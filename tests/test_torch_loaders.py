@@ -340,11 +340,14 @@ def test_a_batched_mixture_has_an_exact_loader_length(hundreds, num_workers):
         collate_fn=collate_keys,
         persistent_workers=num_workers > 0,
     )
+    epochs = []
     for epoch in range(2):
         mix.set_epoch(epoch)
         batches = list(loader)
         assert len(loader) == len(batches) == len(mix) // 8 == (200 + 304) // 8
         assert {len(batch) for batch in batches} == {8}
+        epochs.append(batches)
+    assert epochs[0] != epochs[1]  # persistent workers follow the mixture's set_epoch
     with pytest.raises(ValueError, match="source 1 has batch_size=None"):
         MixedDataset([sources[0], ShardDataset(urls)], stop="all_exhausted", batch_size=8)
     with pytest.raises(ValueError, match="needs stop='all_exhausted'"):
