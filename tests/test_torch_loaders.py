@@ -352,3 +352,24 @@ def test_a_batched_mixture_has_an_exact_loader_length(hundreds, num_workers):
         MixedDataset([sources[0], ShardDataset(urls)], stop="all_exhausted", batch_size=8)
     with pytest.raises(ValueError, match="needs stop='all_exhausted'"):
         MixedDataset(sources, batch_size=8)
+
+
+def test_a_tracker_resumes_batched_workers_of_unequal_batch_counts(shards):
+    counts = dict(zip(shards, [3, 5, 2, 4, 6, 1, 3, 4], strict=True))
+    # 28 samples, batches of 2: 14 batches over 3 workers as 5, 5 and 4.
+    args = dict(urls=shards, shuffle_buffer=3, seed=1, annotate=True, samples_per_shard=counts)
+    args["batch_size"] = 2
+    dataset = ShardDataset(**args)
+    expected: list = []
+    run_epochs(dataset, plain_loader(dataset, 3), 0, expected)
+    expected = [(epoch, batch["__key__"]) for epoch, batch in expected]
+    assert len(expected) == EPOCHS * 14
+    for cut in (4, 13):  # before and after the third worker's last batch
+        dataset = ShardDataset(**args)
+        tracker = DeliveryTracker(dataset, 3)
+        seen: list = []
+        epoch = run_epochs(dataset, plain_loader(dataset, 3), 0, seen, cut, tracker.update)
+        resumed = ShardDataset(**args)
+        resumed.load_state_dict(json.loads(json.dumps(tracker.state_dict())))
+        run_epochs(resumed, plain_loader(resumed, 3), epoch, seen)
+        assert [(e, batch["__key__"]) for e, batch in seen] == expected, f"cut after {cut}"
