@@ -262,3 +262,10 @@ def test_the_continued_epoch_checkpoints_and_resumes_through_a_stateful_dataload
     resumed.load_state_dict(checkpoint)
     tail = [key for batch in resumed for key in batch]
     assert Counter(head + middle + tail) == Counter(everything)
+
+
+def test_a_loader_state_without_torchdatas_keys_is_refused_naming_them():
+    with pytest.raises(ValueError, match="expected '_snapshot' with '_worker_snapshots'"):
+        loader_dataset_states({"_snapshot": {"workers": {}}})
+    with pytest.raises(ValueError, match="missing 'dataset_state'"):
+        loader_dataset_states({"_snapshot": {"_worker_snapshots": {"0": {"state": {}}}}})

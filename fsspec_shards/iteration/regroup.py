@@ -168,14 +168,25 @@ def loader_dataset_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any
     """The dataset state of every worker in a torchdata ``StatefulDataLoader.state_dict()``.
 
     The snapshot must be of the last delivered batch (``snapshot_every_n_steps=1``, the
-    default); with several ranks, concatenate the lists of all ranks.
+    default); with several ranks, concatenate the lists of all ranks. Reads torchdata's
+    private state keys (``_snapshot``, ``_steps_since_snapshot``, ``_worker_snapshots``,
+    ``dataset_state``), here only: a state without them is a ValueError naming them, so a
+    torchdata that renames them fails loudly (tests/test_regroup.py reads a real state).
     """
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is None:
-        return [dict(loader_state["dataset_state"])]
-    if loader_state.get("_steps_since_snapshot"):
+    try:
+        snapshot = loader_state.get("_snapshot")
+        if snapshot is None:
+            return [dict(loader_state["dataset_state"])]
+        steps_behind = loader_state.get("_steps_since_snapshot")
+        workers = list(snapshot["_worker_snapshots"].values())
+        states = [dict(worker["dataset_state"]) for worker in workers]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            "not a torchdata StatefulDataLoader state this version reads (expected "
+            f"'_snapshot' with '_worker_snapshots', or 'dataset_state'; missing {exc})"
+        ) from None
+    if steps_behind:
         raise ValueError(
             "the loader state is older than its last batch: take it with snapshot_every_n_steps=1"
         )
-    workers = snapshot["_worker_snapshots"].values()
-    return [dict(worker["dataset_state"]) for worker in workers]
+    return states
