@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import operator
 import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +31,7 @@ from fsspec_shards.iteration.samples import is_meta_member, split_key
 ACCEPTED = (
     "bytes, bytearray or memoryview (any field): written as they are; "
     "str (any field): UTF-8; "
-    "int (cls, cls2, class, count, index, inx, id): its decimal digits; "
+    "an integer (cls, cls2, class, count, index, inx, id): its decimal digits; "
     "any JSON value such as a dict or list (json, jsn): json.dumps in UTF-8; "
     "numpy array (npy): numpy's .npy format; dict of arrays (npz): compressed .npz; "
     "PIL image or uint8/float numpy image (jpg, jpeg, img, image, png, pbm, pgm, ppm, tif, "
@@ -40,7 +41,9 @@ ACCEPTED = (
 
 
 def _digits(value: Any) -> bytes:
-    return str(value).encode("ascii")
+    """An integer's decimal digits (int, numpy or 0-d torch integers), as ``int()`` reads
+    them back; TypeError for anything else (``str(7.9)`` would not read back as an int)."""
+    return str(operator.index(value)).encode("ascii")
 
 
 def _json(value: Any) -> bytes:
