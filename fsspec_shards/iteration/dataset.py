@@ -108,9 +108,7 @@ class ShardDataset(_DatasetBase):
         log_interval: float | None = DEFAULT_LOG_INTERVAL,
     ) -> None:
         check_arguments(handler, shuffle_buffer, prefetch, equalize, split, transforms)
-        expanded = expand_urls(urls)
-        if not expanded:
-            raise ValueError(f"no shard URLs in {urls!r}")
+        expanded = expand_urls(urls)  # ValueError when it holds none
         self.storage_options = dict(storage_options or {})
         self.split_by_node = bool(split_by_node)
         self.split_by_worker = bool(split_by_worker)

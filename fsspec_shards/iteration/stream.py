@@ -397,7 +397,7 @@ class ConsumerStream:
         started = time.perf_counter()
         asked = started
         check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
-        padding_from = len(plan.segments)
+        padding_from = plan.own_segments
         try:
             if not self.rebuilt:
                 self.restore_position()
