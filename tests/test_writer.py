@@ -391,3 +391,16 @@ def test_a_pattern_with_a_query_keeps_it_out_of_names_and_off_the_placeholder():
     finally:
         if memory.exists("/signed"):
             memory.rm("/signed", recursive=True)
+
+
+def test_a_gz_field_that_decompresses_past_max_member_size_is_refused(tmp_path):
+    # 2,000 bytes of text compress to a few dozen, which readers take; decode() would then
+    # refuse what they decompress to, so the writer refuses it first.
+    with ShardWriter(str(tmp_path / "s-%02d.tar"), max_member_size="1KiB") as writer:
+        with pytest.raises(ValueError, match=r"'k' field 'txt.gz': .*decompress"):
+            writer.write({"__key__": "k", "txt.gz": "a" * 2000})
+        writer.write({"__key__": "k", "txt.gz": "a" * 1000})
+    decode = transforms.decode(max_member_size="1KiB")
+    assert [decode(sample)["txt.gz"] for sample in ShardDataset(writer.shards[0].url)] == [
+        "a" * 1000
+    ]
