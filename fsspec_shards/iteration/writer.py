@@ -206,12 +206,16 @@ class ShardWriter:
         self._shard: _OpenShard | None = None
         self._closed = False
         self.shards: list[WrittenShard] = []
-        self._remove_manifests()
         if self._local:
             self._fs.makedirs(self._directory, exist_ok=True)
             self._spool = Spool(self._directory, "the shards' directory")
         else:
             self._spool = Spool(spool_dir or tempfile.gettempdir(), "spool_dir")
+        try:  # last: a writer that cannot start leaves the earlier run's manifests
+            self._remove_manifests()
+        except BaseException:
+            self._spool.close()
+            raise
 
     # --- the user's side ----------------------------------------------------------------
 
