@@ -11,12 +11,8 @@ import json
 import pytest
 
 from fsspec_shards.storage.backends import tamed_target_options
-from fsspec_shards.storage.obstore_options import (
-    StoreSpec,
-    _BotocoreCredentials,
-    _StaticCredentials,
-    map_options,
-)
+from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
+from fsspec_shards.storage.obstore_options import StoreSpec, map_options
 from tests.obstore_helpers import (
     AZ_KEY,
     AZURITE_CS,
@@ -38,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("no_ambient_credentials")
 
 def test_s3_keys_become_static_credentials_with_the_session_token():
     spec = spec_of("s3", {"key": "AKID", "secret": "s3cr3t", "token": "t0k3n", **S3_ENDPOINT})
-    assert isinstance(spec.credentials, _StaticCredentials)
+    assert isinstance(spec.credentials, StaticCredentials)
     assert spec.credentials() == {
         "access_key_id": "AKID",
         "secret_access_key": "s3cr3t",
@@ -149,7 +145,7 @@ def test_an_s3_profile_reads_botocores_files_and_its_region(monkeypatch, tmp_pat
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     spec = spec_of("s3", {"profile": "train"})
-    assert isinstance(spec.credentials, _BotocoreCredentials)
+    assert isinstance(spec.credentials, BotocoreCredentials)
     assert spec.credentials()["access_key_id"] == "AKIDP"
     assert spec.config["region"] == "eu-north-1"
 
@@ -158,7 +154,7 @@ def test_without_keys_s3_uses_botocores_credential_chain(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "envsecret")
     spec = spec_of("s3", S3_ENDPOINT)
-    assert isinstance(spec.credentials, _BotocoreCredentials)
+    assert isinstance(spec.credentials, BotocoreCredentials)
     assert spec.credentials()["secret_access_key"] == "envsecret"
     assert spec.credentials()["expires_at"] is not None  # re-read: refreshable credentials
 

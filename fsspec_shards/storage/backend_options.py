@@ -22,14 +22,7 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.errors import OptionError
-from fsspec_shards.storage.backends import (
-    FSSPEC_INSTANCE_OPTIONS,
-    GCS_PROTOCOLS,
-    HTTP_PROTOCOLS,
-    S3_PROTOCOLS,
-)
-
-LOCAL_PROTOCOLS = ("file", "local")
+from fsspec_shards.storage.backends import FSSPEC_INSTANCE_OPTIONS, gcs, http, local, s3
 
 
 def _aiobotocore_session() -> set[str]:
@@ -67,18 +60,18 @@ def _nothing() -> set[str]:
 
 
 _PASSED_ON: dict[str, Callable[[], set[str]]] = {
-    **dict.fromkeys(S3_PROTOCOLS, _aiobotocore_session),
-    **dict.fromkeys(HTTP_PROTOCOLS, _aiohttp_request),
-    **dict.fromkeys(GCS_PROTOCOLS, _nothing),
-    **dict.fromkeys(LOCAL_PROTOCOLS, _nothing),
+    **dict.fromkeys(s3.PROTOCOLS, _aiobotocore_session),
+    **dict.fromkeys(http.PROTOCOLS, _aiohttp_request),
+    **dict.fromkeys(gcs.PROTOCOLS, _nothing),
+    **dict.fromkeys(local.PROTOCOLS, _nothing),
 }
 """Per checked protocol: the options its filesystem passes on beyond its own parameters."""
 
 _TABLES: dict[str, dict[str, Callable[[], set[str]]]] = {
     **dict.fromkeys(
-        S3_PROTOCOLS, {"client_kwargs": _botocore_client, "config_kwargs": _botocore_config}
+        s3.PROTOCOLS, {"client_kwargs": _botocore_client, "config_kwargs": _botocore_config}
     ),
-    **dict.fromkeys(HTTP_PROTOCOLS, {"client_kwargs": _aiohttp_session}),
+    **dict.fromkeys(http.PROTOCOLS, {"client_kwargs": _aiohttp_session}),
 }
 """Per protocol: its options that are tables of a client's keywords, and what those take."""
 

@@ -19,12 +19,12 @@ def _s3fs(**options):
 
 def test_the_config_files_endpoint_and_region_are_the_location(aws_config):
     aws_config(CONFIG)
-    assert s3.location({}) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
-    assert s3.location({"endpoint_url": "http://127.0.0.1:9009"}).endpoint == (
+    assert s3.resolve({}) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
+    assert s3.resolve({"endpoint_url": "http://127.0.0.1:9009"}).endpoint == (
         "http://127.0.0.1:9009"
     )
     given = {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9008", "region_name": "x"}}
-    assert s3.location(given) == s3.Location("http://127.0.0.1:9008", "x", None)
+    assert s3.resolve(given) == s3.Location("http://127.0.0.1:9008", "x", None)
 
 
 @pytest.mark.parametrize("how", ["env", "config file", "config_kwargs"])
@@ -37,7 +37,7 @@ def test_ignoring_configured_endpoints_means_aws(aws_config, how):
     options = {}
     if how == "config_kwargs":
         options = {"config_kwargs": {"ignore_configured_endpoint_urls": True}}
-    assert s3.location(options) == s3.Location(None, "eu-west-3", None)
+    assert s3.resolve(options) == s3.Location(None, "eu-west-3", None)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_the_cache_key_and_the_obstore_store_name_one_endpoint(aws_config, confi
     for name, value in env.items():
         aws_config.env.setenv(name, value)
     spec = map_options("s3", {"anon": True})
-    located = s3.location({})
+    located = s3.resolve({})
     assert backend_location(_s3fs()) == str(located)
     expected = located.endpoint or f"https://s3.{located.region}.amazonaws.com"
     assert spec.config["endpoint"] == expected
@@ -69,7 +69,7 @@ def test_the_cache_key_and_the_obstore_store_name_one_endpoint(aws_config, confi
 def test_an_instance_keeps_the_location_it_was_first_resolved_with(aws_config):
     aws_config(CONFIG)
     fs = _s3fs()
-    first = s3.location_of(fs)
+    first = s3.located(fs)
     aws_config("[default]\nendpoint_url = http://127.0.0.1:9005\n")
-    assert s3.location_of(fs) == first
-    assert s3.location_of(_s3fs()).endpoint == "http://127.0.0.1:9005"
+    assert s3.located(fs) == first
+    assert s3.located(_s3fs()).endpoint == "http://127.0.0.1:9005"
