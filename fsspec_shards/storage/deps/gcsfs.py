@@ -27,7 +27,7 @@ logger = logging.getLogger("fsspec_shards.storage.backends")
 
 
 def endpoint(fs: fsspec.AbstractFileSystem) -> str | None:
-    """The endpoint gcsfs instance ``fs`` talks to; None for Google's own."""
+    """The endpoint gcsfs instance ``fs`` talks to (None or Google's for Google's own)."""
     return getattr(fs, "_location", None)
 
 
