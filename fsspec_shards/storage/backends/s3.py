@@ -196,11 +196,12 @@ OBSTORE_TABLE = {
 
 def obstore_store(options: Options) -> StoreSpec:
     """The obstore S3 store going where s3fs would, signing as s3fs would."""
+    client_kwargs = options.nested("client_kwargs")  # refused here if not a mapping
+    options.nested("config_kwargs")
     if options.take("session") is not None:
         raise options.refused("session", "a botocore session object cannot be carried over")
     where_to = _obstore_location(options)
     given = {name: options.pick(*sources) for name, sources in OBSTORE_TABLE.items()}
-    client_kwargs = options.nested("client_kwargs")
     config = {"virtual_hosted_style_request": False, "request_payer": False}
     client = tls(client_kwargs, "verify", client_kwargs.take("verify"))
     if not as_bool(options, "use_ssl", options.take("use_ssl", True)) and not where_to.endpoint:
