@@ -20,8 +20,9 @@ holding that backend's facts; this package picks the module of a protocol and ap
 
 A backend module has: ``PROTOCOLS``; ``location(fs)`` (for the cache key);
 ``VERSION_FIELDS``; ``checksums(info)``; ``socket_timeouts(fs)``;
-``tamed_options(options, timeout)``; ``tame_instance(fs)``; and, where obstore has a
-store for it, ``obstore_store(options)`` (``obstore_options`` applies it).
+``tamed_options(options, timeout)``; ``tame_instance(fs)``; where its options can be
+checked, ``passed_on()`` and ``OPTION_TABLES`` (``backend_options`` applies them); and,
+where obstore has a store for it, ``obstore_store(options)`` (``obstore_options``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,17 @@ class VersionFields:
         if version is not None and str(version) in self.no_version:
             version = None
         return etag, None if version is None else str(version), modified
+
+
+def parameters(function: Callable) -> set[str]:
+    """The named parameters of ``function`` (not ``self``, ``*args`` or ``**kwargs``): the
+    options a backend or its client takes."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in kinds and name != "self"
+    }
 
 
 def from_base64(value: Any) -> str | None:

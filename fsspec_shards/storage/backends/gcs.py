@@ -40,6 +40,14 @@ def location(fs: fsspec.AbstractFileSystem) -> str:
     return f"endpoint={gcsfs_deps.endpoint(fs) or GOOGLE}"
 
 
+def passed_on() -> set[str]:
+    """Nothing: the backend takes its own parameters only."""
+    return set()
+
+
+OPTION_TABLES: dict = {}
+
+
 def checksums(info: Mapping[str, Any]) -> list[Checksum]:
     """``md5Hash`` (absent on composite objects) and ``crc32c``, as ``info()`` gives them."""
     found = []

@@ -20,7 +20,7 @@ from typing import Any
 
 import fsspec
 
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64
+from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
 from fsspec_shards.storage.backends.mapping import IGNORED_COMMON, Options, StoreSpec
 from fsspec_shards.storage.integrity import Checksum
 
@@ -81,6 +81,23 @@ async def same_origin_headers(request: Any, handler: Any) -> Any:
 def location(fs: fsspec.AbstractFileSystem) -> str:
     """Nothing beyond the URL: scheme, host and port are in the path."""
     return ""
+
+
+def passed_on() -> set[str]:
+    """The options fsspec's http backend passes on: to every aiohttp request."""
+    import aiohttp
+
+    return parameters(aiohttp.ClientSession._request) - {"method", "str_or_url"}
+
+
+def _session_options() -> set[str]:
+    import aiohttp
+
+    return parameters(aiohttp.ClientSession.__init__)
+
+
+OPTION_TABLES = {"client_kwargs": _session_options}
+"""The http backend's options that are tables of a client's keywords, and what each takes."""
 
 
 def checksums(info: Mapping[str, Any]) -> list[Checksum]:

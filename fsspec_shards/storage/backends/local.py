@@ -20,6 +20,14 @@ def location(fs: fsspec.AbstractFileSystem) -> str:
     return ""
 
 
+def passed_on() -> set[str]:
+    """Nothing: the backend takes its own parameters only."""
+    return set()
+
+
+OPTION_TABLES: dict = {}
+
+
 def checksums(info: Mapping[str, Any]) -> list[Checksum]:
     """None: a local ``info()`` carries no digest."""
     return []

@@ -32,7 +32,7 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64
+from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
     Options,
@@ -115,6 +115,29 @@ def located(fs: fsspec.AbstractFileSystem) -> Location:
 def location(fs: fsspec.AbstractFileSystem) -> str:
     """The location of s3fs instance ``fs`` as the cache key holds it."""
     return str(located(fs))
+
+
+def passed_on() -> set[str]:
+    """The options s3fs passes on beyond its own: aiobotocore's ``AioSession``'s."""
+    from aiobotocore.session import AioSession
+
+    return parameters(AioSession.__init__)
+
+
+def _client_options() -> set[str]:
+    from botocore.session import Session
+
+    return parameters(Session.create_client) - {"service_name"}
+
+
+def _config_options() -> set[str]:
+    from botocore.config import Config
+
+    return set(Config.OPTION_DEFAULTS)
+
+
+OPTION_TABLES = {"client_kwargs": _client_options, "config_kwargs": _config_options}
+"""s3fs's options that are tables of a client's keywords, and what each takes."""
 
 
 def checksums(info: Mapping[str, Any]) -> list[Checksum]:
