@@ -133,6 +133,17 @@ async def _pump(read: Callable[[], Awaitable[bytes]], window: _RangeWindow, emit
         await emit(window.take(data))
 
 
+async def _deliver(
+    facts: Facts, read: Callable[[], Awaitable[bytes]], emit: Emit, request: tuple
+) -> Facts:
+    """The tail of every streaming transport: check the response against what was asked
+    (``request``: start, end, timeout, rest_of_body, expect), then emit its body's window."""
+    start, end, timeout, rest_of_body, expect = request
+    check_response(facts, start, expect)
+    await _pump(read, _window(facts.status, start, end, rest_of_body), emit, timeout)
+    return facts
+
+
 class _LoopTransport(abc.ABC):
     """A transport whose requests run on the backend's event loop (``fs.loop``)."""
 
@@ -184,10 +195,8 @@ class HttpTransport(_LoopTransport):
         async with response:
             fsspec_deps.raise_for_http_status(fs, response, path)
             facts = facts_from_headers(response.status, response.headers)
-            check_response(facts, start, expect)
-            window = _window(response.status, start, end, rest_of_body)
-            await _pump(lambda: response.content.read(PIECE), window, emit, timeout)
-        return facts
+            request = (start, end, timeout, rest_of_body, expect)
+            return await _deliver(facts, lambda: response.content.read(PIECE), emit, request)
 
 
 class S3Transport(_LoopTransport):
@@ -223,12 +232,10 @@ class S3Transport(_LoopTransport):
                 version=response.get("VersionId"),
                 modified=timestamp(response.get("LastModified")),
             )
-            check_response(facts, start, expect)
-            window = _window(status, start, end, rest_of_body)
-            await _pump(lambda: body.read(PIECE), window, emit, timeout)
+            request = (start, end, timeout, rest_of_body, expect)
+            return await _deliver(facts, lambda: body.read(PIECE), emit, request)
         finally:
             body.close()
-        return facts
 
 
 class GcsTransport(_LoopTransport):
@@ -251,10 +258,8 @@ class GcsTransport(_LoopTransport):
             if response.status >= 400:
                 validate_response(response.status, await response.read(), path)
             facts = facts_from_headers(response.status, response.headers, "x-goog-generation")
-            check_response(facts, start, expect)
-            window = _window(response.status, start, end, rest_of_body)
-            await _pump(lambda: response.content.read(PIECE), window, emit, timeout)
-        return facts
+            request = (start, end, timeout, rest_of_body, expect)
+            return await _deliver(facts, lambda: response.content.read(PIECE), emit, request)
 
 
 class AzureTransport(_LoopTransport):
@@ -289,12 +294,11 @@ class AzureTransport(_LoopTransport):
             if missing:
                 raise FileNotFoundError(errno.ENOENT, "no such blob", path)
             response = pipeline_response.http_response
+            request = (start, end, timeout, rest_of_body, expect)
             try:
-                status = response.status_code
-                facts = facts_from_headers(status, response.headers, "x-ms-version-id")
-                check_response(facts, start, expect)
-                window = _window(response.status_code, start, end, rest_of_body)
-                await _pump(body.__anext__, window, emit, timeout)
+                status, headers = response.status_code, response.headers
+                facts = facts_from_headers(status, headers, "x-ms-version-id")
+                await _deliver(facts, body.__anext__, emit, request)
             except StopAsyncIteration:
                 pass
             finally:
