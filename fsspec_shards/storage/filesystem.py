@@ -30,6 +30,7 @@ from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.backend_options import check_backend_options
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -380,7 +381,7 @@ class WdsFileSystem(ChainedFileSystem):
         for prefix in ("wds::", "wds://"):
             if path.startswith(prefix):
                 path = path[len(prefix) :]
-        return self.fs._strip_protocol(path)
+        return fsspec_deps.strip_protocol(self.fs, path)
 
     def _object(self, backend_path: str) -> ObjectId:
         """Which object ``backend_path`` names on this backend: its cache key and display

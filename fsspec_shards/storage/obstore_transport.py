@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import threading
 import urllib.error
 import urllib.request
@@ -48,6 +47,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
+from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
+from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
+from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
 from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, check_response
@@ -60,10 +62,6 @@ Sink = Callable[[bytes], None]
 _NO_OVERALL_LIMIT = timedelta(days=7)
 """obstore's whole-request time-out (30 s by default) would cut a long download that is
 moving; only the no-progress time-out applies, so the whole request gets a week."""
-
-_STATUS_RE = re.compile(r"status code: (\d{3})")
-_KIND_RE = re.compile(r"kind: (\w+)")
-_OTHER_RANGE_RE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 
 
 # --------------------------------------------------------------------------- availability
