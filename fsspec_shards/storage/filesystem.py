@@ -39,6 +39,7 @@ from fsspec_shards.storage.integrity import (
     parse_verify,
 )
 from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transport
+from fsspec_shards.storage.range_plan import parse_ranges_in_flight
 from fsspec_shards.storage.retry import RetryPolicy
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch
@@ -131,10 +132,10 @@ class WdsFileSystem(ChainedFileSystem):
         error naming what obstore cannot serve) or ``"fsspec"``. Chosen once per process.
         Listing, ``info`` and writes always use the fsspec backend.
     ranges_in_flight:
-        Ranged GETs at once when a file over 32 MiB with an ETag, generation or version id
-        is downloaded into the cache (default 1: one request to the end). More may help
-        where one connection is slower than the link; on loopback it does not (see
-        docs/transport.md).
+        ``"auto"`` (default): a file over 32 MiB with an ETag, generation or version id is
+        downloaded into the cache by ranged GETs, as many at once as raise the aggregate
+        rate (one stream where more do not help, e.g. loopback); an int fixes the number
+        (1: one request to the end). See docs/transport.md.
     block_size:
         Read size of streamed (uncached) files; 0 (fsspec's "no read-ahead") is the default.
     check_stale, stale_ttl:
@@ -185,7 +186,7 @@ class WdsFileSystem(ChainedFileSystem):
         timeout: float | str = 30.0,
         ranged_reads: str | None = None,
         transport: str = "auto",
-        ranges_in_flight: int | str = 1,
+        ranges_in_flight: int | str = "auto",
         block_size: int | str | None = None,
         check_stale: bool | str = False,
         stale_ttl: float | str | None = None,
@@ -219,7 +220,7 @@ class WdsFileSystem(ChainedFileSystem):
         self.cache_enabled = config.parse_bool(cache, "cache")
         self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
         self.transport = _parse_transport(transport)
-        self.ranges_in_flight = config.parse_int(ranges_in_flight, "ranges_in_flight", minimum=1)
+        self.ranges_in_flight = parse_ranges_in_flight(ranges_in_flight)
         self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
@@ -567,9 +568,8 @@ class WdsFileSystem(ChainedFileSystem):
         from fsspec_shards.storage import progressive
 
         def fill(out: BinaryIO, progress: progressive.BlockProgress) -> dict:
-            ranges = progressive.ranges_for(target.ranges_in_flight)
             download_blocks = lambda into: progressive.fill_blocks(  # noqa: E731
-                target, into, info, blocks, progress, ranges
+                target, into, info, blocks, progress, target.ranges_in_flight
             )
             return self._filler(obj, target, info, download_blocks)(out)
 
