@@ -5,8 +5,9 @@ doubling, while the aggregate rate grows by :data:`GROWTH` or more; when it does
 streams go back to the last level that paid and stay there. One connection to a far store
 carries tens of MB/s, so there several ranges reach the link's rate; on loopback or a fast
 link a second stream adds nothing and the fill stays at one (a single request for the rest
-of the object). The level a link settled on is remembered per process and per store (the
-next object starts there; every :data:`REPROBE_EVERY` fills the probe runs again).
+of the object). The level a link settled on is remembered per process and per store: the
+next object starts there (and probes on from there when the last probe was cut short by
+the fill's end, and every :data:`REPROBE_EVERY` fills).
 
 An int fixes the number of streams (1: one request).
 
@@ -30,7 +31,7 @@ AUTO_MAX = 8
 PROCESS_MAX = 16
 GROWTH = 1.25
 """Aggregate-rate growth that makes the extra streams worth keeping."""
-FIRST_BYTES = 4 * MiB
+FIRST_BYTES = 1 * MiB
 """The first range of a parallel fill: its answer (206, or 200: ranges ignored) decides
 whether more ranges follow."""
 SPAN_SECONDS = 0.5
@@ -109,13 +110,13 @@ class Ramp:
         self.adaptive = ranges_in_flight == "auto"
         self.link = link
         self.cap = AUTO_MAX if self.adaptive else int(ranges_in_flight)
-        self.level = 1 if self.adaptive else self.cap
-        self.probing = self.adaptive
+        self.level = self.cap
+        self.probing = False
         if self.adaptive:
             with _lock:
                 learned, fills = _learned.get(link, (1, REPROBE_EVERY))
-                if fills < REPROBE_EVERY:
-                    self.level, self.probing = learned, False
+                self.level, self.probing = learned, fills >= REPROBE_EVERY
+                if not self.probing:
                     _learned[link] = (learned, fills + 1)
         self.allowed = 1  # until the first range was answered as a range
         self.bytes = 0
@@ -182,7 +183,9 @@ class Ramp:
                 elapsed = max(time.monotonic() - self._started, 1e-3)
                 rate = self.bytes / elapsed
             per_stream = rate / max(1, self.allowed)
-            size = min(SPAN_MAX, max(SPAN_MIN, int(per_stream * SPAN_SECONDS)))
+            size = max(SPAN_MIN, int(per_stream * SPAN_SECONDS))
+            if self.allowed > 1:  # (alone, a fast link takes the rest in one request)
+                size = min(SPAN_MAX, size)
             share = -(-remaining // max(1, self.allowed))  # the tail shared out
             return min(remaining, size, max(SPAN_MIN, share))
 
@@ -196,6 +199,7 @@ class Ramp:
         if not self.probing:
             return
         previous = self._measure(done, self.level)
+        decided = previous is not None and self.level == self.cap
         while previous is not None and self.level < self.cap:
             trying = min(self.cap, self.level * 2)
             with self._cond:
@@ -205,14 +209,16 @@ class Ramp:
             if rate is None:
                 break
             if rate < previous * GROWTH:
+                decided = True
                 break
             self.level, previous = trying, rate
+            decided = self.level == self.cap
         with self._cond:
             self.allowed = self.level
             self.probing = False
             self._cond.notify_all()
-        with _lock:
-            _learned[self.link] = (self.level, 0)
+        with _lock:  # a probe the fill's end cut short goes on with the next fill
+            _learned[self.link] = (self.level, 0 if decided else REPROBE_EVERY)
 
     def close(self) -> None:
         """The fill ended: waiting workers exit."""
