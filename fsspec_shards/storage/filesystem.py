@@ -28,7 +28,7 @@ from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
-from fsspec_shards.storage import backends
+from fsspec_shards.storage import backends, transfer
 from fsspec_shards.storage.backend_options import check_backend_options
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
@@ -120,6 +120,11 @@ class WdsFileSystem(ChainedFileSystem):
         First backoff and its cap (s, full jitter), the most seconds spent on one failure
         chain, and the seconds without progress after which a request counts as stalled
         (a shorter socket time-out given to the backend bounds it too).
+    min_rate, min_rate_window:
+        A request moving slower than ``min_rate`` bytes/s (int or ``"16KiB"``; default
+        16 KiB/s; 0: no floor) over ``min_rate_window`` seconds (default 30) counts as
+        stalled, and only a request at that rate or better starts a new failure chain, so
+        a server that trickles is given up on (curl's ``--speed-limit``/``--speed-time``).
     ranged_reads:
         ``"cache"`` (default with the cache on): a ranged read of an uncached file fills the
         cache with the whole verified file and serves the range from it. ``"direct"``: read
@@ -184,6 +189,8 @@ class WdsFileSystem(ChainedFileSystem):
         max_backoff: float | str = 10.0,
         deadline: float | str = 300.0,
         timeout: float | str = 30.0,
+        min_rate: int | str = transfer.MIN_RATE,
+        min_rate_window: float | str = transfer.RATE_WINDOW,
         ranged_reads: str | None = None,
         transport: str = "auto",
         ranges_in_flight: int | str = "auto",
@@ -221,6 +228,8 @@ class WdsFileSystem(ChainedFileSystem):
         self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
         self.transport = _parse_transport(transport)
         self.ranges_in_flight = parse_ranges_in_flight(ranges_in_flight)
+        self.min_rate = _parse_size(min_rate, "min_rate")
+        self.min_rate_window = config.parse_float(min_rate_window, "min_rate_window", 0.001)
         self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
@@ -418,6 +427,8 @@ class WdsFileSystem(ChainedFileSystem):
             count=self._count,
             transport=self.download_transport,
             ranges_in_flight=self.ranges_in_flight,
+            min_rate=self.min_rate,
+            rate_window=self.min_rate_window,
         )
 
     def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:
