@@ -10,11 +10,10 @@ import hashlib
 import io
 import os
 import random
-import threading
 
 import pytest
 
-from fsspec_shards.storage.filling import OrderedHasher, Writeback
+from fsspec_shards.storage.filling import Frontier, OrderedHasher, Writeback
 
 DATA = random.Random(5).randbytes(3 * 1024 * 1024 + 17)
 
@@ -28,10 +27,10 @@ def test_the_hash_covers_pieces_and_file_ranges_in_the_order_handed_over(tmp_pat
         hasher = OrderedHasher("sha256", threaded=threaded)
         hasher.update(DATA[:1000])
         hasher.update(DATA[1000:5000])
-        ranges = [(5000, 2_000_000, threading.Event()), (2_000_000, len(DATA), threading.Event())]
-        hasher.update_from_file(descriptor, ranges)
-        ranges[1][2].set()  # finished out of order: hashed in order all the same
-        ranges[0][2].set()
+        written = Frontier(5000)
+        hasher.update_from_file(descriptor, 5000, len(DATA), written)
+        for step in (10_000, 2_000_000, len(DATA)):  # the file fills: hashed as far as written
+            written.advance(step)
         assert hasher.checksum().hexdigest == hashlib.sha256(DATA).hexdigest()
     finally:
         os.close(descriptor)
@@ -40,7 +39,7 @@ def test_the_hash_covers_pieces_and_file_ranges_in_the_order_handed_over(tmp_pat
 def test_a_range_that_never_arrives_does_not_keep_an_abandoned_hasher_waiting(tmp_path):
     hasher = OrderedHasher("sha256")
     hasher.update(b"x" * 100)
-    hasher.update_from_file(0, [(0, 10, threading.Event())])  # its range fails: never ready
+    hasher.update_from_file(0, 0, 10, Frontier(0))  # its range fails: never written
     hasher.abandon()
     hasher._thread.join(timeout=5)
     assert not hasher._thread.is_alive()
@@ -52,9 +51,9 @@ def test_a_failed_read_back_is_raised_by_checksum_and_later_pieces_do_not_block(
     descriptor = os.open(path, os.O_RDONLY)
     try:
         hasher = OrderedHasher("md5")
-        ready = threading.Event()
-        ready.set()
-        hasher.update_from_file(descriptor, [(0, 100, ready)])
+        written = Frontier(0)
+        written.advance(100)
+        hasher.update_from_file(descriptor, 0, 100, written)
         for _ in range(200):
             hasher.update(b"y" * 100)
         with pytest.raises(OSError, match="ends at byte 10, expected 100"):

@@ -6,7 +6,9 @@ a plan: an
 ordered list of actions, one taken by each GET of that object (HEAD requests take none).
 Actions: `Serve()`, `Replace(data)` (the object is replaced, then this GET is served),
 `WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
-Content-Range), `Cut(after_bytes)` (the connection closes mid-body).
+Content-Range), `Cut(after_bytes)` (the connection closes mid-body), `WholeBody()` (a 200
+with the whole object to a range request), `Trickle(piece, every, pieces)` (a few bytes at a
+time, then a stall until the client gives up).
 
 `identity=False` makes it a server that says nothing about versions: no ETag, no
 Last-Modified. With `identity=True` each version has an ETag and a Last-Modified, and
@@ -19,7 +21,9 @@ import dataclasses
 import email.utils
 import http.server
 import re
+import socket
 import threading
+import time
 
 from tests.integration.servers import _quiet_about_vanished_clients
 
@@ -50,6 +54,22 @@ class Cut:
     """Send the headers and `after_bytes` bytes of the body, then close the connection."""
 
     after_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeBody:
+    """Answer a range request with 200 and the whole object (the Range ignored)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trickle:
+    """Send `piece` bytes every `every` seconds, `pieces` times, then nothing for `stall`
+    seconds (the client gives up first), then close."""
+
+    piece: int
+    every: float
+    pieces: int
+    stall: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +189,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         data, status, first = obj.data, 200, 0
         match = _RANGE.match(self.headers.get("Range") or "")
-        if match is not None:
+        if match is not None and not isinstance(action, WholeBody):
             first = int(match.group(1))
             last = int(match.group(2)) if match.group(2) else len(data) - 1
             if isinstance(action, WrongStart):
@@ -192,6 +212,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD":
             return
+        if isinstance(action, Trickle):
+            self._trickle(body, action)
+            return
         if isinstance(action, Cut):
             self.wfile.write(body[: action.after_bytes])
             self.wfile.flush()
@@ -199,3 +222,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.connection.shutdown(2)
             return
         self.wfile.write(body)
+
+    def _trickle(self, body: bytes, action: Trickle) -> None:
+        try:
+            for number in range(action.pieces):
+                self.wfile.write(body[number * action.piece : (number + 1) * action.piece])
+                self.wfile.flush()
+                time.sleep(action.every)
+            deadline = time.monotonic() + action.stall
+            while time.monotonic() < deadline:  # until the client hangs up, or the stall ends
+                self.connection.settimeout(0.1)
+                try:
+                    if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                        break
+                except TimeoutError:
+                    continue
+        except OSError:
+            pass  # the client gave up: what a trickle ends with
+        self.close_connection = True
