@@ -18,7 +18,9 @@ Invariants:
 - Only for an object with a version identity (ETag, generation or version id) that every
   response is checked against: each range is requests of the version ``expect`` names
   (the transport checks it before a byte is written), so ranges of two versions never mix.
-  A response of another version stops every range and raises ``VersionMismatch``.
+  A response of another version stops every range and raises ``VersionMismatch``; one that
+  says nothing of its version counts in ``expect.unconfirmed``, for the caller to ask
+  ``info()`` (``download._fill``).
 - More than one range only after the first was answered as a range (206).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
   (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
