@@ -24,7 +24,7 @@ Invariants:
 - More than one range only after the first was answered as a range (206).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
   (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
-  raised.
+  raised. A stopped range ends at its next byte or fault, never asking again.
 - The hasher sees the object's bytes in order, each exactly once, as they lie in the file
   (so what is verified is what was written).
 """
@@ -302,6 +302,10 @@ def fill_ranges(
             with counted:
                 on_bytes(len(data))
 
+        def after_fault() -> None:
+            if stop.is_set():  # a request that failed after another range did: no retry
+                raise _Stopped
+
         start, end = layout.bounds(index)
         moved = resume(
             target,
@@ -311,6 +315,7 @@ def fill_ranges(
             expect,
             rest_of_body=index == 0,
             chunks=ChunkSizer(),
+            after_fault=after_fault,
             passthrough=(_Stopped,),
         )
         if index == 0:
