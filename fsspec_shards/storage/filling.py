@@ -18,11 +18,13 @@ Invariants:
 - Only for an object with a version identity (ETag, generation or version id) that every
   response is checked against: each range is requests of the version ``expect`` names
   (the transport checks it before a byte is written), so ranges of two versions never mix.
-  A response of another version stops every range and raises ``VersionMismatch``.
+  A response of another version stops every range and raises ``VersionMismatch``; one that
+  says nothing of its version counts in ``expect.unconfirmed``, for the caller to ask
+  ``info()`` (``download._fill``).
 - More than one range only after the first was answered as a range (206).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
   (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
-  raised.
+  raised. A stopped range ends at its next byte or fault, never asking again.
 - The hasher sees the object's bytes in order, each exactly once, as they lie in the file
   (so what is verified is what was written).
 """
@@ -300,6 +302,10 @@ def fill_ranges(
             with counted:
                 on_bytes(len(data))
 
+        def after_fault() -> None:
+            if stop.is_set():  # a request that failed after another range did: no retry
+                raise _Stopped
+
         start, end = layout.bounds(index)
         moved = resume(
             target,
@@ -309,6 +315,7 @@ def fill_ranges(
             expect,
             rest_of_body=index == 0,
             chunks=ChunkSizer(),
+            after_fault=after_fault,
             passthrough=(_Stopped,),
         )
         if index == 0:

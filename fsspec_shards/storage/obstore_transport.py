@@ -263,11 +263,13 @@ def bucket_region(
     raise error
 
 
-PIECE = 64 * 1024
-"""Bytes obstore gathers before handing a piece to Python (``min_chunk_size``; 0 handed
-over every socket read, tens of thousands of calls per GB): fewer calls and copies per
-byte. A cut loses at most the piece being gathered: the next request starts at the byte
-passed on."""
+PIECES_AS_RECEIVED = 0
+"""obstore's ``min_chunk_size``: every piece is handed to Python as it arrives. Gathering
+pieces (64 KiB were tried) would blind the stall rule (``transfer.py``: ``min_rate`` is
+checked as bytes pass): at 100 B/s a 64 KiB piece takes 11 minutes to gather, and
+obstore's own time-out sees the bytes move. Nothing is lost for speed: on loopback the
+pieces are ~280 KiB anyway (1.7-1.8 GB/s either way, 256 MiB read), and on a slow link
+the calls per byte do not matter. A cut loses nothing: what arrived was passed on."""
 
 
 class ObstoreTransport:
@@ -505,7 +507,9 @@ class ObstoreTransport:
                     f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
                     f"got {first}-{last - 1}"
                 )
-            self._pump(result.stream(min_chunk_size=PIECE), sink, skip, stop, url, action)
+            self._pump(
+                result.stream(min_chunk_size=PIECES_AS_RECEIVED), sink, skip, stop, url, action
+            )
         finally:
             del result  # not kept by the traceback of a failure: see _pump
         return facts

@@ -798,9 +798,21 @@ def _fill_span(
                 if index < last:
                     block_end = blocks.bounds(index)[1]
 
+    def after_fault() -> None:
+        if stop.is_set():  # a request that failed after another span did: no retry
+            raise _Stopped
+
     while index < last:
         try:
-            resume(target, position, end, sink, state.expect, passthrough=(_BadBlock, _Stopped))
+            resume(
+                target,
+                position,
+                end,
+                sink,
+                state.expect,
+                after_fault=after_fault,
+                passthrough=(_BadBlock, _Stopped),
+            )
         except _BadBlock as bad:
             state.bad_block(bad.index, bad.actual)
             position, block_end = blocks.bounds(bad.index)

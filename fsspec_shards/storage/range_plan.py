@@ -9,7 +9,8 @@ of the object). The level a link settled on is remembered per process and per st
 next object starts there (and probes on from there when the last probe was cut short by
 the fill's end, and every :data:`REPROBE_EVERY` fills).
 
-An int fixes the number of streams (1: one request).
+An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
+never all get a slot, so a fill runs at most that many.
 
 Bounds: a fill has at most :data:`AUTO_MAX` streams under auto; all fills of a process
 share :data:`PROCESS_MAX` streams beyond the first of each fill (a fill never waits for a
@@ -109,7 +110,7 @@ class Ramp:
     def __init__(self, ranges_in_flight: int | str, link: str) -> None:
         self.adaptive = ranges_in_flight == "auto"
         self.link = link
-        self.cap = AUTO_MAX if self.adaptive else int(ranges_in_flight)
+        self.cap = AUTO_MAX if self.adaptive else min(int(ranges_in_flight), PROCESS_MAX + 1)
         self.level = self.cap
         self.probing = False
         if self.adaptive:

@@ -21,7 +21,15 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage import range_plan
-from tests.integration.hostile_http import Cut, HostileServer, Replace, Serve, WholeBody, WrongStart
+from tests.integration.hostile_http import (
+    Cut,
+    HostileServer,
+    Replace,
+    Serve,
+    Trickle,
+    WholeBody,
+    WrongStart,
+)
 
 MiB = 1024 * 1024
 _spec = importlib.util.spec_from_file_location(
@@ -153,3 +161,28 @@ def test_on_loopback_the_fill_stays_at_one_stream(old, tmp_path, transport):
             server.put(name, old)
             assert _sha(fs.cat_file(server.url(name))) == _sha(old)
         assert _starts(server, "l1.bin") == [0, range_plan.FIRST_BYTES]
+
+
+def test_ranges_whose_answers_do_not_say_their_version_are_never_spliced(
+    old, new, tmp_path, transport
+):
+    # HEAD names the version, GETs do not (and ignore If-Match): the object replaced after
+    # the first range must not give the first range of one version and the rest of another
+    with HostileServer(identity_on_get=False) as server:
+        url = server.put("u.bin", old, plan=[Serve(), Replace(new)])
+        fs = _wds(tmp_path, transport, ranges_in_flight=3)
+        got = fs.cat_file(url)
+        assert _sha(got) == _sha(new)
+        assert _starts(server, "u.bin").count(0) == 2  # started over on the new version
+
+
+def test_a_range_stalled_when_another_failed_asks_no_more(old, new, tmp_path, transport):
+    # the range that stalls times out after its sibling saw the object replaced: it must
+    # end then, not spend its own failure chain asking for a version that is gone
+    stall = Trickle(1, 0.0, 0, stall=30)
+    with HostileServer() as server:
+        url = server.put("s.bin", old, plan=[Serve(), stall, Replace(new)])
+        fs = _wds(tmp_path, transport, ranges_in_flight=2, timeout=1)
+        assert _sha(fs.cat_file(url)) == _sha(new)
+        refused = [entry for entry in server.gets("s.bin") if entry.status == 412]
+        assert len(refused) == 1, server.gets("s.bin")
