@@ -19,7 +19,9 @@ Invariants:
   response is checked against: each range is requests of the version ``expect`` names
   (the transport checks it before a byte is written), so ranges of two versions never mix.
   A response of another version stops every range and raises ``VersionMismatch``.
-- More than one range only after the first was answered as a range (206).
+- More than one range only after the first was answered as a range (206), or on a store
+  that answered ranges before in this process (a later 200 is sliced to its range: waste,
+  never wrong bytes).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
   (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
   raised.
@@ -307,11 +309,11 @@ def fill_ranges(
             end,
             sink,
             expect,
-            rest_of_body=index == 0,
+            rest_of_body=index == 0 and ramp.gated,
             chunks=ChunkSizer(),
             passthrough=(_Stopped,),
         )
-        if index == 0:
+        if index == 0 and ramp.gated:
             ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
 
     def work(worker: int) -> None:
