@@ -115,6 +115,8 @@ class PacingProxy:
         """Stop accepting and cut every open connection."""
         self._stopping.set()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (Linux)
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             for sock in list(self._sockets):

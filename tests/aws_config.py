@@ -39,4 +39,5 @@ def aws_config_fixture(tmp_path, monkeypatch) -> Callable[[str], Path]:
     config.write_text("")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask a metadata server
     return AwsConfig(config, monkeypatch)

@@ -11,10 +11,22 @@ import io
 import os
 import random
 import threading
+import uuid
 
 import pytest
 
-from fsspec_shards.storage.filling import OrderedHasher, Writeback
+from fsspec_shards.storage import filling, range_plan
+from fsspec_shards.storage.filling import (
+    Frontier,
+    OrderedHasher,
+    Writeback,
+    fill_ranges,
+    preallocate,
+)
+from fsspec_shards.storage.identity import object_id
+from fsspec_shards.storage.retry import RetryPolicy
+from fsspec_shards.storage.transfer import Target
+from tests.planned_faults import PlannedFaultFileSystem
 
 DATA = random.Random(5).randbytes(3 * 1024 * 1024 + 17)
 
@@ -28,10 +40,10 @@ def test_the_hash_covers_pieces_and_file_ranges_in_the_order_handed_over(tmp_pat
         hasher = OrderedHasher("sha256", threaded=threaded)
         hasher.update(DATA[:1000])
         hasher.update(DATA[1000:5000])
-        ranges = [(5000, 2_000_000, threading.Event()), (2_000_000, len(DATA), threading.Event())]
-        hasher.update_from_file(descriptor, ranges)
-        ranges[1][2].set()  # finished out of order: hashed in order all the same
-        ranges[0][2].set()
+        written = Frontier(5000)
+        hasher.update_from_file(descriptor, 5000, len(DATA), written)
+        for step in (10_000, 2_000_000, len(DATA)):  # the file fills: hashed as far as written
+            written.advance(step)
         assert hasher.checksum().hexdigest == hashlib.sha256(DATA).hexdigest()
     finally:
         os.close(descriptor)
@@ -40,7 +52,7 @@ def test_the_hash_covers_pieces_and_file_ranges_in_the_order_handed_over(tmp_pat
 def test_a_range_that_never_arrives_does_not_keep_an_abandoned_hasher_waiting(tmp_path):
     hasher = OrderedHasher("sha256")
     hasher.update(b"x" * 100)
-    hasher.update_from_file(0, [(0, 10, threading.Event())])  # its range fails: never ready
+    hasher.update_from_file(0, 0, 10, Frontier(0))  # its range fails: never written
     hasher.abandon()
     hasher._thread.join(timeout=5)
     assert not hasher._thread.is_alive()
@@ -52,9 +64,9 @@ def test_a_failed_read_back_is_raised_by_checksum_and_later_pieces_do_not_block(
     descriptor = os.open(path, os.O_RDONLY)
     try:
         hasher = OrderedHasher("md5")
-        ready = threading.Event()
-        ready.set()
-        hasher.update_from_file(descriptor, [(0, 100, ready)])
+        written = Frontier(0)
+        written.advance(100)
+        hasher.update_from_file(descriptor, 0, 100, written)
         for _ in range(200):
             hasher.update(b"y" * 100)
         with pytest.raises(OSError, match="ends at byte 10, expected 100"):
@@ -74,3 +86,30 @@ def test_writeback_is_started_behind_the_writer_and_only_for_files_on_disk(tmp_p
             writeback.written(written * 1024 * 1024)
         assert writeback.started == 16 * 1024 * 1024  # every 8 MiB
     assert (tmp_path / "filled").stat().st_size == 20 * 1024 * 1024
+
+
+def test_a_huge_fixed_number_of_ranges_starts_no_more_threads_than_can_run(tmp_path, monkeypatch):
+    # beyond the process's bound no range can get a slot: a thread each is only a cost
+    # (ranges_in_flight=10**6 started a million threads)
+    monkeypatch.setattr(range_plan, "_slots_taken", 0)
+    started: list[str] = []
+
+    class Counted(threading.Thread):
+        def start(self) -> None:
+            started.append(self.name)
+            super().start()
+
+    monkeypatch.setattr(filling.threading, "Thread", Counted)
+    fs = PlannedFaultFileSystem()
+    path = f"/fill-{uuid.uuid4().hex}/shard.tar"
+    data = DATA[: 256 * 1024]
+    fs.pipe_file(path, data)
+    policy = RetryPolicy(attempts=2, backoff=0.001, max_backoff=0.002, timeout=30.0)
+    target = Target(fs, path, object_id(fs, path), policy, ranges_in_flight=2000, range_bytes=4096)
+    expect = target.expected_version(target.stat())
+    with open(tmp_path / "filled", "w+b") as out:
+        preallocate(out.fileno(), len(data))
+        fill_ranges(target, out.fileno(), expect, None, lambda amount: None)
+        assert os.pread(out.fileno(), len(data), 0) == data
+    ranges = [name for name in started if name.startswith("fsspec-shards-range-")]
+    assert len(ranges) <= range_plan.PROCESS_MAX + 1, len(ranges)

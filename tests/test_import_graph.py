@@ -9,13 +9,6 @@ import pytest
 
 from tests.import_graph import PACKAGE, cycles, import_graph, importers_of
 
-CYCLES_BEING_REMOVED = {
-    # `download`: the resume-from-offset loop and ``Target`` in one place
-    frozenset(f"{PACKAGE}.storage.{name}" for name in ("download", "filling")),
-}
-"""The import cycles left on main while issue 21's restructuring lands. Drop an entry when
-its cycle is gone; never add one."""
-
 
 def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
@@ -25,16 +18,6 @@ def test_only_the_command_line_itself_imports_the_cli():
     assert importers_of(import_graph(), f"{PACKAGE}.cli") == {f"{PACKAGE}.__main__"}
 
 
-def test_no_import_cycle_but_the_one_being_removed():
-    found = {frozenset(component) for component in cycles(import_graph())}
-    assert found <= CYCLES_BEING_REMOVED, sorted(map(sorted, found - CYCLES_BEING_REMOVED))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the cycle download<->filling is being removed (`download`): once that lands this "
-    "passes, and the xfail mark and CYCLES_BEING_REMOVED must go",
-)
 def test_no_import_cycle_anywhere():
     assert cycles(import_graph()) == []
 

@@ -28,8 +28,9 @@ from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
-from fsspec_shards.storage import backends
+from fsspec_shards.storage import backends, transfer
 from fsspec_shards.storage.backend_options import check_backend_options
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -39,6 +40,7 @@ from fsspec_shards.storage.integrity import (
     parse_verify,
 )
 from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transport
+from fsspec_shards.storage.range_plan import parse_ranges_in_flight
 from fsspec_shards.storage.retry import RetryPolicy
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Version, VersionMismatch
@@ -118,6 +120,11 @@ class WdsFileSystem(ChainedFileSystem):
         First backoff and its cap (s, full jitter), the most seconds spent on one failure
         chain, and the seconds without progress after which a request counts as stalled
         (a shorter socket time-out given to the backend bounds it too).
+    min_rate, min_rate_window:
+        A request moving slower than ``min_rate`` bytes/s (int or ``"16KiB"``; default
+        16 KiB/s; 0: no floor) over ``min_rate_window`` seconds (default 30) counts as
+        stalled, and only a request at that rate or better starts a new failure chain, so
+        a server that trickles is given up on (curl's ``--speed-limit``/``--speed-time``).
     ranged_reads:
         ``"cache"`` (default with the cache on): a ranged read of an uncached file fills the
         cache with the whole verified file and serves the range from it. ``"direct"``: read
@@ -130,10 +137,10 @@ class WdsFileSystem(ChainedFileSystem):
         error naming what obstore cannot serve) or ``"fsspec"``. Chosen once per process.
         Listing, ``info`` and writes always use the fsspec backend.
     ranges_in_flight:
-        Ranged GETs at once when a file over 32 MiB with an ETag, generation or version id
-        is downloaded into the cache (default 1: one request to the end). More may help
-        where one connection is slower than the link; on loopback it does not (see
-        docs/transport.md).
+        ``"auto"`` (default): a file over 32 MiB with an ETag, generation or version id is
+        downloaded into the cache by ranged GETs, as many at once as raise the aggregate
+        rate (one stream where more do not help, e.g. loopback); an int fixes the number
+        (1: one request to the end). See docs/transport.md.
     block_size:
         Read size of streamed (uncached) files; 0 (fsspec's "no read-ahead") is the default.
     check_stale, stale_ttl:
@@ -182,9 +189,11 @@ class WdsFileSystem(ChainedFileSystem):
         max_backoff: float | str = 10.0,
         deadline: float | str = 300.0,
         timeout: float | str = 30.0,
+        min_rate: int | str = transfer.MIN_RATE,
+        min_rate_window: float | str = transfer.RATE_WINDOW,
         ranged_reads: str | None = None,
         transport: str = "auto",
-        ranges_in_flight: int | str = 1,
+        ranges_in_flight: int | str = "auto",
         block_size: int | str | None = None,
         check_stale: bool | str = False,
         stale_ttl: float | str | None = None,
@@ -218,7 +227,9 @@ class WdsFileSystem(ChainedFileSystem):
         self.cache_enabled = config.parse_bool(cache, "cache")
         self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
         self.transport = _parse_transport(transport)
-        self.ranges_in_flight = config.parse_int(ranges_in_flight, "ranges_in_flight", minimum=1)
+        self.ranges_in_flight = parse_ranges_in_flight(ranges_in_flight)
+        self.min_rate = _parse_size(min_rate, "min_rate")
+        self.min_rate_window = config.parse_float(min_rate_window, "min_rate_window", 0.001)
         self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
         self.cache_size = (
             config.default_cache_size() if cache_size is None else _parse_size(cache_size)
@@ -380,7 +391,7 @@ class WdsFileSystem(ChainedFileSystem):
         for prefix in ("wds::", "wds://"):
             if path.startswith(prefix):
                 path = path[len(prefix) :]
-        return self.fs._strip_protocol(path)
+        return fsspec_deps.strip_protocol(self.fs, path)
 
     def _object(self, backend_path: str) -> ObjectId:
         """Which object ``backend_path`` names on this backend: its cache key and display
@@ -416,6 +427,8 @@ class WdsFileSystem(ChainedFileSystem):
             count=self._count,
             transport=self.download_transport,
             ranges_in_flight=self.ranges_in_flight,
+            min_rate=self.min_rate,
+            rate_window=self.min_rate_window,
         )
 
     def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -566,9 +579,8 @@ class WdsFileSystem(ChainedFileSystem):
         from fsspec_shards.storage import progressive
 
         def fill(out: BinaryIO, progress: progressive.BlockProgress) -> dict:
-            ranges = progressive.ranges_for(target.ranges_in_flight)
             download_blocks = lambda into: progressive.fill_blocks(  # noqa: E731
-                target, into, info, blocks, progress, ranges
+                target, into, info, blocks, progress, target.ranges_in_flight
             )
             return self._filler(obj, target, info, download_blocks)(out)
 

@@ -1,28 +1,32 @@
 """Filling a file with an object: hashing off the receiving thread, writeback started as
-the bytes arrive, and optionally several ranged GETs at once.
+the bytes arrive, and several ranged GETs at once.
 
 :class:`OrderedHasher` hashes on a worker thread what a download hands it, in the order
-handed: pieces of bytes, or ranges of the file being filled (read back with ``os.pread``
-once the range is complete). The receiving thread never waits for the hash; hashlib and
-google-crc32c release the GIL on large buffers, so the two overlap.
+handed: pieces of bytes, or a stretch of the file being filled (read back with ``os.pread``
+as far as a :class:`Frontier` says it is written). The receiving thread never waits for the
+hash; hashlib and google-crc32c release the GIL on large buffers, so the two overlap.
 
 :class:`Writeback` asks the kernel to start writing what was written so far to disk
-(``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that the fsync the
-cache makes before publishing finds little left to write: the disk works while the network
-does. It changes nothing about durability: the fsync still decides.
+(``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that making the file
+durable later finds little left to write: the disk works while the network does.
 
-:func:`fill_ranges` fills ``[begin, size)`` of a pre-allocated file with ``ranges_in_flight``
-ranged GETs at a time, each written where it belongs with ``os.pwrite``.
+:func:`fill_ranges` fills a pre-allocated file with ranged GETs, as many in flight as
+``range_plan.Ramp`` allows, each written where it belongs with ``os.pwrite``.
 
 Invariants:
 
 - Only for an object with a version identity (ETag, generation or version id) that every
-  response is checked against: each range is one request of the version ``expect`` names
+  response is checked against: each range is requests of the version ``expect`` names
   (the transport checks it before a byte is written), so ranges of two versions never mix.
-  A response of another version stops every range and raises ``VersionMismatch``.
+  A response of another version stops every range and raises ``VersionMismatch``; one that
+  says nothing of its version counts in ``expect.unconfirmed``, for the caller to ask
+  ``info()`` (``download._fill``).
+- More than one range only after the first was answered as a range (206), or on a store
+  that answered ranges before in this process (a later 200 is sliced to its range: waste,
+  never wrong bytes).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
-  (``retry.Attempts``); a permanent failure, or a chain spent, stops every range and is
-  raised.
+  (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
+  raised. A stopped range ends at its next byte or fault, never asking again.
 - The hasher sees the object's bytes in order, each exactly once, as they lie in the file
   (so what is verified is what was written).
 """
@@ -33,15 +37,15 @@ import ctypes
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Callable
+from typing import BinaryIO
 
+from fsspec_shards.storage.backends import protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher
+from fsspec_shards.storage.range_plan import Ramp, link_of
 from fsspec_shards.storage.retry import TransientError
+from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
-
-if TYPE_CHECKING:
-    from fsspec_shards.storage.download import Target
 
 _READ_BACK = 8 * 1024 * 1024
 _PIECES_QUEUED = 64
@@ -50,7 +54,27 @@ the memory held when hashing falls behind the network."""
 _WRITEBACK_EVERY = 8 * 1024 * 1024
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
 _STOP = object()
-FileRange = tuple[int, int, threading.Event]
+
+
+class Frontier:
+    """How far a file is written without a gap: ``[begin, value)`` is all there."""
+
+    def __init__(self, begin: int) -> None:
+        self.value = begin
+        self._cond = threading.Condition()
+
+    def advance(self, value: int) -> None:
+        with self._cond:
+            if value > self.value:
+                self.value = value
+                self._cond.notify_all()
+
+    def wait_beyond(self, position: int, timeout: float) -> int:
+        """The frontier once it lies past ``position``, or after ``timeout`` seconds."""
+        with self._cond:
+            if self.value <= position:
+                self._cond.wait(timeout)
+            return self.value
 
 
 class OrderedHasher:
@@ -81,11 +105,10 @@ class OrderedHasher:
         else:
             self._work.put(data)
 
-    def update_from_file(self, descriptor: int, ranges: Sequence[FileRange]) -> None:
-        """Hash each ``(start, end, ready)`` range of the open file ``descriptor`` in turn,
-        once its ``ready`` is set (the range is written), after everything handed over
-        before."""
-        self._work.put((descriptor, tuple(ranges)))
+    def update_from_file(self, descriptor: int, start: int, end: int, written: Frontier) -> None:
+        """Hash bytes ``[start, end)`` of the open file ``descriptor`` as ``written`` says
+        they are there, after everything handed over before."""
+        self._work.put((descriptor, start, end, written))
 
     def checksum(self) -> Checksum:
         """The checksum of everything handed over (waits for all of it to be hashed)."""
@@ -112,25 +135,27 @@ class OrderedHasher:
                 continue
             try:
                 if isinstance(item, tuple):
-                    descriptor, ranges = item
-                    for start, end, ready in ranges:
-                        self._hash_file_range(descriptor, start, end, ready)
+                    self._hash_file_range(*item)
                 else:
                     self._hasher.update(item)
             except BaseException as exc:  # raised to the caller of checksum()
                 self._failure = exc
 
-    def _hash_file_range(self, descriptor: int, start: int, end: int, ready) -> None:
-        while not ready.wait(0.1):
-            if self._abandoned:
-                return
+    def _hash_file_range(self, descriptor: int, start: int, end: int, written: Frontier) -> None:
+        """Read back into one reused buffer (a fresh 8 MiB ``bytes`` per read costs page
+        faults that cost as much as the hash)."""
+        buffer = bytearray(_READ_BACK)
+        view = memoryview(buffer)
         position = start
         while position < end and not self._abandoned:
-            data = os.pread(descriptor, min(_READ_BACK, end - position), position)
-            if not data:
+            there = min(end, written.wait_beyond(position, 0.1))
+            if there <= position:
+                continue
+            got = os.preadv(descriptor, [view[: min(_READ_BACK, there - position)]], position)
+            if not got:
                 raise TransientError(f"the file ends at byte {position}, expected {end}")
-            self._hasher.update(data)
-            position += len(data)
+            self._hasher.update(view[:got])
+            position += got
 
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -190,103 +215,150 @@ def preallocate(descriptor: int, size: int) -> None:
         os.ftruncate(descriptor, size)
 
 
+def pwrite_all(descriptor: int, data: bytes | memoryview, position: int) -> None:
+    """Write all of ``data`` at ``position`` (``os.pwrite`` may write less)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(descriptor, view, position)
+        view = view[written:]
+        position += written
+
+
+class _Layout:
+    """The ranges of one fill: handed out front to back (sized by the ramp), and how far
+    each is written, hence the :class:`Frontier` of the file."""
+
+    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int, stop: threading.Event) -> None:
+        self.size = size
+        self.ramp = ramp
+        self.fixed_bytes = fixed_bytes
+        self.cursor = 0
+        self.spans: list[list[int]] = []  # [start, written up to, end], in order
+        self.frontier = Frontier(0)
+        self.assigned = threading.Event()
+        self._stop = stop
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """The index of the next range to fetch, or None when all are handed out."""
+        with self._lock:
+            if self.cursor >= self.size:
+                return None
+            length = self.ramp.span(self.size - self.cursor, self.fixed_bytes)
+            self.spans.append([self.cursor, self.cursor, self.cursor + length])
+            self.cursor += length
+            if self.cursor >= self.size:
+                self.assigned.set()
+            return len(self.spans) - 1
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        with self._lock:
+            return self.spans[index][1], self.spans[index][2]
+
+    def wrote(self, index: int, amount: int) -> int:
+        """``amount`` bytes more of range ``index`` are in the file; returns where they
+        began. (The first range may run to the object's end: a 200 answer, Range ignored,
+        when no other range is out.)"""
+        with self._lock:
+            span = self.spans[index]
+            at = span[1]
+            span[1] += amount
+            if span[1] > span[2]:
+                span[2] = self.cursor = span[1]
+                if self.cursor >= self.size:
+                    self.assigned.set()
+            frontier = self.frontier.value
+            for start, written, end in self.spans:
+                if start > frontier:
+                    break
+                frontier = max(frontier, written)
+                if written < end:
+                    break
+        self.frontier.advance(frontier)
+        return at
+
+
 def fill_ranges(
     target: Target,
     descriptor: int,
-    begin: int,
     expect: Version,
     hasher: OrderedHasher | None,
     on_bytes: Callable[[int], None],
-    ranges_in_flight: int,
-    range_bytes: int,
 ) -> None:
-    """Write bytes ``[begin, expect.size)`` of the object into the pre-allocated file
-    ``descriptor``, ``ranges_in_flight`` ranged GETs of ``range_bytes`` at a time; hand each
-    range to ``hasher`` in order. Raises ``VersionMismatch`` when the object changed, or
-    the failure that ended a range."""
-    size = expect.size
-    bounds = [(start, min(size, start + range_bytes)) for start in range(begin, size, range_bytes)]
-    done = [threading.Event() for _ in bounds]
-    if hasher is not None:
-        ranges = [(start, end, ready) for (start, end), ready in zip(bounds, done, strict=True)]
-        hasher.update_from_file(descriptor, ranges)
+    """Write the object (``expect.size`` bytes) into the pre-allocated file ``descriptor``
+    by ranged GETs, as many at once as ``range_plan.Ramp`` allows for
+    ``target.ranges_in_flight``; the hasher reads the file back in order as it fills.
+    Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
+    ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     stop = threading.Event()
+    layout = _Layout(expect.size, ramp, target.range_bytes, stop)
+    if hasher is not None:
+        hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []
     counted = threading.Lock()
-    next_range = iter(range(len(bounds)))
-    taking = threading.Lock()
 
-    def count(amount: int) -> None:
-        with counted:
-            on_bytes(amount)
+    def fetch(worker: int, index: int) -> None:
+        def sink(data: bytes) -> None:
+            if stop.is_set():
+                raise _Stopped
+            at = layout.bounds(index)[0]
+            pwrite_all(descriptor, data, at)
+            layout.wrote(index, len(data))
+            ramp.moved(worker, len(data))
+            with counted:
+                on_bytes(len(data))
 
-    def work() -> None:
-        while not stop.is_set():
-            with taking:
-                index = next(next_range, None)
-            if index is None:
-                return
-            try:
-                _fill_range(target, descriptor, *bounds[index], expect, count, stop)
-            except _Stopped:
-                return
-            except BaseException as exc:
-                failures.append(exc)
-                stop.set()
-                return
-            done[index].set()
+        def after_fault() -> None:
+            if stop.is_set():  # a request that failed after another range did: no retry
+                raise _Stopped
+
+        start, end = layout.bounds(index)
+        moved = resume(
+            target,
+            start,
+            end,
+            sink,
+            expect,
+            rest_of_body=index == 0 and ramp.gated,
+            chunks=ChunkSizer(),
+            after_fault=after_fault,
+            passthrough=(_Stopped,),
+        )
+        if index == 0 and ramp.gated:
+            ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
+
+    def work(worker: int) -> None:
+        if worker and not ramp.admit(worker):
+            return
+        try:
+            while not stop.is_set() and (worker == 0 or ramp.keeps(worker)):
+                index = layout.take()
+                if index is None:
+                    return
+                fetch(worker, index)
+        except _Stopped:
+            return
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+            layout.assigned.set()
+        finally:
+            if worker:
+                ramp.release(worker)
 
     workers = [
-        threading.Thread(target=work, name=f"fsspec-shards-range-{number}", daemon=True)
-        for number in range(min(ranges_in_flight, len(bounds)))
+        threading.Thread(target=work, args=(n,), name=f"fsspec-shards-range-{n}", daemon=True)
+        for n in range(ramp.cap)
     ]
     for worker in workers:
         worker.start()
-    for worker in workers:
-        worker.join()
+    try:
+        ramp.steer(layout.assigned)
+        layout.assigned.wait()
+    finally:
+        ramp.close()
+        for worker in workers:
+            worker.join()
     if failures:
         changed = next((f for f in failures if isinstance(f, VersionMismatch)), None)
         raise changed or failures[0]
-
-
-def _fill_range(
-    target: Target,
-    descriptor: int,
-    start: int,
-    end: int,
-    expect: Version,
-    count: Callable[[int], None],
-    stop: threading.Event,
-) -> None:
-    """Bytes ``[start, end)`` written at their place, resumed after each fault."""
-    position = start
-    attempts = target.attempts("download")
-
-    def sink(data: bytes) -> None:
-        nonlocal position
-        if stop.is_set():
-            raise _Stopped
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(descriptor, view, position)
-            view = view[written:]
-            position += written
-        count(len(data))
-
-    while position < end:
-        before = position
-        error: BaseException | None = None
-        try:
-            target.transport.stream(
-                target.path, position, end, sink, target.policy.timeout, False, expect
-            )
-        except (VersionMismatch, _Stopped):
-            raise
-        except Exception as exc:
-            error = exc
-        if position > before:
-            attempts.progressed()
-        if error is not None:
-            attempts.failed(error)
-        elif position < end:
-            attempts.failed(TransientError(f"short read at offset {position} of {expect.size}"))

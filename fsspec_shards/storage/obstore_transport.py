@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import threading
 import urllib.error
 import urllib.request
@@ -48,6 +47,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
+from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
+from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
+from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
 from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, check_response
@@ -60,10 +62,6 @@ Sink = Callable[[bytes], None]
 _NO_OVERALL_LIMIT = timedelta(days=7)
 """obstore's whole-request time-out (30 s by default) would cut a long download that is
 moving; only the no-progress time-out applies, so the whole request gets a week."""
-
-_STATUS_RE = re.compile(r"status code: (\d{3})")
-_KIND_RE = re.compile(r"kind: (\w+)")
-_OTHER_RANGE_RE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 
 
 # --------------------------------------------------------------------------- availability
@@ -265,8 +263,17 @@ def bucket_region(
     raise error
 
 
+PIECES_AS_RECEIVED = 0
+"""obstore's ``min_chunk_size``: every piece is handed to Python as it arrives. Gathering
+pieces (64 KiB were tried) would blind the stall rule (``transfer.py``: ``min_rate`` is
+checked as bytes pass): at 100 B/s a 64 KiB piece takes 11 minutes to gather, and
+obstore's own time-out sees the bytes move. Nothing is lost for speed: on loopback the
+pieces are ~280 KiB anyway (1.7-1.8 GB/s either way, 256 MiB read), and on a slow link
+the calls per byte do not matter. A cut loses nothing: what arrived was passed on."""
+
+
 class ObstoreTransport:
-    """Ranged GETs and HEADs of one backend configuration through obstore.
+    """Ranged GETs of one backend configuration through obstore.
 
     Paths are the fsspec backend's: ``bucket/key`` (s3, optionally ``?versionId=``),
     ``bucket/key`` (gcs), ``container/blob`` (az), full URLs (http).
@@ -441,23 +448,6 @@ class ObstoreTransport:
 
     # ---- the operations
 
-    def info(self, path: str, timeout: float | None = None) -> Version:
-        """Size and version of the object at ``path`` (a HEAD request)."""
-        import obstore
-
-        store, key, version, url = self._open(path, timeout)
-        if version is not None:
-            meta = self._call(
-                url,
-                "HEAD",
-                lambda: obstore.get(store, key, options={"head": True, "version": version}).meta,
-            )
-        else:
-            meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
-        return Version(
-            meta["size"], meta["e_tag"], meta["version"], _seconds(meta["last_modified"])
-        )
-
     def stream(
         self,
         path: str,
@@ -517,8 +507,9 @@ class ObstoreTransport:
                     f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
                     f"got {first}-{last - 1}"
                 )
-            # as received: a cut loses nothing
-            self._pump(result.stream(min_chunk_size=0), sink, skip, stop, url, action)
+            self._pump(
+                result.stream(min_chunk_size=PIECES_AS_RECEIVED), sink, skip, stop, url, action
+            )
         finally:
             del result  # not kept by the traceback of a failure: see _pump
         return facts

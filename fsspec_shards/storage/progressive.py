@@ -44,12 +44,14 @@ from typing import Any, BinaryIO
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
-from fsspec_shards.storage.backends import object_identity
+from fsspec_shards.storage.backends import object_identity, protocol_of
 from fsspec_shards.storage.cache import layout, locks
-from fsspec_shards.storage.download import INTEGRITY_PASSES, Target, read_range
+from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
 from fsspec_shards.storage.files import RetryingFile
-from fsspec_shards.storage.filling import preallocate
+from fsspec_shards.storage.filling import preallocate, pwrite_all
+from fsspec_shards.storage.range_plan import Ramp, link_of
 from fsspec_shards.storage.retry import TransientError
+from fsspec_shards.storage.transfer import Target, resume
 from fsspec_shards.storage.versions import VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.progressive")
@@ -63,10 +65,6 @@ _LOCK_CHECK_SECONDS = 0.2
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 SPAN_BYTES = 16 * 1024 * 1024
 """Bytes per ranged GET when a fill has several in flight (whole blocks: rounded up)."""
-AUTO_RANGES = 4
-"""Ranges in flight of a block fill under ``ranges_in_flight="auto"``: every block is
-verified on its own, so ranges need no version identity to be safe; the extra ranges start
-once the first block is verified, so the first block does not share the link."""
 _RAMP_SECONDS = 0.3
 _FILLS: dict[tuple[int, str, str], BlockProgress] = {}
 """This process's fills in flight by (pid, cache directory, key): its readers wait on them
@@ -501,7 +499,14 @@ def open_while_filling(
         if "error" in outcome:
             raise outcome["error"]
         return outcome["handle"]
-    return ProgressiveReader(_open_read_only(progress.temp_path), blocks.size, progress, reopen)
+    try:
+        file = _open_read_only(progress.temp_path)
+    except FileNotFoundError:  # the fill ended already, its temp file gone: its outcome
+        progress.ended.wait()
+        if progress.failure is not None:
+            raise progress.failure from None
+        return reopen()
+    return ProgressiveReader(file, blocks.size, progress, reopen)
 
 
 def _forget(directory: str, key: str, progress: BlockProgress | None) -> None:
@@ -579,11 +584,14 @@ class _Plan:
             (first, min(len(blocks), first + span_blocks))
             for first in range(0, len(blocks), span_blocks)
         ]
+        self.empty = threading.Event()
+        """Set once every span was taken (or the fill failed)."""
         self._lock = threading.Lock()
 
     def take(self) -> tuple[int, int] | None:
         with self._lock:
             if not self.spans:
+                self.empty.set()
                 return None
             wanted = self.progress.next_wanted()
             chosen = 0
@@ -591,13 +599,10 @@ class _Plan:
                 chosen = next(
                     (i for i, (first, end) in enumerate(self.spans) if first <= wanted < end), 0
                 )
-            return self.spans.pop(chosen)
-
-
-def ranges_for(ranges_in_flight: int | str) -> int:
-    """Ranges in flight of a block fill for the ``ranges_in_flight`` option (an int, or
-    ``"auto"``: :data:`AUTO_RANGES`)."""
-    return ranges_in_flight if isinstance(ranges_in_flight, int) else AUTO_RANGES
+            span = self.spans.pop(chosen)
+            if not self.spans:
+                self.empty.set()
+            return span
 
 
 def fill_blocks(
@@ -606,16 +611,18 @@ def fill_blocks(
     info: dict[str, Any],
     blocks: BlockList,
     progress: BlockProgress,
-    ranges_in_flight: int = 1,
+    ranges_in_flight: int | str = 1,
     range_bytes: int = SPAN_BYTES,
 ) -> dict[str, Any]:
     """Write the object into the file ``out``, checking every block against ``blocks`` as it
     completes and marking it in ``progress`` (module docstring). Returns the metadata a
     download returns (``size``, ``identity``, ``checksum``).
 
-    With ``ranges_in_flight`` > 1 the object is fetched as spans of about ``range_bytes``
-    (whole blocks), that many at a time; all but the first start once the first block is
-    verified (or after a moment), so the reader's first block has the link to itself.
+    With ``ranges_in_flight`` other than 1 the object is fetched as spans of about
+    ``range_bytes`` (whole blocks), as many at a time as ``range_plan.Ramp`` allows (the
+    same rule as whole-object fills; every block is verified on its own, so ranges need no
+    version identity here); all but the first start once the first block is verified (or
+    after a moment), so the reader's first block has the link to itself.
     Raises ``IntegrityError`` when the object's size is not the manifest's or a block stays
     bad, and the failure that ended a transfer.
     """
@@ -632,7 +639,8 @@ def fill_blocks(
     out.flush()
     preallocate(descriptor, blocks.size)
     span_blocks = max(1, -(-range_bytes // blocks.block_size))
-    workers = max(1, min(ranges_in_flight, -(-len(blocks) // span_blocks)))
+    ramp = Ramp(ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+    workers = max(1, min(ramp.cap, -(-len(blocks) // span_blocks)))
     if workers == 1:
         span_blocks = max(1, len(blocks))
     plan = _Plan(blocks, progress, span_blocks)
@@ -640,20 +648,24 @@ def fill_blocks(
     failures: list[BaseException] = []
 
     def work(number: int) -> None:
-        if number:
-            progress.wait_first(_RAMP_SECONDS)
-        while not stop.is_set():
-            span = plan.take()
-            if span is None:
-                return
-            try:
-                _fill_span(state, descriptor, *span, progress, stop)
-            except _Stopped:
-                return
-            except BaseException as exc:
-                failures.append(exc)
-                stop.set()
-                return
+        if number and not ramp.admit(number):
+            return
+        try:
+            while not stop.is_set() and (number == 0 or ramp.keeps(number)):
+                span = plan.take()
+                if span is None:
+                    return
+                moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
+                _fill_span(state, descriptor, *span, progress, stop, moved)
+        except _Stopped:
+            return
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+            plan.empty.set()
+        finally:
+            if number:
+                ramp.release(number)
 
     try:
         if workers == 1:
@@ -667,8 +679,15 @@ def fill_blocks(
             ]
             for thread in threads:
                 thread.start()
-            for thread in threads:
-                thread.join()
+            try:
+                progress.wait_first(_RAMP_SECONDS)
+                ramp.ranges_answered(True)
+                ramp.steer(plan.empty)
+                plan.empty.wait()
+            finally:
+                ramp.close()
+                for thread in threads:
+                    thread.join()
     finally:
         target.incr("bytes_downloaded", state.received)
     if failures:
@@ -744,16 +763,17 @@ def _fill_span(
     last: int,
     progress: BlockProgress,
     stop: threading.Event,
+    moved: Callable[[int], None],
 ) -> None:
     """Blocks ``[first, last)`` written at their place and verified one by one; resumed
-    from the byte reached after a fault, from a bad block's first byte after a mismatch."""
+    from the byte reached after a fault (``transfer.resume``), from a bad block's first byte
+    after a mismatch."""
     target, blocks = state.target, state.blocks
     end = blocks.bounds(last - 1)[1]
     index = first
     position = blocks.bounds(first)[0]
     block_end = blocks.bounds(first)[1]
     hasher = hashlib.sha256()
-    attempts = target.attempts("download")
 
     def sink(data: bytes) -> None:
         nonlocal index, position, block_end, hasher
@@ -762,12 +782,11 @@ def _fill_span(
         view = memoryview(data)
         while view and index < last:
             piece = view[: block_end - position]
-            written = 0
-            while written < len(piece):
-                written += os.pwrite(descriptor, piece[written:], position + written)
+            pwrite_all(descriptor, piece, position)
             hasher.update(piece)
             position += len(piece)
             state.count(len(piece))
+            moved(len(piece))
             view = view[len(piece) :]
             if position == block_end:
                 actual = hasher.hexdigest()
@@ -779,33 +798,29 @@ def _fill_span(
                 if index < last:
                     block_end = blocks.bounds(index)[1]
 
+    def after_fault() -> None:
+        if stop.is_set():  # a request that failed after another span did: no retry
+            raise _Stopped
+
     while index < last:
-        before = position
-        error: Exception | None = None
         try:
-            target.transport.stream(
-                target.path, position, end, sink, target.policy.timeout, False, state.expect
+            resume(
+                target,
+                position,
+                end,
+                sink,
+                state.expect,
+                after_fault=after_fault,
+                passthrough=(_BadBlock, _Stopped),
             )
         except _BadBlock as bad:
             state.bad_block(bad.index, bad.actual)
             position, block_end = blocks.bounds(bad.index)
             hasher = hashlib.sha256()
-            continue
         except VersionMismatch as exc:
             state.changed(exc)
             position, block_end = blocks.bounds(index)
             hasher = hashlib.sha256()
-            continue
-        except _Stopped:
-            raise
-        except Exception as exc:
-            error = exc
-        if position > before:
-            attempts.progressed()
-        if error is not None:
-            attempts.failed(error)
-        elif index < last:
-            attempts.failed(TransientError(f"short read at offset {position} of {blocks.size}"))
 
 
 # -- cache=False: the block rule on streamed reads -----------------------------------------

@@ -6,11 +6,15 @@ a plan: an
 ordered list of actions, one taken by each GET of that object (HEAD requests take none).
 Actions: `Serve()`, `Replace(data)` (the object is replaced, then this GET is served),
 `WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
-Content-Range), `Cut(after_bytes)` (the connection closes mid-body).
+Content-Range), `Cut(after_bytes)` (the connection closes mid-body), `WholeBody()` (a 200
+with the whole object to a range request), `Trickle(piece, every, pieces)` (a few bytes at a
+time, then a stall until the client gives up).
 
 `identity=False` makes it a server that says nothing about versions: no ETag, no
 Last-Modified. With `identity=True` each version has an ETag and a Last-Modified, and
-`If-Match` is honoured (412 for another version). Every request is logged.
+`If-Match` is honoured (412 for another version). `identity_on_get=False`: only HEAD
+answers say which version (GETs carry no ETag or Last-Modified and ignore `If-Match`).
+Every request is logged.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import dataclasses
 import email.utils
 import http.server
 import re
+import socket
 import threading
+import time
 
 from tests.integration.servers import _quiet_about_vanished_clients
 
@@ -53,6 +59,22 @@ class Cut:
 
 
 @dataclasses.dataclass(frozen=True)
+class WholeBody:
+    """Answer a range request with 200 and the whole object (the Range ignored)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trickle:
+    """Send `piece` bytes every `every` seconds, `pieces` times, then nothing for `stall`
+    seconds (the client gives up first), then close."""
+
+    piece: int
+    every: float
+    pieces: int
+    stall: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Logged:
     method: str
     path: str
@@ -70,8 +92,9 @@ class _Object:
 class HostileServer:
     """`HostileServer(identity=...)` listening on a free loopback port until `close()`."""
 
-    def __init__(self, identity: bool = True) -> None:
+    def __init__(self, identity: bool = True, identity_on_get: bool = True) -> None:
         self.identity = identity
+        self.identity_on_get = identity_on_get
         self.objects: dict[str, _Object] = {}
         self.plans: dict[str, list] = {}
         self.log: list[Logged] = []
@@ -161,7 +184,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         etag = f'"v{obj.version}-{len(obj.data)}"'
         if_match = self.headers.get("If-Match")
-        if self.hostile.identity and if_match and if_match.strip() not in (etag, "*"):
+        identity = self.hostile.identity and (method == "HEAD" or self.hostile.identity_on_get)
+        if identity and if_match and if_match.strip() not in (etag, "*"):
             self._log(method, 412)
             self.send_response(412)
             self.send_header("Content-Length", "0")
@@ -169,7 +193,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         data, status, first = obj.data, 200, 0
         match = _RANGE.match(self.headers.get("Range") or "")
-        if match is not None:
+        if match is not None and not isinstance(action, WholeBody):
             first = int(match.group(1))
             last = int(match.group(2)) if match.group(2) else len(data) - 1
             if isinstance(action, WrongStart):
@@ -185,12 +209,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
-        if self.hostile.identity:
+        if identity:
             self.send_header("ETag", etag)
             modified = 1_700_000_000 + obj.version  # one second per version
             self.send_header("Last-Modified", email.utils.formatdate(modified, usegmt=True))
         self.end_headers()
         if method == "HEAD":
+            return
+        if isinstance(action, Trickle):
+            self._trickle(body, action)
             return
         if isinstance(action, Cut):
             self.wfile.write(body[: action.after_bytes])
@@ -199,3 +226,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.connection.shutdown(2)
             return
         self.wfile.write(body)
+
+    def _trickle(self, body: bytes, action: Trickle) -> None:
+        try:
+            for number in range(action.pieces):
+                self.wfile.write(body[number * action.piece : (number + 1) * action.piece])
+                self.wfile.flush()
+                time.sleep(action.every)
+            deadline = time.monotonic() + action.stall
+            while time.monotonic() < deadline:  # until the client hangs up, or the stall ends
+                self.connection.settimeout(0.1)
+                try:
+                    if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                        break
+                except TimeoutError:
+                    continue
+        except OSError:
+            pass  # the client gave up: what a trickle ends with
+        self.close_connection = True

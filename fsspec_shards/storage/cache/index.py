@@ -5,6 +5,8 @@ string keys::
 
     entry:<key>        a published file: JSON {file, size, shown, stored_at, validated_at,
                        metadata}; the row's size column is the file's size
+    pending:<key>      JSON {file, boot}: that file of the entry is not durable yet; it was
+                       published under boot ``boot`` (storage/durability.py)
     generation:<key>   the key's write generation (int)
     counter:<name>     a counter shared by every process (int)
     key_format         the ObjectId key format the entries were made under
@@ -23,6 +25,11 @@ Invariants:
   and reads on read-only media. No fork happens while a thread of this process is inside
   the index (:data:`FORK_GUARD`, taken after the cache's file locks, never before: filelock
   holds forks back while a lock changes hands).
+- ``synchronous=FULL``: in rollback-journal mode SQLite's NORMAL can lose or corrupt the
+  last commit on power loss; FULL syncs the journal and the database at every commit, so
+  a commit that returned survives a machine crash (a few small fsyncs per published file,
+  off the data's path: the data file itself is synced in the background,
+  ``storage/durability.py``).
 - Least-recently-used order is diskcache's store time (``eviction_policy=
   "least-recently-stored"``): a use of an entry re-stores it (batched per process by
   :mod:`.usage`), so a lookup is a plain read, never a write transaction, and an entry's
@@ -64,12 +71,14 @@ from fsspec_shards.storage.identity import KEY_FORMAT
 T = TypeVar("T")
 
 ENTRY, GENERATION, COUNTER, KEY_FORMAT_NAME = "entry:", "generation:", "counter:", "key_format"
+PENDING = "pending:"
 _SETTINGS = {
     "eviction_policy": "least-recently-stored",
     "cull_limit": 0,
     "statistics": False,
     "tag_index": False,
     "sqlite_journal_mode": "delete",
+    "sqlite_synchronous": 2,  # FULL: see the module docstring
 }
 _CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
@@ -467,8 +476,9 @@ class Index:
 
     # -- reading -------------------------------------------------------------------------
 
-    def lookup(self, key: str) -> tuple[str, int] | None:
-        """``(file, size)`` recorded for ``key``, or None: the hit path, kept short.
+    def lookup(self, key: str) -> tuple[str, int, str | None] | None:
+        """``(file, size, boot)`` recorded for ``key`` (``boot``: the boot it was published
+        under when not durable yet, else None), or None: the hit path, kept short.
 
         Answers are remembered with the database's file change counter (header bytes
         24-27, which every committed write moves, in any process) read *before* the query;
@@ -480,7 +490,9 @@ class Index:
             remembered = self._remembered.get(key)
             if remembered is not None and remembered[0] == counter:
                 return remembered[1]
-        found = self._run(lambda: _file_and_size(self._value(ENTRY + key)), None)
+        found = self._run(
+            lambda: _file_and_size(self._value(ENTRY + key), self._value(PENDING + key)), None
+        )
         if counter is not None:
             if len(self._remembered) >= _REMEMBERED_LOOKUPS:
                 self._remembered.clear()
@@ -552,9 +564,17 @@ class Index:
     # -- writing -------------------------------------------------------------------------
 
     def publish(
-        self, key: str, file: str, size: int, shown: str, metadata: dict, since: int
+        self,
+        key: str,
+        file: str,
+        size: int,
+        shown: str,
+        metadata: dict,
+        since: int,
+        boot: str | None = None,
     ) -> tuple[bool, str | None]:
-        """Record ``file`` for ``key`` if the key's generation is still ``since``.
+        """Record ``file`` for ``key`` if the key's generation is still ``since``; with
+        ``boot``, as not durable yet, published under that boot (:meth:`mark_durable`).
 
         Returns whether it was recorded and the file of the entry it replaced.
         """
@@ -565,6 +585,10 @@ class Index:
             old = _record(store.get(ENTRY + key))
             now = time.time()
             record = {"file": file, "size": size, "shown": shown, "metadata": metadata}
+            if boot is not None:
+                store.set(PENDING + key, json.dumps({"file": file, "boot": boot}))
+            else:
+                store.delete(PENDING + key)
             store.set(ENTRY + key, _Entry({**record, "stored_at": now, "validated_at": now}))
             return True, None if old is None else old["file"]
 
@@ -579,6 +603,7 @@ class Index:
                 store.incr(GENERATION + key)
             old = _record(store.get(ENTRY + key))
             store.delete(ENTRY + key)
+            store.delete(PENDING + key)
             return None if old is None else old["file"]
 
         return self._write(delete)
@@ -592,6 +617,7 @@ class Index:
             record = _record(value)
             if (None if record is None else record["file"]) != file:
                 return False
+            store.delete(PENDING + key)
             return store.delete(ENTRY + key)
 
         return self._write(delete, False)
@@ -609,6 +635,15 @@ class Index:
                 store.incr(COUNTER + name, amount)
 
         self._write(apply)
+
+    def mark_durable(self, key: str, file: str) -> None:
+        """The entry of ``key`` is on disk, if it still names ``file``."""
+
+        def update(store: diskcache.Cache) -> None:
+            if _pending(store.get(PENDING + key), file) is not None:
+                store.delete(PENDING + key)  # (the entry's row, its LRU place, untouched)
+
+        self._write(update)
 
     def touch_validated(self, key: str) -> None:
         def update(store: diskcache.Cache) -> None:
@@ -674,6 +709,19 @@ class Index:
         self._write(insert)
 
 
-def _file_and_size(value: Any) -> tuple[str, int] | None:
+def _file_and_size(value: Any, pending: Any) -> tuple[str, int, str | None] | None:
     record = _record(value)
-    return None if record is None else (record["file"], record["size"])
+    if record is None:
+        return None
+    return record["file"], record["size"], _pending(pending, record["file"])
+
+
+def _pending(value: Any, file: str) -> str | None:
+    """The boot under which ``file`` was published if its pending row names it, else None."""
+    try:
+        pending = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    if not isinstance(pending, dict) or pending.get("file") != file:
+        return None
+    return str(pending.get("boot"))

@@ -178,10 +178,12 @@ def remove_empty_directory(path: str) -> None:
         pass
 
 
-def finish_file(descriptor: int, *, read_only: bool) -> None:
-    """Make the bytes written to ``descriptor`` durable (fsync), then 0400 when
-    ``read_only``: a temp file ready for :func:`rename_into_place`."""
-    os.fsync(descriptor)
+def finish_file(descriptor: int, *, read_only: bool, durable: bool = True) -> None:
+    """Make the bytes written to ``descriptor`` durable (fsync; left to the caller when not
+    ``durable``), then 0400 when ``read_only``: a temp file ready for
+    :func:`rename_into_place`."""
+    if durable:
+        os.fsync(descriptor)
     if read_only:
         os.fchmod(descriptor, 0o400)
 
@@ -198,11 +200,13 @@ def write_new_file(path: str, write: Callable[[int], object], *, read_only: bool
         os.close(descriptor)
 
 
-def rename_into_place(temp: str, final: str) -> None:
+def rename_into_place(temp: str, final: str, *, durable: bool = True) -> None:
     """Rename the finished ``temp`` to ``final`` and fsync ``final``'s directory, so the
-    rename survives a power loss once this returns."""
+    rename survives a power loss once this returns (left to the caller when not
+    ``durable``)."""
     os.rename(temp, final)
-    fsync_directory(os.path.dirname(final))
+    if durable:
+        fsync_directory(os.path.dirname(final))
 
 
 def fsync_directory(directory: str) -> None:

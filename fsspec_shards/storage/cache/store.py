@@ -3,9 +3,14 @@
 Invariants:
 
 - Whole and verified, or absent. A download writes into ``tmp/``; only after
-  ``download()`` returns (it verifies what it wrote) is the file fsynced, made read-only,
-  renamed into ``files/`` and recorded in the index. A process killed at any instant leaves
-  a temp file or an unindexed file (both removed later, by name) or a whole entry.
+  ``download()`` returns (it verifies what it wrote) is the file made read-only, renamed
+  into ``files/`` and recorded in the index. A process killed at any instant leaves a temp
+  file or an unindexed file (both removed later, by name) or a whole entry.
+- Durable, or verified again: the fsync of a published file and its directory runs in the
+  background (:mod:`fsspec_shards.storage.durability`); until it is done the entry is
+  recorded as not durable under this boot, and under another boot (a machine crash may
+  have torn it) it is verified against its checksum before its first use, dropped where
+  it does not match or none is known. Without a boot id the fsync comes before publishing.
 - One download per key across processes (the key's lock); the bytes of published files
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
   least-recently-used files (access times batched per process: :mod:`.usage`).
@@ -28,6 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import logging
 import os
@@ -47,6 +53,7 @@ from fsspec_shards.storage.cache import layout, locks, trust
 from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.usage import Usage
+from fsspec_shards.storage.durability import SYNCER, boot_id, fsync_file_and_directory, matches
 from fsspec_shards.storage.identity import KEY_FORMAT, ObjectId
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
@@ -180,7 +187,7 @@ class ShardCache:
             found = index.lookup(key)
             if found is None:
                 return None
-            file, size = found
+            file, size, pending = found
             path = self._data_path(key, file, obj.shown)
             if path is None:
                 return None
@@ -196,6 +203,12 @@ class ShardCache:
                 return None
             info = os.fstat(descriptor)
             if stat.S_ISREG(info.st_mode) and info.st_size == size and info.st_uid == self._uid:
+                if pending is not None and pending != boot_id():
+                    problem = self._not_durable_problem(key, file, path, descriptor, size)
+                    if problem is not None:
+                        os.close(descriptor)
+                        self._drop_damaged(key, file, obj.shown, problem)
+                        return None
                 self._usage.touch(key, count)
                 handle = io.FileIO(descriptor, "rb")
                 handle.name = path
@@ -203,6 +216,21 @@ class ShardCache:
             os.close(descriptor)
             self._drop_damaged(key, file, obj.shown, _describe(info, size, self._uid))
             return None
+        return None
+
+    def _not_durable_problem(
+        self, key: str, file: str, path: str, descriptor: int, size: int
+    ) -> str | None:
+        """Why an entry published before a reboot and not synced then cannot be served
+        (None: it matches the checksum its download verified, and is durable now)."""
+        found = self._index.metadata(key)
+        checksum = None if found is None else found[1].get("checksum")
+        if not isinstance(checksum, str):
+            return "was not durable before a reboot and has no checksum to verify it"
+        if not matches(descriptor, size, checksum):
+            return "was torn by a crash (not durable before a reboot, its checksum differs)"
+        fsync_file_and_directory(path)
+        self._index.mark_durable(key, file)
         return None
 
     def get(self, obj: ObjectId, *, count: bool = True) -> str | None:
@@ -272,8 +300,10 @@ class ShardCache:
         return result
 
     def flush(self) -> None:
-        """Write this process's batched access times and counts to the index now."""
+        """Write this process's batched access times and counts to the index now, and wait
+        for the background syncs of the files it published."""
         self._usage.flush()
+        SYNCER.drain()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -477,10 +507,13 @@ class ShardCache:
         """Let ``download`` fill ``temp``, make it durable, rename it into ``files/`` and
         record it, unless the object was written meanwhile."""
         started = time.monotonic()
+        boot = boot_id()
         with open(temp, "r+b") as file:
             metadata = download(file)
             file.flush()
-            layout.finish_file(file.fileno(), read_only=True)
+            # no way to tell a reboot later (no boot id): durable before publishing;
+            # otherwise durability.py syncs it in the background
+            layout.finish_file(file.fileno(), read_only=True, durable=boot is None)
             size = os.fstat(file.fileno()).st_size
         # The download says what it verified (a newer version may differ in size from
         # what was reserved); otherwise the size announced beforehand must hold.
@@ -505,9 +538,9 @@ class ShardCache:
                             "remove it (the cache makes it again)",
                         )
                     try:
-                        layout.rename_into_place(temp, final)
+                        layout.rename_into_place(temp, final, durable=boot is None)
                         published, replaced = self._index.publish(
-                            key, relative, size, redact_url(obj.shown), record, since
+                            key, relative, size, redact_url(obj.shown), record, since, boot
                         )
                         handle = io.FileIO(os.open(final, _OPEN_FLAGS), "rb")
                         handle.name = final
@@ -516,8 +549,13 @@ class ShardCache:
                         raise
                     if not published:
                         layout.remove_file(final)
-                    elif replaced is not None and replaced != relative:
-                        self._remove_data_file(key, replaced)
+                    else:
+                        if boot is not None:
+                            SYNCER.submit(
+                                final, functools.partial(self._index.mark_durable, key, relative)
+                            )
+                        if replaced is not None and replaced != relative:
+                            self._remove_data_file(key, replaced)
                     break
             time.sleep(_WAIT_FOR_ROOM_SECONDS)
         if published:

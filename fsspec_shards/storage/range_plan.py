@@ -1,0 +1,244 @@
+"""How many ranged GETs of one object are in flight: the one rule of every parallel fill.
+
+``ranges_in_flight="auto"`` (the default) starts a fill with one stream and adds streams,
+doubling, while the aggregate rate grows by :data:`GROWTH` or more; when it does not, the
+streams go back to the last level that paid and stay there. One connection to a far store
+carries tens of MB/s, so there several ranges reach the link's rate; on loopback or a fast
+link a second stream adds nothing and the fill stays at one (a single request for the rest
+of the object). The level a link settled on is remembered per process and per store: the
+next object starts there (and probes on from there when the last probe was cut short by
+the fill's end, and every :data:`REPROBE_EVERY` fills). A fill whose ranges were all handed
+out within the first measurement at one stream settles the store at one.
+
+An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
+never all get a slot, so a fill runs at most that many.
+
+Bounds: a fill has at most :data:`AUTO_MAX` streams under auto; all fills of a process
+share :data:`PROCESS_MAX` streams beyond the first of each fill (a fill never waits for a
+slot: it runs with fewer streams). A host running N processes (e.g. DataLoader workers)
+thus opens at most N x (PROCESS_MAX + fills in flight) connections for downloads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from urllib.parse import urlsplit
+
+MiB = 1024 * 1024
+AUTO_ABOVE = 32 * MiB
+"""Objects larger than this may be filled by several ranges (smaller: one request)."""
+AUTO_MAX = 8
+PROCESS_MAX = 16
+GROWTH = 1.25
+"""Aggregate-rate growth that makes the extra streams worth keeping."""
+FIRST_BYTES = 1 * MiB
+"""The first range of a parallel fill on a store not seen answering ranges yet: its answer
+(206, or 200: ranges ignored) decides whether more ranges follow."""
+SPAN_MIN = 2 * MiB
+SPAN_MAX = 32 * MiB
+"""Auto ranges: the rest of the object after the first range in :data:`AUTO_MAX` equal
+ranges, within these bounds: as few requests as the streams need (some servers copy the
+whole object per ranged GET), and ends that come together."""
+SETTLE_MAX = 0.3
+"""Longest wait for added streams' first bytes before their rate is measured."""
+WINDOW = 0.1
+REPROBE_EVERY = 16
+
+_lock = threading.Lock()
+_slots_taken = 0
+_learned: dict[str, tuple[int, int]] = {}
+"""Per store: (the level it settled on, fills since the last probe)."""
+
+
+def _after_fork() -> None:
+    global _slots_taken, _lock
+    _lock = threading.Lock()
+    _slots_taken = 0  # the parent's streams are not this process's
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def parse_ranges_in_flight(value: int | str) -> int | str:
+    """The ``ranges_in_flight`` option: ``"auto"`` or an int >= 1 (also as a string)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise ValueError(
+            f"invalid value {value!r} for option 'ranges_in_flight': expected 'auto' or an "
+            "integer >= 1"
+        )
+    return number
+
+
+def link_of(protocol: str, path: str) -> str:
+    """The store a path lives on, as the key of what its link settled on."""
+    if "://" in path:
+        parts = urlsplit(path)
+        return f"{protocol}:{parts.scheme}://{parts.netloc}"
+    return f"{protocol}:{path.lstrip('/').split('/', 1)[0]}"
+
+
+def _take_slot() -> bool:
+    global _slots_taken
+    with _lock:
+        if _slots_taken >= PROCESS_MAX:
+            return False
+        _slots_taken += 1
+        return True
+
+
+def _give_slot() -> None:
+    global _slots_taken
+    with _lock:
+        _slots_taken = max(0, _slots_taken - 1)
+
+
+class Ramp:
+    """The streams one fill may run: worker 0 always; worker ``n`` once :meth:`admit`
+    lets it (module docstring). Workers report bytes with :meth:`moved`; the filling
+    thread runs :meth:`steer` while they work."""
+
+    def __init__(self, ranges_in_flight: int | str, link: str) -> None:
+        self.adaptive = ranges_in_flight == "auto"
+        self.link = link
+        self.cap = AUTO_MAX if self.adaptive else min(int(ranges_in_flight), PROCESS_MAX + 1)
+        self.level = self.cap
+        self.probing = False
+        if self.adaptive:
+            with _lock:
+                learned, fills = _learned.get(link, (1, REPROBE_EVERY))
+                self.level, self.probing = learned, fills >= REPROBE_EVERY
+                if not self.probing:
+                    _learned[link] = (learned, fills + 1)
+        self.gated = not (self.adaptive and link in _learned)
+        """Whether the first range must be answered as a range (206) before more streams
+        start: yes unless this store already answered ranges in this process."""
+        self.allowed = 1 if self.gated else self.level
+        self.bytes = 0
+        self.rate: float | None = None  # the last aggregate rate measured
+        self._started = time.monotonic()
+        self._cond = threading.Condition()
+        self._gate_open = not self.gated
+        self._closed = False
+        self._first_bytes: set[int] = set()
+        self._span_bytes: int | None = None
+
+    # -- the workers' side
+
+    def moved(self, worker: int, amount: int) -> None:
+        with self._cond:
+            self.bytes += amount
+            if worker not in self._first_bytes:
+                self._first_bytes.add(worker)
+                self._cond.notify_all()
+
+    def ranges_answered(self, as_ranges: bool) -> None:
+        """The first range was answered: as a range (206) opens the gate to more streams;
+        not (200, or a transport that cannot tell) keeps the fill at one."""
+        with self._cond:
+            self._gate_open = True
+            if as_ranges:
+                self.allowed = self.level
+            else:
+                self.cap = self.level = self.allowed = 1
+                self.probing = False
+            self._cond.notify_all()
+
+    def admit(self, worker: int) -> bool:
+        """Wait until worker ``worker`` (>= 1) may run and it got a process slot; False when
+        the fill ends or settled below it (the worker then exits)."""
+        with self._cond:
+            while not self._closed and worker >= self.allowed:
+                if self._gate_open and not self.probing and worker >= self.level:
+                    return False
+                self._cond.wait()
+            if self._closed:
+                return False
+        return _take_slot()
+
+    def keeps(self, worker: int) -> bool:
+        """Whether worker ``worker`` takes another range (False: the level went down)."""
+        with self._cond:
+            return worker < self.allowed and not self._closed
+
+    def release(self, worker: int) -> None:
+        """Worker ``worker`` (>= 1, admitted) ended: its slot goes back."""
+        _give_slot()
+
+    def span(self, remaining: int, fixed_bytes: int) -> int:
+        """Bytes of the next range to take, ``remaining`` being left to assign."""
+        if not self.adaptive:
+            return min(remaining, fixed_bytes)
+        with self._cond:
+            if not self._gate_open:
+                return min(remaining, FIRST_BYTES)
+            if self.cap == 1 or (not self.probing and self.level == 1):
+                return remaining  # one stream: the rest in one request
+            if self._span_bytes is None:  # the rest in as many ranges as streams may run
+                share = -(-remaining // self.cap)
+                self._span_bytes = min(SPAN_MAX, max(SPAN_MIN, share))
+            return min(remaining, self._span_bytes)
+
+    # -- the filling thread's side
+
+    def steer(self, done: threading.Event) -> None:
+        """Decide the level while the fill runs (returns when ``done`` is set or settled)."""
+        with self._cond:
+            while not self._gate_open and not done.is_set():
+                self._cond.wait(0.05)
+        if not self.probing:
+            return
+        previous = self._measure(done, self.level)
+        # all of it handed out before one window passed: one stream is fast enough here
+        decided = previous is None or self.level == self.cap
+        while previous is not None and self.level < self.cap:
+            trying = min(self.cap, self.level * 2)
+            with self._cond:
+                self.allowed = trying
+                self._cond.notify_all()
+            rate = self._measure(done, trying)
+            if rate is None:
+                break
+            if rate < previous * GROWTH:
+                decided = True
+                break
+            self.level, previous = trying, rate
+            decided = self.level == self.cap
+        with self._cond:
+            self.allowed = self.level
+            self.probing = False
+            self._cond.notify_all()
+        with _lock:  # a probe the fill's end cut short goes on with the next fill
+            _learned[self.link] = (self.level, 0 if decided else REPROBE_EVERY)
+
+    def close(self) -> None:
+        """The fill ended: waiting workers exit."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _measure(self, done: threading.Event, streams: int) -> float | None:
+        """The aggregate rate over :data:`WINDOW` once ``streams`` workers have bytes (or
+        :data:`SETTLE_MAX` passed); None when the fill ended first."""
+        deadline = time.monotonic() + SETTLE_MAX
+        with self._cond:
+            while len(self._first_bytes) < streams and not done.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.02))
+            start, moved = time.monotonic(), self.bytes
+        if done.wait(WINDOW):
+            return None
+        with self._cond:
+            self.rate = (self.bytes - moved) / max(time.monotonic() - start, 1e-6)
+            return self.rate

@@ -1,0 +1,247 @@
+"""One download's subject (:class:`Target`) and the one loop that moves a byte range of it.
+
+:func:`resume` fetches bytes ``[start, end)`` of one version of an object through the
+backend's transport and hands them to a sink in order; when a request breaks off, it asks
+again from the byte reached, never from the range's start. Whole-object downloads
+(``download.py``), each range of a parallel fill (``filling.py``) and each span of a block
+fill (``progressive.py``) all go through it, so the retry and stall rules live here once.
+
+The stall rule: a request that waits ``timeout`` seconds for the server fails (the
+transport raises ``TimeoutError``); a request that moves, but slower than ``min_rate``
+bytes per second over a window of ``rate_window`` seconds, is ended too (curl's
+``--speed-limit``/``--speed-time``). Only a request that moved at ``min_rate`` or better
+starts a new failure chain: a server that sends a few bytes per request and stalls spends
+the chain's attempts like one that sends nothing, so every download ends.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from fsspec_shards.storage.backends import backend_checksums, file_info, protocol_of
+from fsspec_shards.storage.identity import ObjectId
+from fsspec_shards.storage.integrity import Checksum, choose_expected
+from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
+from fsspec_shards.storage.streams import Transport, transport_for
+from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, expected_version
+
+MiB = 1024 * 1024
+Counter = Callable[[str, int], None]
+Sink = Callable[[bytes], None]
+MIN_RATE = 16 * 1024
+"""Default ``min_rate``: bytes per second below which a moving request counts as stalled."""
+RATE_WINDOW = 30.0
+"""Default ``rate_window``: the seconds over which ``min_rate`` is measured."""
+
+
+@dataclass
+class ChunkSizer:
+    """Chunk size for ranged reads through a transport that does not stream: doubles after a
+    success up to a ceiling; after a failure that delivered nothing it halves and lowers the
+    ceiling to the new size, so a link that keeps failing long requests settles on chunks
+    that complete. (A streamed read that is cut keeps what arrived: no chunks then.)"""
+
+    size: int = 4 * MiB
+    minimum: int = 256 * 1024
+    maximum: int = 32 * MiB
+
+    def __post_init__(self) -> None:
+        self.ceiling = self.maximum
+
+    def succeeded(self) -> None:
+        self.size = min(self.ceiling, self.size * 2)
+
+    def failed(self) -> None:
+        self.size = max(self.minimum, self.size // 2)
+        self.ceiling = self.size
+
+
+@dataclass
+class Target:
+    """What one download is about and how hard it tries."""
+
+    fs: fsspec.AbstractFileSystem
+    path: str
+    obj: ObjectId
+    policy: RetryPolicy
+    verify: str | bool = "auto"
+    manifest_checksum: Checksum | None = None
+    count: Counter | None = None
+    transport: Transport | None = None
+    ranges_in_flight: int | str = "auto"
+    """Ranged GETs at once when a large object with a version identity fills a file:
+    ``"auto"`` (as many as the link rewards: ``range_plan.py``) or a fixed number."""
+    range_bytes: int = 16 * MiB
+    """Bytes per range with a fixed ``ranges_in_flight`` (auto sizes its own)."""
+    min_rate: float = MIN_RATE
+    rate_window: float = RATE_WINDOW
+
+    def __post_init__(self) -> None:
+        if self.transport is None:
+            self.transport = transport_for(self.fs)
+
+    @property
+    def shown(self) -> str:
+        """The object's name for messages and logs (redacted)."""
+        return self.obj.shown
+
+    def incr(self, name: str, amount: int = 1) -> None:
+        if self.count is not None and amount:
+            self.count(name, amount)
+
+    def attempts(self, action: str) -> Attempts:
+        return self.policy.attempts_for(
+            self.shown, action, lambda: self.incr("retries"), hide=(self.path,)
+        )
+
+    def stat(self) -> dict[str, Any]:
+        """The backend's ``info()`` of the object, fresh (never from a listing cache) and
+        retried. A directory (object stores show a prefix as one of size 0) raises
+        ``IsADirectoryError``: its bytes are no file's."""
+        self.fs.invalidate_cache(self.path)
+        info = self.policy.call(
+            lambda: file_info(self.fs, self.path, self.policy.timeout),
+            self.shown,
+            "info",
+            lambda: self.incr("retries"),
+            hide=(self.path,),
+        )
+        if info.get("type") == "directory":
+            raise IsADirectoryError(errno.EISDIR, f"is a directory: {self.shown}")
+        return info
+
+    def expected_checksum(self, info: dict[str, Any]) -> Checksum | None:
+        found = backend_checksums(protocol_of(self.fs), info)
+        return choose_expected(self.manifest_checksum, found, self.verify)
+
+    def expected_version(self, info: dict[str, Any]) -> Version:
+        """The version ``info`` describes: what every response must be of."""
+        return expected_version(protocol_of(self.fs), info)
+
+
+class TooSlow(TransientError):
+    """A request moved slower than ``min_rate`` over ``rate_window``: ended as stalled."""
+
+
+class _RateGuard:
+    """Ends a request (raising :class:`TooSlow` from its sink) that moves slower than
+    ``min_rate`` over a window, and tells whether a finished request moved fast enough to
+    count as progress."""
+
+    def __init__(self, min_rate: float, window: float) -> None:
+        self.min_rate = min_rate
+        self.window = window
+        self.started = self.window_start = time.monotonic()
+        self.moved = self.window_moved = 0
+
+    def passed(self, amount: int) -> None:
+        self.moved += amount
+        self.window_moved += amount
+        now = time.monotonic()
+        if now - self.window_start >= self.window:
+            if self.window_moved < self.min_rate * (now - self.window_start):
+                raise TooSlow(
+                    f"below the minimum rate: {self.window_moved} bytes in "
+                    f"{now - self.window_start:.0f}s (min_rate {self.min_rate:g} B/s)"
+                )
+            self.window_start, self.window_moved = now, 0
+
+    def counts_as_progress(self) -> bool:
+        """Whether the request moved at ``min_rate`` or better (or a window's worth)."""
+        if not self.moved:
+            return False
+        seconds = time.monotonic() - self.started
+        return self.moved >= self.min_rate * min(seconds, self.window)
+
+
+@dataclass
+class Moved:
+    """What :func:`resume` did: the position reached, the facts of the last response, and
+    the requests it took."""
+
+    position: int
+    facts: Facts | None
+    requests: int
+
+
+def resume(
+    target: Target,
+    start: int,
+    end: int | None,
+    sink: Sink,
+    expect: Version,
+    *,
+    rest_of_body: bool = False,
+    chunks: ChunkSizer | None = None,
+    after_fault: Callable[[], None] | None = None,
+    passthrough: tuple[type[BaseException], ...] = (),
+    action: str = "download",
+) -> Moved:
+    """Hand bytes ``[start, end)`` of the version ``expect`` to ``sink``, retried; returns
+    what moved (:class:`Moved`).
+
+    ``end=None``, or an ``expect`` of unknown size: a body that ends is the object's end.
+    With ``chunks`` and a transport that does not stream, each request asks for at most
+    ``chunks.size`` bytes (a failure loses the whole request); without, one request to
+    ``end``. ``rest_of_body``: a 200 answer (Range ignored) is
+    passed on to its end, past ``end``. ``after_fault`` runs after each failed request
+    (e.g. to ask ``info()`` whether the object changed). ``VersionMismatch`` and the
+    ``passthrough`` exceptions (a sink's own) are raised as they come; other failures go to
+    the failure chain (``retry.Attempts``): a permanent one, or a spent chain, is raised.
+    """
+    attempts = target.attempts(action)
+    position = start
+    facts: Facts | None = None
+    requests = 0
+    if target.transport.streaming:
+        chunks = None
+    guard = _RateGuard(target.min_rate, target.rate_window)
+
+    def passed(data: bytes) -> None:
+        nonlocal position
+        sink(data)
+        position += len(data)
+        guard.passed(len(data))
+
+    while end is None or position < end:
+        before = position
+        stop = end
+        if chunks is not None and end is not None:
+            stop = min(end, position + chunks.size)
+        requests += 1
+        guard = _RateGuard(target.min_rate, target.rate_window)
+        error: Exception | None = None
+        try:
+            facts = target.transport.stream(
+                target.path, position, stop, passed, target.policy.timeout, rest_of_body, expect
+            )
+        except (VersionMismatch, *passthrough):
+            raise
+        except Exception as exc:
+            error = exc
+        if position > before and guard.counts_as_progress():
+            attempts.progressed()
+        if error is None:
+            if stop is None or position >= stop:
+                if chunks is not None and stop is not None:
+                    chunks.succeeded()
+                if stop is None:
+                    break  # read to the end of the body
+                continue
+            if expect.size is None:
+                break  # size unknown: the body ended, so did the object
+            error = TransientError(f"short read: at byte {position} of {expect.size}")
+        elif expect.size is None and position > start and http_status(error) == 416:
+            break  # size unknown and the last read ended exactly at the end
+        if position == before and chunks is not None:
+            chunks.failed()  # nothing arrived: ask for less next time
+        attempts.failed(error)
+        if after_fault is not None:
+            after_fault()
+    return Moved(position, facts, requests)

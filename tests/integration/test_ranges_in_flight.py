@@ -1,0 +1,190 @@
+"""``ranges_in_flight="auto"`` (the default) against a link that rewards ranges: a server
+behind benchmarks/pacing_proxy.py (its own process; every connection paced to a few MB/s),
+through both transports. Each check of one download holds with ranges in flight: a cut in
+one range resumes that range alone; a replaced object is read whole again as the new
+version; a range answered for other bytes, or with the whole object (200), is not used.
+
+On loopback without pacing the fill stays at one stream, one request once the store is
+known (also here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from fsspec_shards.storage import range_plan
+from tests.integration.hostile_http import (
+    Cut,
+    HostileServer,
+    Replace,
+    Serve,
+    Trickle,
+    WholeBody,
+    WrongStart,
+)
+
+MiB = 1024 * 1024
+_spec = importlib.util.spec_from_file_location(
+    "pacing_proxy", Path(__file__).resolve().parents[2] / "benchmarks" / "pacing_proxy.py"
+)
+pacing_proxy = sys.modules.setdefault("pacing_proxy", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(pacing_proxy)
+
+RATE = 4e6
+"""Bytes per second of each connection: one stream would need 10 s for the object."""
+EARLY = 3
+"""GETs served well before the planned fault: the first range and two more."""
+
+
+@pytest.fixture(autouse=True)
+def _nothing_learned(monkeypatch):
+    monkeypatch.setattr(range_plan, "_learned", {})
+
+
+@pytest.fixture(scope="module")
+def old() -> bytes:
+    return random.Random(17).randbytes(40 * MiB)
+
+
+@pytest.fixture(scope="module")
+def new() -> bytes:
+    return random.Random(18).randbytes(40 * MiB)
+
+
+@pytest.fixture
+def far():
+    """(server, url of ``name`` through a paced link) factory."""
+    with HostileServer() as server:
+        host, port = server._httpd.server_address[:2]
+        with pacing_proxy.paced((host, port), rate=RATE, latency=0.005) as address:
+
+            def url(name: str) -> str:
+                return f"http://{address.host}:{address.port}/{name}"
+
+            yield server, url
+
+
+def _wds(tmp_path, transport, **options):
+    return fsspec.filesystem(
+        "wds",
+        target_protocol="http",
+        skip_instance_cache=True,
+        cache_dir=str(tmp_path / "cache"),
+        transport=transport,
+        backoff=0.01,
+        max_backoff=0.05,
+        checksums=options.pop("checksums", None),
+        **options,
+    )
+
+
+def _starts(server, name: str) -> list[int]:
+    return sorted(
+        int(re.match(r"bytes=(\d+)-", entry.range).group(1))
+        for entry in server.gets(name)
+        if entry.range
+    )
+
+
+def _read(server, url, name, data, plan, tmp_path, transport):
+    server.put(name, data, plan=plan)
+    fs = _wds(tmp_path, transport, checksums={url(name): "sha256:" + _sha(data)})
+    return fs, fs.cat_file(url(name))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_link_that_rewards_ranges_gets_several_in_flight(far, old, tmp_path, transport):
+    server, url = far
+    started = time.monotonic()
+    fs, got = _read(server, url, "a.bin", old, [], tmp_path, transport)
+    took = time.monotonic() - started
+    assert _sha(got) == _sha(old)
+    assert took < 0.7 * len(old) / RATE  # one paced stream cannot: ranges were in flight
+    starts = _starts(server, "a.bin")
+    assert len(starts) >= 4, starts  # the first range, then more as the rate grew
+    assert len(set(starts)) == len(starts)  # nothing fetched twice
+    assert starts[:2] == [0, range_plan.FIRST_BYTES]
+
+
+def test_a_cut_in_one_range_in_flight_resumes_that_range_alone(far, old, tmp_path, transport):
+    server, url = far
+    plan = [Serve()] * EARLY + [Cut(after_bytes=MiB)]
+    fs, got = _read(server, url, "c.bin", old, plan, tmp_path, transport)
+    assert _sha(got) == _sha(old)
+    gets = server.gets("c.bin")
+    cut = int(re.match(r"bytes=(\d+)-", gets[EARLY].range).group(1))
+    starts = _starts(server, "c.bin")
+    resumed = [start for start in starts if cut < start <= cut + MiB]
+    assert len(resumed) == 1, (cut, starts)  # from its byte, nothing started over
+    assert starts.count(0) == 1
+    assert fs.cache_stats()["retries"] >= 1
+
+
+def test_an_object_replaced_while_ranges_are_in_flight_is_read_whole_as_the_new_version(
+    far, old, new, tmp_path, transport
+):
+    server, url = far
+    server.put("r.bin", old, plan=[Serve()] * EARLY + [Replace(new)])
+    fs = _wds(tmp_path, transport)
+    assert _sha(fs.cat_file(url("r.bin"))) == _sha(new)  # never a splice of the two
+    assert _starts(server, "r.bin").count(0) == 2  # started over on the new version
+
+
+@pytest.mark.parametrize(
+    "fault", [WrongStart(100), WholeBody()], ids=["other-bytes", "whole-object-200"]
+)
+def test_a_range_answered_with_other_bytes_is_not_used(far, old, tmp_path, transport, fault):
+    server, url = far
+    plan = [Serve()] * EARLY + [fault]
+    fs, got = _read(server, url, "w.bin", old, plan, tmp_path, transport)
+    assert _sha(got) == _sha(old)
+    assert fs.cache_stats()["integrity_failures"] == 0  # caught before a byte was written
+
+
+def test_on_loopback_the_fill_stays_at_one_stream(old, tmp_path, transport):
+    with HostileServer() as server:
+        server.put("l.bin", old)
+        fs = _wds(tmp_path, transport)
+        for round_ in range(2):  # the second object starts where the first settled
+            name = f"l{round_}.bin"
+            server.put(name, old)
+            assert _sha(fs.cat_file(server.url(name))) == _sha(old)
+        assert _starts(server, "l0.bin")[:2] == [0, range_plan.FIRST_BYTES]  # (the probe)
+        assert _starts(server, "l1.bin") == [0]  # one GET: the store answered ranges before
+
+
+def test_ranges_whose_answers_do_not_say_their_version_are_never_spliced(
+    old, new, tmp_path, transport
+):
+    # HEAD names the version, GETs do not (and ignore If-Match): the object replaced after
+    # the first range must not give the first range of one version and the rest of another
+    with HostileServer(identity_on_get=False) as server:
+        url = server.put("u.bin", old, plan=[Serve(), Replace(new)])
+        fs = _wds(tmp_path, transport, ranges_in_flight=3)
+        got = fs.cat_file(url)
+        assert _sha(got) == _sha(new)
+        assert _starts(server, "u.bin").count(0) == 2  # started over on the new version
+
+
+def test_a_range_stalled_when_another_failed_asks_no_more(old, new, tmp_path, transport):
+    # the range that stalls times out after its sibling saw the object replaced: it must
+    # end then, not spend its own failure chain asking for a version that is gone
+    stall = Trickle(1, 0.0, 0, stall=30)
+    with HostileServer() as server:
+        url = server.put("s.bin", old, plan=[Serve(), stall, Replace(new)])
+        fs = _wds(tmp_path, transport, ranges_in_flight=2, timeout=1)
+        assert _sha(fs.cat_file(url)) == _sha(new)
+        refused = [entry for entry in server.gets("s.bin") if entry.status == 412]
+        assert len(refused) == 1, server.gets("s.bin")

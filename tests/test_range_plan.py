@@ -1,0 +1,106 @@
+"""The ranges-in-flight rule (storage/range_plan.py): option, gate, bounds, what is learned.
+
+The adaptive ramp against a link that rewards ranges (and one that does not) is in
+tests/integration/test_ranges_in_flight.py, through a pacing proxy.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fsspec_shards.storage import range_plan
+from fsspec_shards.storage.range_plan import Ramp, link_of, parse_ranges_in_flight
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state(monkeypatch):
+    monkeypatch.setattr(range_plan, "_learned", {})
+    monkeypatch.setattr(range_plan, "_slots_taken", 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"), [("auto", "auto"), (" AUTO ", "auto"), (4, 4), ("8", 8)]
+)
+def test_the_option_is_auto_or_a_positive_int(value, parsed):
+    assert parse_ranges_in_flight(value) == parsed
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", True, 2.5, None])
+def test_other_values_are_refused_naming_the_option(value):
+    with pytest.raises(ValueError, match="ranges_in_flight"):
+        parse_ranges_in_flight(value)
+
+
+def test_the_link_is_the_store_not_the_object():
+    assert link_of("s3", "bucket/a/b.tar") == link_of("s3", "bucket/c.tar") == "s3:bucket"
+    assert link_of("https", "https://host:8080/x.tar") == "https:https://host:8080"
+    assert link_of("s3", "other/a") != link_of("s3", "bucket/a")
+
+
+def _admitted(ramp: Ramp, worker: int, timeout: float = 5.0) -> bool | None:
+    """What ``ramp.admit(worker)`` returned, or None while it still waits."""
+    outcome: list[bool] = []
+    thread = threading.Thread(target=lambda: outcome.append(ramp.admit(worker)), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else None
+
+
+def test_a_fixed_number_runs_that_many_once_the_first_range_was_answered_as_one():
+    ramp = Ramp(3, "s3:bucket")
+    assert _admitted(ramp, 1, timeout=0.05) is None  # before the first answer: one stream
+    ramp.ranges_answered(True)
+    assert _admitted(ramp, 1) is True
+    assert _admitted(ramp, 2) is True
+    assert ramp.span(100 * 2**20, 16 * 2**20) == 16 * 2**20
+
+
+def test_a_200_answer_to_the_first_range_keeps_the_fill_at_one_stream():
+    ramp = Ramp("auto", "http:x")
+    ramp.ranges_answered(False)
+    assert _admitted(ramp, 1) is False
+    assert ramp.span(50 * 2**20, 16 * 2**20) == 50 * 2**20  # the rest in one request
+
+
+def test_the_first_auto_range_is_small_and_decides():
+    ramp = Ramp("auto", "s3:bucket")
+    assert ramp.span(100 * 2**20, 16 * 2**20) == range_plan.FIRST_BYTES
+
+
+def test_the_streams_of_all_fills_of_a_process_are_bounded(monkeypatch):
+    monkeypatch.setattr(range_plan, "PROCESS_MAX", 3)
+    ramps = [Ramp(4, f"s3:b{n}") for n in range(2)]
+    for ramp in ramps:
+        ramp.ranges_answered(True)
+    admitted = [_admitted(ramp, worker) for ramp in ramps for worker in (1, 2, 3)]
+    assert admitted.count(True) == 3  # the rest run with fewer streams, never wait
+    ramps[0].release(1)
+    assert _admitted(ramps[1], 3) is True
+
+
+def test_a_store_that_settled_on_one_stream_starts_there_without_probing():
+    range_plan._learned["http:x"] = (1, 0)
+    ramp = Ramp("auto", "http:x")
+    ramp.ranges_answered(True)
+    assert _admitted(ramp, 1) is False
+    assert ramp.span(60 * 2**20, 16 * 2**20) == 60 * 2**20
+
+
+def test_a_store_that_settled_on_eight_starts_with_eight_without_a_first_range():
+    range_plan._learned["s3:bucket"] = (8, 0)
+    ramp = Ramp("auto", "s3:bucket")
+    assert not ramp.gated  # it answered ranges before: no 1 MiB request alone first
+    assert all(_admitted(ramp, worker) for worker in range(1, 8))
+    assert ramp.span(80 * 2**20, 16 * 2**20) == 10 * 2**20  # the rest in 8 equal ranges
+
+
+def test_a_closed_ramp_lets_waiting_workers_go():
+    ramp = Ramp(4, "s3:bucket")
+    outcome: list[bool] = []
+    thread = threading.Thread(target=lambda: outcome.append(ramp.admit(1)), daemon=True)
+    thread.start()
+    ramp.close()
+    thread.join(5)
+    assert outcome == [False]
