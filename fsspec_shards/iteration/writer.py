@@ -17,7 +17,8 @@ shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
   sample-count sidecar ``sample-counts.json`` (``{shard file name: samples}``, as
   ``ShardDataset(samples_per_shard=...)`` reads it) are written beside the shards, listing
   exactly the shards this writer wrote. Those names are removed when the writer starts, so
-  they are present only after a clean close and always describe the shards present.
+  they are present only after a clean close, and then describe exactly the shards that run
+  wrote (shards of an earlier run past its last index stay, unlisted).
 - No member is larger than readers take by default (``max_member_size``), and no error
   leaving the writer shows a secret of ``pattern`` (:func:`fsspec_shards.redact.clean_error`).
 
