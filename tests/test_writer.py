@@ -416,3 +416,10 @@ def test_a_writer_that_cannot_start_leaves_the_earlier_runs_manifests(tmp_path):
     with pytest.raises(PermissionError, match="spool directory"):
         ShardWriter(str(tmp_path / "t-%02d.tar"))
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_a_question_mark_in_a_local_path_is_part_of_the_names(tmp_path):
+    with ShardWriter(str(tmp_path / "what?-%02d.tar")) as writer:
+        writer.write(make_sample(0))
+    assert [shard.name for shard in writer.shards] == ["what?-00.tar"]
+    assert (tmp_path / "what?-00.tar").is_file()

@@ -187,8 +187,12 @@ class ShardWriter:
                 raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
         if manifest_block_size is not None:
             check_block_size(manifest_block_size)
-        # A query (a SAS token) signs every object written and is no part of their names.
-        path_pattern, mark, query = pattern.partition("?")
+        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
+        # A URL's query (a SAS token) signs every object written and is no part of their
+        # names; in a local path, '?' is a character of the name.
+        path_pattern, mark, query = pattern, "", ""
+        if not self._local:
+            path_pattern, mark, query = pattern.partition("?")
         self._query = mark + query
         directory, self._name_pattern = _split_pattern(path_pattern)
         self.max_count = max_count
@@ -201,7 +205,6 @@ class ShardWriter:
         self.directory_url = directory
         chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
         self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
-        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
         self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
         self._next_index = start_shard
         self._shard: _OpenShard | None = None
