@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sqlite3
-from pathlib import Path
 
 import pytest
 
@@ -149,21 +147,3 @@ def test_without_a_boot_id_the_file_is_durable_before_it_is_published(tmp_path, 
     cache = ShardCache(str(tmp_path / "c"), 10**9)
     _fill(cache)
     assert _pending(cache) is None
-
-
-def test_the_index_commits_with_synchronous_full(tmp_path):
-    cache = ShardCache(str(tmp_path / "c"), 10**9)
-    _fill(cache)
-    database = Path(tmp_path / "c" / "cache.db")
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
-        setting = connection.execute(
-            "SELECT value FROM Settings WHERE key = 'sqlite_synchronous'"
-        ).fetchone()
-    assert setting == (2,)  # FULL (rollback journal + NORMAL may corrupt the last commit)
-
-
-def test_the_kernel_boot_id_is_read_when_none_is_injected(monkeypatch):
-    monkeypatch.delenv(durability.BOOT_ID_ENV)
-    if not os.path.exists("/proc/sys/kernel/random/boot_id"):
-        pytest.skip("no boot id on this system")
-    assert durability.boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
