@@ -42,8 +42,8 @@ ranges, within these bounds: as few requests as the streams need (some servers c
 whole object per ranged GET), and ends that come together."""
 SETTLE_MAX = 0.3
 """Longest wait for added streams' first bytes before their rate is measured."""
-WINDOW = 0.1
-REPROBE_EVERY = 16
+WINDOW = 0.15
+REPROBE_EVERY = 4
 
 _lock = threading.Lock()
 _slots_taken = 0
