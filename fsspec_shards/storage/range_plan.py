@@ -32,7 +32,7 @@ AUTO_ABOVE = 32 * MiB
 """Objects larger than this may be filled by several ranges (smaller: one request)."""
 AUTO_MAX = 8
 PROCESS_MAX = 16
-GROWTH = 1.25
+GROWTH = 1.5
 """Aggregate-rate growth that makes the extra streams worth keeping."""
 FIRST_BYTES = 1 * MiB
 """The first range of a parallel fill on a store not seen answering ranges yet: its answer
