@@ -104,3 +104,19 @@ def test_a_closed_ramp_lets_waiting_workers_go():
     ramp.close()
     thread.join(5)
     assert outcome == [False]
+
+
+def test_a_store_settled_at_one_stream_is_filled_by_one_request_until_its_next_probe():
+    assert not range_plan.one_request("auto", "http:x")  # unknown: probed
+    range_plan._learned["http:x"] = (1, 0)
+    fills = [range_plan.one_request("auto", "http:x") for _ in range(range_plan.REPROBE_AT_ONE)]
+    assert all(fills)
+    assert not range_plan.one_request("auto", "http:x")  # due: the ramp probes again
+    ramp = Ramp("auto", "http:x")
+    assert ramp.probing and not ramp.gated
+    assert range_plan.one_request(1, "s3:any") and not range_plan.one_request(4, "s3:any")
+
+
+def test_an_unknown_store_is_probed():
+    ramp = Ramp("auto", "s3:new")
+    assert ramp.probing and ramp.gated

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends import object_identity
+from fsspec_shards.storage.backends import object_identity, protocol_of
 from fsspec_shards.storage.filling import OrderedHasher, Writeback, fill_ranges, preallocate
-from fsspec_shards.storage.range_plan import AUTO_ABOVE
+from fsspec_shards.storage.range_plan import AUTO_ABOVE, link_of, one_request
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
@@ -286,10 +286,10 @@ def _parallel_planned(target: Target, expect: Version, out: BinaryIO) -> int | N
     """The descriptor of ``out`` when the object is one to fill by several ranges at once
     (module docstring); else None."""
     if (
-        target.ranges_in_flight == 1
-        or expect.size is None
+        expect.size is None
         or expect.size <= AUTO_ABOVE
         or not (expect.etag or expect.version)
+        or one_request(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     ):
         return None
     try:

@@ -648,8 +648,10 @@ def fill_blocks(
     failures: list[BaseException] = []
 
     def work(number: int) -> None:
-        if number and not ramp.admit(number):
-            return
+        if number:
+            progress.wait_first(_RAMP_SECONDS)  # the reader's first block: the link alone
+            if not ramp.admit(number):
+                return
         try:
             while not stop.is_set() and (number == 0 or ramp.keeps(number)):
                 span = plan.take()

@@ -8,7 +8,9 @@ link a second stream adds nothing and the fill stays at one (a single request fo
 of the object). The level a link settled on is remembered per process and per store: the
 next object starts there (and probes on from there when the last probe was cut short by
 the fill's end, and every :data:`REPROBE_EVERY` fills). A fill whose ranges were all handed
-out within the first measurement at one stream settles the store at one.
+out within the first measurement at one stream settles the store at one: its next fills
+are one request to the end (:func:`one_request`; probed again every
+:data:`REPROBE_AT_ONE` fills).
 
 An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
 never all get a slot, so a fill runs at most that many.
@@ -31,7 +33,7 @@ AUTO_ABOVE = 32 * MiB
 """Objects larger than this may be filled by several ranges (smaller: one request)."""
 AUTO_MAX = 8
 PROCESS_MAX = 16
-GROWTH = 1.25
+GROWTH = 1.5
 """Aggregate-rate growth that makes the extra streams worth keeping."""
 FIRST_BYTES = 1 * MiB
 """The first range of a parallel fill on a store not seen answering ranges yet: its answer
@@ -43,8 +45,11 @@ ranges, within these bounds: as few requests as the streams need (some servers c
 whole object per ranged GET), and ends that come together."""
 SETTLE_MAX = 0.3
 """Longest wait for added streams' first bytes before their rate is measured."""
-WINDOW = 0.1
-REPROBE_EVERY = 16
+WINDOW = 0.15
+REPROBE_EVERY = 4
+REPROBE_AT_ONE = 64
+"""A store settled at one stream (a fast link) is probed again only this often: a probe
+costs it 8 requests instead of one, and some servers copy the object for each."""
 
 _lock = threading.Lock()
 _slots_taken = 0
@@ -87,6 +92,25 @@ def link_of(protocol: str, path: str) -> str:
     return f"{protocol}:{path.lstrip('/').split('/', 1)[0]}"
 
 
+def _reprobe_every(level: int) -> int:
+    return REPROBE_AT_ONE if level == 1 else REPROBE_EVERY
+
+
+def one_request(ranges_in_flight: int | str, link: str) -> bool:
+    """Whether the fill of an object on ``link`` is one request to its end: ``1``, or auto
+    on a store settled at one stream and not due for a probe (the fill is counted)."""
+    if ranges_in_flight == 1:
+        return True
+    if ranges_in_flight != "auto":
+        return False
+    with _lock:
+        learned, fills = _learned.get(link, (0, 0))
+        if learned != 1 or fills >= REPROBE_AT_ONE:
+            return False
+        _learned[link] = (1, fills + 1)
+        return True
+
+
 def _take_slot() -> bool:
     global _slots_taken
     with _lock:
@@ -115,8 +139,8 @@ class Ramp:
         self.probing = False
         if self.adaptive:
             with _lock:
-                learned, fills = _learned.get(link, (1, REPROBE_EVERY))
-                self.level, self.probing = learned, fills >= REPROBE_EVERY
+                learned, fills = _learned.get(link, (1, REPROBE_AT_ONE))  # new: probe
+                self.level, self.probing = learned, fills >= _reprobe_every(learned)
                 if not self.probing:
                     _learned[link] = (learned, fills + 1)
         self.gated = not (self.adaptive and link in _learned)
@@ -218,7 +242,7 @@ class Ramp:
             self.probing = False
             self._cond.notify_all()
         with _lock:  # a probe the fill's end cut short goes on with the next fill
-            _learned[self.link] = (self.level, 0 if decided else REPROBE_EVERY)
+            _learned[self.link] = (self.level, 0 if decided else _reprobe_every(self.level))
 
     def close(self) -> None:
         """The fill ended: waiting workers exit."""
