@@ -229,8 +229,13 @@ class ShardCache:
             return "was not durable before a reboot and has no checksum to verify it"
         if not matches(descriptor, size, checksum):
             return "was torn by a crash (not durable before a reboot, its checksum differs)"
+        if not self._index.writable:
+            return None  # verified; a read-only cache cannot record it (verified next time)
         fsync_file_and_directory(path)
-        self._index.mark_durable(key, file)
+        try:
+            self._index.mark_durable(key, file)
+        except ReadOnlyCacheError:
+            pass  # found read-only just now: as above
         return None
 
     def get(self, obj: ObjectId, *, count: bool = True) -> str | None:
