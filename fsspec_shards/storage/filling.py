@@ -222,7 +222,7 @@ class _Layout:
     """The ranges of one fill: handed out front to back (sized by the ramp), and how far
     each is written, hence the :class:`Frontier` of the file."""
 
-    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int, stop: threading.Event) -> None:
+    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int) -> None:
         self.size = size
         self.ramp = ramp
         self.fixed_bytes = fixed_bytes
@@ -230,7 +230,6 @@ class _Layout:
         self.spans: list[list[int]] = []  # [start, written up to, end], in order
         self.frontier = Frontier(0)
         self.assigned = threading.Event()
-        self._stop = stop
         self._lock = threading.Lock()
 
     def take(self) -> int | None:
@@ -285,7 +284,7 @@ def fill_ranges(
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
     ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     stop = threading.Event()
-    layout = _Layout(expect.size, ramp, target.range_bytes, stop)
+    layout = _Layout(expect.size, ramp, target.range_bytes)
     if hasher is not None:
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []

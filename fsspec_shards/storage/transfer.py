@@ -201,7 +201,6 @@ def resume(
     requests = 0
     if target.transport.streaming:
         chunks = None
-    guard = _RateGuard(target.min_rate, target.rate_window)
 
     def passed(data: bytes) -> None:
         nonlocal position
