@@ -158,6 +158,7 @@ def wds_reader(**options: object) -> Reader:
             for url in setup.urls:
                 with fs.open(url, "rb") as handle:
                     handle.read()
+            fs.shard_cache.flush()  # its background fsyncs count, as the tool's fsync does
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

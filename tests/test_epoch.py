@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import pickle
 
+from fsspec_shards.iteration import epoch as epoch_module
 from fsspec_shards.iteration.epoch import EpochNumber
 
 
@@ -62,7 +63,35 @@ def test_without_shared_memory_a_worker_repeating_an_epoch_warns(monkeypatch):
         raise OSError("no shared memory here")
 
     monkeypatch.setattr(multiprocessing, "RawValue", no_shared_memory)
+    monkeypatch.setattr(epoch_module, "in_dataloader_worker", lambda: True)  # the forked child
     epoch = EpochNumber(2)
     first, own, again, records = run_child("fork", epoch)
     assert (first, own) == (2, 102)
     assert len(records) == 1 and "starts epoch 102 again" in records[0]
+
+
+def follow_in_grandchild(epoch: EpochNumber, queue, published) -> None:
+    published.wait(60)
+    queue.put(epoch.follow())
+
+
+def trainer(epoch: EpochNumber, queue) -> None:
+    """A process the epoch was handed to (``torch.multiprocessing.spawn(train, args=(ds,))``):
+    its set_epoch must reach the workers it forks, persistent ones too."""
+    epoch.set(0)
+    ctx = multiprocessing.get_context("fork")
+    published = ctx.Event()
+    worker = ctx.Process(target=follow_in_grandchild, args=(epoch, queue, published))
+    worker.start()
+    epoch.set(5)
+    published.set()
+    worker.join(timeout=60)
+
+
+def test_a_trainer_given_the_epoch_by_spawn_reaches_its_own_persistent_workers():
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=trainer, args=(EpochNumber(), queue))
+    process.start()
+    assert queue.get(timeout=60) == 5  # was 0: only the process that made it published
+    process.join(timeout=60)

@@ -191,6 +191,7 @@ def test_a_state_from_the_end_of_an_epoch_leads_into_the_next(sources):
         (lambda s: s["fingerprint"].update(seed=5), "made with seed=5"),
         (lambda s: s["fingerprint"].update(num_workers=2), "made with num_workers=2"),
         (lambda s: s.update(rng_counter=-1), "'rng_counter': -1 is below 0"),
+        (lambda s: s.update(epoch=-3), "'epoch': -3 is below 0"),
         (lambda s: s.update(exhausted=[0, 0, 0]), "'exhausted': expected bool"),
         (lambda s: s.update(delivered=[1, 2]), "'delivered': expected a list of 3"),
         (lambda s: s.update(rounds=[1, 0, 0]), "'rounds': restarts happen only"),

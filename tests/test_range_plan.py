@@ -88,11 +88,12 @@ def test_a_store_that_settled_on_one_stream_starts_there_without_probing():
     assert ramp.span(60 * 2**20, 16 * 2**20) == 60 * 2**20
 
 
-def test_a_store_that_settled_on_eight_starts_with_eight():
+def test_a_store_that_settled_on_eight_starts_with_eight_without_a_first_range():
     range_plan._learned["s3:bucket"] = (8, 0)
     ramp = Ramp("auto", "s3:bucket")
-    ramp.ranges_answered(True)
+    assert not ramp.gated  # it answered ranges before: no 1 MiB request alone first
     assert all(_admitted(ramp, worker) for worker in range(1, 8))
+    assert ramp.span(80 * 2**20, 16 * 2**20) == 10 * 2**20  # the rest in 8 equal ranges
 
 
 def test_a_closed_ramp_lets_waiting_workers_go():

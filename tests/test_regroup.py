@@ -269,3 +269,33 @@ def test_a_loader_state_without_torchdatas_keys_is_refused_naming_them():
         loader_dataset_states({"_snapshot": {"workers": {}}})
     with pytest.raises(ValueError, match="missing 'dataset_state'"):
         loader_dataset_states({"_snapshot": {"_worker_snapshots": {"0": {"state": {}}}}})
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_remainder_smaller_than_the_new_consumers_pads_every_one(shards, monkeypatch, batch_size):
+    # 1 sample left of the epoch, 4 new ranks: three have none of their own; they repeat
+    # the remainder's, so every rank takes the same steps (was: ValueError on those three).
+    counts = {url: n for url, n in zip(shards, [4, 6, 3, 5, 2, 6, 4], strict=True)}
+    args = dict(ARGS, samples_per_shard=counts, batch_size=batch_size)
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = [], []
+    for rank in range(2):
+        as_rank(monkeypatch, rank, 2)
+        dataset = ShardDataset(shards, **args)
+        iterator = iter(dataset)
+        own = dataset.plan(0, dataset.consumer()).own  # its samples, padding aside
+        head += [next(iterator)["__key__"] for _ in range(own - (rank == 0))]
+        states.append(dataset.state_dict())
+    parts = continue_with(shards, monkeypatch, 4, states, **args)
+    assert len({len(part) for part in parts}) == 1 and len(parts[0]) == (batch_size or 1)
+    assert set(head) | {key for part in parts for key in part} == set(everything)
+    # The repeats are padding: regrouped again, the remainder is that one sample, once.
+    later = []
+    for rank in range(4):
+        as_rank(monkeypatch, rank, 4)
+        dataset = ShardDataset(shards, **args)
+        dataset.load_state_dict(states)
+        later.append(dataset.state_dict())
+    assert sum(continue_with(shards, monkeypatch, 1, later, **args), []) == [
+        key for key in everything if key not in head
+    ] * (batch_size or 1)

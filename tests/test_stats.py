@@ -96,3 +96,16 @@ def test_the_current_epoch_is_the_latest_started_not_the_highest_number():
     earlier_run = record(0, 5, 1000.0, 900, 1.0)  # left in a stats_dir used again
     stats = summary([earlier_run, record(0, 0, 5000.0, 30, 1.5)], None)
     assert stats["samples_per_second"] == pytest.approx(20.0)
+
+
+def test_an_epoch_read_again_counts_its_latest_run_only():
+    # Without set_epoch every loader iteration is epoch 0 again; the workers of the runs
+    # before (and a worker id the current run does not have) are not part of its rate.
+    records = [
+        record(0, 0, 1000.0, 100, 0.5),
+        record(1, 0, 1000.0, 100, 0.5),
+        record(2, 0, 1000.0, 100, 0.5),
+        record(0, 0, 1010.0, 100, 0.5),
+        record(1, 0, 1010.0, 100, 0.5),
+    ]
+    assert summary(records, None)["samples_per_second"] == pytest.approx(400.0)  # was 38

@@ -110,3 +110,37 @@ def test_an_equal_length_ending_right_at_a_low_count_still_finds_the_shard_longe
     )
     with pytest.raises(SampleCountError, match="shard-0000.tar holds more samples"):
         keys(dataset)
+
+
+def _resumed_at_every_cut(urls, **args):
+    """The cuts after which state_dict() and a fresh dataset do not continue the stream."""
+    expected = keys(ShardDataset(urls, **args))
+    wrong = []
+    for cut in range(len(expected) + 1):
+        dataset = ShardDataset(urls, **args)
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(cut)]
+        resumed = ShardDataset(urls, **args)
+        resumed.load_state_dict(dataset.state_dict())
+        if head + keys(resumed) != expected:
+            wrong.append(cut)
+    return wrong
+
+
+def test_a_resume_at_the_end_of_a_short_pass_reads_the_next_pass(tmp_path):
+    # Rank 2 of 3 reads shard 2 alone (count 6, holds 4) towards rank 0's 17: three planned
+    # passes read 12, the passes past the plan 4, then 1; a cut right after sample 16
+    # resumes in a pass that reads nothing of the shard's end, and must go on to the next.
+    urls = write_shards(tmp_path, 3, [17, 8, 4])
+    counts = dict(zip(urls, [17, 8, 6], strict=True))
+    args = dict(samples_per_shard=counts, rank=2, world_size=3, split="shards")
+    assert _resumed_at_every_cut(urls, handler="skip", shuffle_shards=False, **args) == []
+
+
+@pytest.mark.parametrize("split", ["shards", "samples"])
+def test_a_resume_with_a_buffer_over_a_shard_cut_at_a_low_count_is_exact(shards, split):
+    # Shard 0 holds 5 samples, its count says 3: the stream leaves 2 out; the window scan
+    # of a resume must leave them out too, not take them for buffered samples.
+    counts = dict(zip(shards, [3, 3, 4, 6], strict=True))
+    args = dict(samples_per_shard=counts, rank=0, world_size=2, split=split, shuffle_buffer=3)
+    assert _resumed_at_every_cut(shards, handler="skip", shuffle_shards=False, **args) == []

@@ -364,3 +364,43 @@ def test_a_lone_surrogate_is_refused_naming_key_and_field(tmp_path):
             writer.write({"__key__": "k\ud800", "txt": "x"})
         writer.write({"__key__": "k", "txt": "fine"})
     assert [s["txt"] for s in ShardDataset(str(tmp_path / "t-00.tar"))] == [b"fine"]
+
+
+def test_a_pattern_with_a_query_keeps_it_out_of_names_and_off_the_placeholder():
+    # A SAS-style query (its '%2F' no format) signs every object the writer puts, manifests
+    # included; the manifests name the shards as readers look them up, without the query.
+    import fsspec
+
+    query = "?sv=2024&se=2030&sig=s3cr%2Ft"
+    memory = fsspec.filesystem("memory")
+    try:
+        pattern = f"memory://signed/out/x-%04d.tar.gz{query}"
+        with ShardWriter(pattern, max_count=2) as writer:
+            for index in range(3):
+                writer.write(make_sample(index))
+        assert [shard.name for shard in writer.shards] == ["x-0000.tar.gz", "x-0001.tar.gz"]
+        assert writer.counts_url == f"memory://signed/out/sample-counts.json{query}"
+        for name in ("SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"):
+            assert b"s3cr" not in memory.cat(f"/signed/out/{name}{query}"), name
+        assert memory.cat(f"/signed/out/x-0000.tar.gz{query}")[:2] == b"\x1f\x8b"  # gzip
+        urls = [f"memory://signed/out/x-{index:04d}.tar.gz{query}" for index in range(2)]
+        dataset = ShardDataset(urls, samples_per_shard=writer.counts_url, shuffle_shards=False)
+        assert len(dataset) == 3 and [s["__key__"] for s in dataset] == [
+            make_sample(index)["__key__"] for index in range(3)
+        ]
+    finally:
+        if memory.exists("/signed"):
+            memory.rm("/signed", recursive=True)
+
+
+def test_a_gz_field_that_decompresses_past_max_member_size_is_refused(tmp_path):
+    # 2,000 bytes of text compress to a few dozen, which readers take; decode() would then
+    # refuse what they decompress to, so the writer refuses it first.
+    with ShardWriter(str(tmp_path / "s-%02d.tar"), max_member_size="1KiB") as writer:
+        with pytest.raises(ValueError, match=r"'k' field 'txt.gz': .*decompress"):
+            writer.write({"__key__": "k", "txt.gz": "a" * 2000})
+        writer.write({"__key__": "k", "txt.gz": "a" * 1000})
+    decode = transforms.decode(max_member_size="1KiB")
+    assert [decode(sample)["txt.gz"] for sample in ShardDataset(writer.shards[0].url)] == [
+        "a" * 1000
+    ]

@@ -23,6 +23,7 @@ beginning. See docs/resumption.md and docs/multi-node.md.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -107,10 +108,8 @@ class ShardDataset(_DatasetBase):
         stats_dir: str | os.PathLike | None = None,
         log_interval: float | None = DEFAULT_LOG_INTERVAL,
     ) -> None:
-        check_arguments(handler, shuffle_buffer, prefetch, equalize, split, transforms)
-        expanded = expand_urls(urls)
-        if not expanded:
-            raise ValueError(f"no shard URLs in {urls!r}")
+        check_arguments(handler, shuffle_buffer, prefetch, seed, equalize, split, transforms)
+        expanded = expand_urls(urls)  # ValueError when it holds none
         self.storage_options = dict(storage_options or {})
         self.split_by_node = bool(split_by_node)
         self.split_by_worker = bool(split_by_worker)
@@ -253,6 +252,7 @@ def check_arguments(
     handler: str,
     shuffle_buffer: int,
     prefetch: int,
+    seed: int,
     equalize: str | None,
     split: str,
     transforms: Sequence[Callable[[dict], Any]],
@@ -260,8 +260,13 @@ def check_arguments(
     """ValueError naming the first argument of ``ShardDataset`` that it cannot take."""
     if handler not in HANDLERS:
         raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
-    if int(shuffle_buffer) < 0 or int(prefetch) < 0:
-        raise ValueError("shuffle_buffer and prefetch must be >= 0")
+    for name, value in (("shuffle_buffer", shuffle_buffer), ("prefetch", prefetch), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+        if value < 0 and name != "seed":
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if not all(callable(step) for step in transforms):
+        raise ValueError(f"transforms must be callables, got {list(transforms)!r}")
     if equalize is not None and equalize not in EQUALIZE_MODES:
         raise ValueError(f"equalize must be one of {EQUALIZE_MODES} or None, got {equalize!r}")
     if split not in SPLIT_MODES:

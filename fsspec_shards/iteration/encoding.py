@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import operator
 import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +31,7 @@ from fsspec_shards.iteration.samples import is_meta_member, split_key
 ACCEPTED = (
     "bytes, bytearray or memoryview (any field): written as they are; "
     "str (any field): UTF-8; "
-    "int (cls, cls2, class, count, index, inx, id): its decimal digits; "
+    "an integer (cls, cls2, class, count, index, inx, id): its decimal digits; "
     "any JSON value such as a dict or list (json, jsn): json.dumps in UTF-8; "
     "numpy array (npy): numpy's .npy format; dict of arrays (npz): compressed .npz; "
     "PIL image or uint8/float numpy image (jpg, jpeg, img, image, png, pbm, pgm, ppm, tif, "
@@ -40,7 +41,9 @@ ACCEPTED = (
 
 
 def _digits(value: Any) -> bytes:
-    return str(value).encode("ascii")
+    """An integer's decimal digits (int, numpy or 0-d torch integers), as ``int()`` reads
+    them back; TypeError for anything else (``str(7.9)`` would not read back as an int)."""
+    return str(operator.index(value)).encode("ascii")
 
 
 def _json(value: Any) -> bytes:
@@ -121,8 +124,10 @@ ENCODERS = _table(
 )
 
 
-def encode_value(key: str, field: str, value: Any) -> bytes:
-    """The bytes of one field, or a ValueError naming the key, the field and what is accepted."""
+def encode_value(key: str, field: str, value: Any, max_member_size: int | None = None) -> bytes:
+    """The bytes of one field, or a ValueError naming the key, the field and what is accepted;
+    a ``.gz`` field that decompresses past ``max_member_size`` (which ``decode()`` refuses)
+    is one too."""
     compress = field.endswith(".gz")
     plain_field = field[:-3] if compress else field
     if isinstance(value, bytes | bytearray | memoryview):
@@ -150,6 +155,8 @@ def encode_value(key: str, field: str, value: Any) -> bytes:
                 f"sample {key!r} field {field!r}: cannot encode {type(value).__name__} "
                 f"as {extension!r}: {exc}"
             ) from None
+    if compress and max_member_size is not None and len(data) > max_member_size:
+        _too_large(key, field, f"it decompresses to {len(data)} bytes, more", max_member_size)
     return gzip.compress(data, mtime=0) if compress else data
 
 
@@ -203,12 +210,16 @@ def encode_sample(
     members = []
     for field in fields:
         name = member_name(key, field)
-        data = encode_value(key, field, sample[field])
+        data = encode_value(key, field, sample[field], max_member_size)
         if max_member_size is not None and len(data) > max_member_size:
-            raise ValueError(
-                f"sample {key!r} field {field!r}: {len(data)} bytes, more than "
-                f"max_member_size ({max_member_size} bytes), which readers refuse; split the "
-                "value, or give the writer and its readers a larger max_member_size"
-            )
+            _too_large(key, field, f"{len(data)} bytes, more", max_member_size)
         members.append((name, data))
     return key, members
+
+
+def _too_large(key: str, field: str, size: str, max_member_size: int) -> None:
+    raise ValueError(
+        f"sample {key!r} field {field!r}: {size} than max_member_size ({max_member_size} "
+        "bytes), which readers refuse; split the value, or give the writer and its readers a "
+        "larger max_member_size"
+    )

@@ -10,9 +10,11 @@ the published epoch at the start of each iteration (:meth:`EpochNumber.follow`) 
 changed since that process last looked, else keeps the epoch it set itself (a mixture's
 source rounds, a loaded state).
 
-Pickled other than to start a worker (a deepcopy, a dask task), the copy keeps its epoch and
-shares nothing. When no shared value can be made, a worker that starts the same epoch a
-second time warns: ``set_epoch`` in the main process cannot reach it.
+A process that is handed the value and is not a DataLoader worker (a trainer started by
+``torch.multiprocessing.spawn(train, args=(dataset,))``, a deepcopy, a dask task) makes a
+value of its own at its first ``set``, for the workers it starts after: it shares nothing
+with the process it came from. When no shared value can be made, a worker that starts the
+same epoch a second time warns: ``set_epoch`` in the main process cannot reach it.
 
 Uses the standard library's ``multiprocessing.context.get_spawning_popen`` (undocumented):
 the check a shared value's own pickling makes, to tell a worker's start from other pickling.
@@ -26,6 +28,8 @@ import os
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
+from fsspec_shards.iteration.order import in_dataloader_worker
+
 logger = logging.getLogger("fsspec_shards.dataset")
 
 
@@ -36,6 +40,11 @@ class EpochNumber:
 
     def __init__(self, epoch: int = 0) -> None:
         self.value = int(epoch)
+        self._own()
+        self._iterated: int | None = None
+
+    def _own(self) -> None:
+        """Make this process the owner of a new shared value holding its epoch."""
         self._owner: int | None = os.getpid()
         try:
             self._shared: Any = multiprocessing.RawValue("q", self.value)
@@ -43,11 +52,12 @@ class EpochNumber:
             logger.debug("no shared epoch value: %s", exc)
             self._shared = None
         self._seen = self.value
-        self._iterated: int | None = None
 
     def set(self, epoch: int) -> None:
         """Make ``epoch`` this process's epoch; published to the workers from the owner."""
         self.value = int(epoch)
+        if os.getpid() != self._owner and not in_dataloader_worker():
+            self._own()
         if self._shared is None:
             return
         if os.getpid() == self._owner:

@@ -30,7 +30,7 @@ COUNT_THREADS = 8
 
 
 class SampleCountError(ValueError):
-    """A shard holds fewer samples than its count says (a wrong sidecar, or a changed shard)."""
+    """A shard holds other than the samples its count says (a wrong sidecar, or a changed shard)."""
 
 
 MAX_SAMPLE_COUNT = 2**32

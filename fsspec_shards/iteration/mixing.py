@@ -94,7 +94,7 @@ class MixState:
         }
         state = cls(
             fingerprint=_item("fingerprint", data.get("fingerprint"), dict),
-            epoch=_item("epoch", data.get("epoch"), int),
+            epoch=_item("epoch", data.get("epoch"), int, 0),
             rng_counter=_item("rng_counter", data.get("rng_counter"), int, 0),
             exhausted=[
                 _item("exhausted", done, bool) for done in _list(data, "exhausted", sources)

@@ -15,7 +15,8 @@ consumer its :class:`EpochPlan`:
 
 Invariants: the consumers' segments together hold every sample of the pieces exactly once;
 with counts known and ``equalize`` set, every consumer's plan has the same ``length``
-(``"pad"``: the largest share, shorter consumers read their own segments again;
+(``"pad"``: the largest share, shorter consumers read their own segments again, and a
+remainder's consumer with none of its own reads the remainder's;
 ``"truncate"``: the smallest). Everything depends on the arguments only, so every rank and
 worker computes the same plans.
 
@@ -113,9 +114,15 @@ class EpochPlan:
     def segment(self, index: int) -> Segment:
         return self.segments[index % len(self.segments)]
 
+    @property
+    def own_segments(self) -> int:
+        """Segment indices before the padding: one pass, none when the segments are
+        another consumer's (``own`` 0)."""
+        return 0 if self.own == 0 else len(self.segments)
+
     def is_padding(self, index: int) -> bool:
-        """Whether segment index ``index`` repeats samples (a later pass)."""
-        return index >= len(self.segments)
+        """Whether segment index ``index`` repeats samples (a later pass, or borrowed)."""
+        return index >= self.own_segments
 
 
 def shard_pieces(order: Sequence[int], sizes: Sequence[int] | None) -> list[Piece]:
@@ -156,6 +163,7 @@ def plan_epoch(
     equalize: str | None = None,
     batch_size: int | None = None,
     workers: int = 1,
+    borrow: bool = False,
 ) -> EpochPlan:
     """The plan of consumer ``consumer`` of ``consumers`` over ``pieces``.
 
@@ -163,9 +171,12 @@ def plan_epoch(
     (consumer ``rank * workers + worker``) and the plan is of whole batches
     (:func:`batch_quotas`; it needs counts, ``equalize`` and a sample split).
 
-    Raises ValueError for a split or equalize mode it does not know, a sample split without
-    counts, and padding a consumer that has no samples.
+    A consumer with no samples to pad is a ValueError, or with ``borrow`` (an epoch's
+    remainder, whose size the user does not choose) pads with all the pieces' samples:
+    every one of its samples is then padding. Raises ValueError for a split or equalize mode
+    it does not know and a sample split without counts.
     """
+    spare = pieces if borrow else ()
     if split not in SPLIT_MODES or split == "auto":
         raise ValueError(f"split must be 'shards' or 'samples', got {split!r}")
     if equalize is not None and equalize not in EQUALIZE_MODES:
@@ -179,7 +190,8 @@ def plan_epoch(
         quotas = batch_quotas(total, consumers // workers, workers, batch_size, equalize)
         shares = _proportional(total, quotas)
         mine = _sample_range(pieces, sum(shares[:consumer]), shares[consumer])
-        return _equalized(mine, consumer, consumers, shares[consumer], quotas[consumer], equalize)
+        own, length = shares[consumer], quotas[consumer]
+        return _equalized(mine, consumer, consumers, own, length, equalize, spare)
     if split == "samples":
         if not known:
             raise ValueError("a sample-level split needs the sample count of every shard")
@@ -192,16 +204,28 @@ def plan_epoch(
         segments = tuple(segment for segment, _ in mine)
         return EpochPlan(segments, tuple(count for _, count in mine), None, 1, own)
     length = max(totals) if equalize == "pad" else min(totals)
-    return _equalized(mine, consumer, consumers, own, length, equalize)
+    return _equalized(mine, consumer, consumers, own, length, equalize, spare)
 
 
 def _equalized(
-    mine: Sequence[Piece], consumer: int, consumers: int, own: int, length: int, equalize: str
+    mine: Sequence[Piece],
+    consumer: int,
+    consumers: int,
+    own: int,
+    length: int,
+    equalize: str,
+    spare: Sequence[Piece] = (),
 ) -> EpochPlan:
-    """The plan of ``mine`` (``own`` samples) delivering exactly ``length`` samples."""
+    """The plan of ``mine`` (``own`` samples) delivering exactly ``length`` samples; with
+    no samples of its own, padded with the ``spare`` pieces' when there are any."""
     segments = tuple(segment for segment, _ in mine)
     samples = tuple(count for _, count in mine)
     if own == 0:
+        spare_samples = sum(count for _, count in spare)
+        if length > 0 and spare_samples:
+            segments = tuple(segment for segment, _ in spare)
+            samples = tuple(count for _, count in spare)
+            return EpochPlan(segments, samples, length, -(-length // spare_samples), 0)
         if length > 0:
             raise ValueError(
                 f"consumer {consumer} of {consumers} has no samples to pad to {length}: "
@@ -308,6 +332,7 @@ class Planner:
                 self.equalize if known else None,
                 self.batch_size if known else None,
                 consumer.num_workers,
+                borrow=True,
             )
         plan = self._plans.get((epoch, consumer))
         if plan is None:

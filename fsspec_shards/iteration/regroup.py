@@ -152,7 +152,7 @@ def _left_over(stream: ConsumerStream, refs: list[SampleRef]) -> list[Piece]:
         for ref in sorted(refs, key=lambda ref: ref.index)
         if not plan.is_padding(ref.shard)
     ]
-    for index in range(state.shard, len(plan.segments)):
+    for index in range(state.shard, plan.own_segments):
         segment, samples = plan.segments[index], plan.samples[index]
         if index == state.shard and state.segment_read:
             _, end = source.byte_range(source.urls[segment.shard], segment)

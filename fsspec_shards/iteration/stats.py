@@ -131,13 +131,28 @@ def epoch_rate(epochs: list[Mapping[str, Any]]) -> float:
     samples over the wall-clock span from its first process's start to its last one's end.
 
     Not the sum of each process's rate: workers feeding one loader overlap, and processes of
-    past epochs (DataLoader workers that are not persistent) are not part of it.
+    past epochs (DataLoader workers that are not persistent) are not part of it. An epoch
+    read again (no ``set_epoch`` between loader iterations) counts its latest run only: a
+    consumer (rank, worker) seen again starts a new run, and what started before the end of
+    the run it replaces is of earlier runs.
     """
     started = [entry for entry in epochs if entry.get("epoch") is not None]
     if not started:
         return 0.0
     current = max(started, key=lambda entry: entry["epoch_started"])["epoch"]
-    entries = [entry for entry in started if entry["epoch"] == current]
+    entries = sorted(
+        (entry for entry in started if entry["epoch"] == current),
+        key=lambda entry: entry["epoch_started"],
+    )
+    latest: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    run_start = float("-inf")
+    for entry in entries:
+        consumer = (entry.get("rank"), entry.get("worker"))
+        replaced = latest.get(consumer)
+        if replaced is not None:
+            run_start = max(run_start, replaced["epoch_started"] + replaced["epoch_seconds"])
+        latest[consumer] = entry
+    entries = [entry for entry in entries if entry["epoch_started"] >= run_start]
     first = min(entry["epoch_started"] for entry in entries)
     last = max(entry["epoch_started"] + entry["epoch_seconds"] for entry in entries)
     return _rate(sum(entry["epoch_samples"] for entry in entries), last - first)

@@ -159,8 +159,11 @@ class ConsumerStream:
         scan = StreamState(
             state.fingerprint, state.epoch, window.shard, window.offset, window.index
         )
+        counted = bool(self.plan.samples)
+        if counted:  # so that the scan stops a segment at its count, as the stream did
+            scan.segment_read = self._segment_read_at(window)
         found: dict[int, SampleRef] = {}
-        source = self._read(scan, None, headers_only=True, counted=False)
+        source = self._read(scan, None, headers_only=True, counted=counted)
         try:
             for ref, _ in source:
                 if ref.index == window.index and ref.offset != window.offset:
@@ -183,6 +186,27 @@ class ConsumerStream:
                 "the state counts (a tampered state, or the shards changed)"
             )
         return found
+
+    def _segment_read_at(self, ref: SampleRef) -> int:
+        """How many samples of its segment the stream had read before sample ``ref``: from
+        the state when it is in the cursor's segment, else by a header scan from the
+        segment's start."""
+        state = self.state
+        if ref.shard == state.shard:
+            return max(state.segment_read - (state.read - ref.index), 0)
+        segment = self.plan.segment(ref.shard)
+        url = self.source.urls[segment.shard]
+        before = 0
+        try:
+            start, _ = self.source.byte_range(url, segment)
+            with closing(self.source.samples(url, start, headers_only=True)) as samples:
+                for sample in samples:
+                    if sample.offset >= ref.offset:
+                        break
+                    before += 1
+        except self.source.shard_errors:
+            pass  # the window scan meets the same error, and the handler decides
+        return before
 
     def fast_forward(self, count: int, payloads: bool = True) -> list[SampleRef]:
         """Move past the first ``count`` deliveries reading tar headers only; the buffered
@@ -235,16 +259,17 @@ class ConsumerStream:
         (drained at its end, so that every sample of the pass comes before any padding),
         then the padding passes as read. When those fall short of an equal length (a shard
         left out, or holding fewer samples than its count), more passes keep the length
-        equal, as long as a pass yields any sample."""
+        equal, as long as a pass yields any sample (a pass resumed inside a segment is not
+        a whole pass: reading nothing there ends nothing)."""
         state, plan = self.state, self.plan
         first = self._read(state, prefetcher, headers_only, until=len(plan.segments))
         yield from self._shuffled(first) if self.buffer is not None else first
         yield from self._read(state, prefetcher, headers_only)
         while self._wants_more() and plan.length is not None:
-            read = state.read
+            read, whole = state.read, state.offset == 0
             stop = max(state.shard, plan.limit) + len(plan.segments)
             yield from self._read(state, prefetcher, headers_only, until=stop, beyond=True)
-            if state.read == read:
+            if state.read == read and whole:
                 return
 
     def _read(
@@ -372,7 +397,7 @@ class ConsumerStream:
         started = time.perf_counter()
         asked = started
         check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
-        padding_from = len(plan.segments)
+        padding_from = plan.own_segments
         try:
             if not self.rebuilt:
                 self.restore_position()

@@ -136,9 +136,11 @@ class ShardWriter:
 
     ``pattern`` is any fsspec URL or local path with one integer placeholder in its file name
     (``"s3://bucket/out/train-%06d.tar"``, ``"wds::gs://b/x-%04d.tar.gz"``: ``.gz``/``.tgz``
-    shards are gzip-compressed). A shard holds at most ``max_count`` samples and, unless one
-    sample alone is larger, at most ``max_size`` bytes of uncompressed tar (an int or a size
-    such as ``"1GB"``). ``storage_options`` go to fsspec as for ``ShardDataset``.
+    shards are gzip-compressed); a query (``?sv=...&sig=...``) is no part of the names: it
+    is added to the URL of every file written, manifests included. A shard holds at most
+    ``max_count`` samples and, unless one sample alone is larger, at most ``max_size`` bytes
+    of uncompressed tar (an int or a size such as ``"1GB"``). ``storage_options`` go to
+    fsspec as for ``ShardDataset``.
     ``manifest`` and ``counts`` name the checksum manifest and the sample-count sidecar
     written beside the shards on close (``None``: not written); the block manifest
     ``<manifest>.blocks`` lists a SHA-256 per ``manifest_block_size`` bytes of each shard
@@ -184,7 +186,10 @@ class ShardWriter:
                 raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
         if manifest_block_size is not None:
             check_block_size(manifest_block_size)
-        directory, self._name_pattern = _split_pattern(pattern)
+        # A query (a SAS token) signs every object written and is no part of their names.
+        path_pattern, mark, query = pattern.partition("?")
+        self._query = mark + query
+        directory, self._name_pattern = _split_pattern(path_pattern)
         self.max_count = max_count
         self.storage_options = dict(storage_options or {})
         self.manifest = manifest
@@ -294,12 +299,14 @@ class ShardWriter:
     @property
     def manifest_url(self) -> str | None:
         """Where the checksum manifest goes, or None."""
-        return None if self.manifest is None else f"{self.directory_url}/{self.manifest}"
+        return (
+            None if self.manifest is None else f"{self.directory_url}/{self.manifest}{self._query}"
+        )
 
     @property
     def counts_url(self) -> str | None:
         """Where the sample-count sidecar goes (``ShardDataset(samples_per_shard=...)``)."""
-        return None if self.counts is None else f"{self.directory_url}/{self.counts}"
+        return None if self.counts is None else f"{self.directory_url}/{self.counts}{self._query}"
 
     # --- shards -------------------------------------------------------------------------
 
@@ -310,20 +317,24 @@ class ShardWriter:
         info.mode = 0o444
         return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
+    def _final(self, name: str) -> str:
+        """The backend path of file ``name`` beside the shards (with the pattern's query)."""
+        return f"{self._directory}/{name}{self._query}"
+
     def _remove_manifests(self) -> None:
         """Remove the manifests and counts of an earlier run: beside shards this run may
         overwrite, they would describe other bytes unless this run closes cleanly."""
         names = [self.manifest, self.counts]
         if self.manifest is not None:
             names.append(block_manifest_name(self.manifest))
-        for path in [f"{self._directory}/{name}" for name in names if name is not None]:
+        for path in [self._final(name) for name in names if name is not None]:
             if self._fs.exists(path):  # asked first: some backends (HTTP) cannot delete
                 self._fs.rm_file(path)
 
     def _open_shard(self) -> _OpenShard:
         name = self._name_pattern % self._next_index
         self._next_index += 1
-        url = f"{self.directory_url}/{name}"
+        url = f"{self.directory_url}/{name}{self._query}"
         spool = self._spool.path(name)
         handle = open(spool, "wb")  # noqa: SIM115 - closed by _finish_shard or abort
         block_size = self.manifest_block_size or DEFAULT_BLOCK_SIZE
@@ -338,7 +349,7 @@ class ShardWriter:
                 shard.output.close()
             _sync(shard.handle)
             shard.handle.close()
-            final = f"{self._directory}/{shard.name}"
+            final = self._final(shard.name)
             started = time.monotonic()
             if self._local:
                 self._fs.mv(shard.spool, final)
@@ -364,7 +375,7 @@ class ShardWriter:
 
     def _publish_bytes(self, name: str, data: bytes) -> None:
         """Write a small file beside the shards, whole or not at all."""
-        final = f"{self._directory}/{name}"
+        final = self._final(name)
         if self._local:
             spool = self._spool.path(name)
             with open(spool, "wb") as handle:

@@ -9,7 +9,7 @@ object is read in ranged chunks whose size adapts (doubling on success, halving 
 failure that delivered nothing). Bytes are hashed as they stream past (large objects on a
 worker thread: ``filling.OrderedHasher``); at the end size and checksum are checked. A
 large object written into a file may be filled by several ranged GETs at once
-(``filling.fill_ranges``, see :class:`Target`).
+(``filling.fill_ranges``; how many: ``range_plan.py``).
 
 Invariants:
 
@@ -20,7 +20,8 @@ Invariants:
 - An object with no identity beyond its size is read in one request; only a fault splits it.
 - Ranges in flight at once only for an object with an ETag, generation or version id that
   every range response is checked against, after a first ranged request was answered as
-  one (206); when a response did not say its version, ``info()`` is asked at the end.
+  one (206) by this store (``range_plan.py``); when a response did not say its version,
+  ``info()`` is asked at the end.
 - A pass that fails verification is discarded and the object downloaded once more; a
   second failure raises ``IntegrityError`` (one warning logged per object, not per try).
 """

@@ -21,7 +21,9 @@ Invariants:
   A response of another version stops every range and raises ``VersionMismatch``; one that
   says nothing of its version counts in ``expect.unconfirmed``, for the caller to ask
   ``info()`` (``download._fill``).
-- More than one range only after the first was answered as a range (206).
+- More than one range only after the first was answered as a range (206), or on a store
+  that answered ranges before in this process (a later 200 is sliced to its range: waste,
+  never wrong bytes).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
   (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
   raised. A stopped range ends at its next byte or fault, never asking again.
@@ -140,16 +142,20 @@ class OrderedHasher:
                 self._failure = exc
 
     def _hash_file_range(self, descriptor: int, start: int, end: int, written: Frontier) -> None:
+        """Read back into one reused buffer (a fresh 8 MiB ``bytes`` per read costs page
+        faults that cost as much as the hash)."""
+        buffer = bytearray(_READ_BACK)
+        view = memoryview(buffer)
         position = start
         while position < end and not self._abandoned:
             there = min(end, written.wait_beyond(position, 0.1))
             if there <= position:
                 continue
-            data = os.pread(descriptor, min(_READ_BACK, there - position), position)
-            if not data:
+            got = os.preadv(descriptor, [view[: min(_READ_BACK, there - position)]], position)
+            if not got:
                 raise TransientError(f"the file ends at byte {position}, expected {end}")
-            self._hasher.update(data)
-            position += len(data)
+            self._hasher.update(view[:got])
+            position += got
 
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -312,12 +318,12 @@ def fill_ranges(
             end,
             sink,
             expect,
-            rest_of_body=index == 0,
+            rest_of_body=index == 0 and ramp.gated,
             chunks=ChunkSizer(),
             after_fault=after_fault,
             passthrough=(_Stopped,),
         )
-        if index == 0:
+        if index == 0 and ramp.gated:
             ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
 
     def work(worker: int) -> None:

@@ -7,7 +7,8 @@ carries tens of MB/s, so there several ranges reach the link's rate; on loopback
 link a second stream adds nothing and the fill stays at one (a single request for the rest
 of the object). The level a link settled on is remembered per process and per store: the
 next object starts there (and probes on from there when the last probe was cut short by
-the fill's end, and every :data:`REPROBE_EVERY` fills).
+the fill's end, and every :data:`REPROBE_EVERY` fills). A fill whose ranges were all handed
+out within the first measurement at one stream settles the store at one.
 
 An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
 never all get a slot, so a fill runs at most that many.
@@ -33,14 +34,13 @@ PROCESS_MAX = 16
 GROWTH = 1.25
 """Aggregate-rate growth that makes the extra streams worth keeping."""
 FIRST_BYTES = 1 * MiB
-"""The first range of a parallel fill: its answer (206, or 200: ranges ignored) decides
-whether more ranges follow."""
-SPAN_SECONDS = 0.5
-"""An auto range lasts about this long at the measured rate per stream (within
-:data:`SPAN_MIN`..:data:`SPAN_MAX`): short enough to share the tail, long enough that the
-per-request round trip is small."""
+"""The first range of a parallel fill on a store not seen answering ranges yet: its answer
+(206, or 200: ranges ignored) decides whether more ranges follow."""
 SPAN_MIN = 2 * MiB
 SPAN_MAX = 32 * MiB
+"""Auto ranges: the rest of the object after the first range in :data:`AUTO_MAX` equal
+ranges, within these bounds: as few requests as the streams need (some servers copy the
+whole object per ranged GET), and ends that come together."""
 SETTLE_MAX = 0.3
 """Longest wait for added streams' first bytes before their rate is measured."""
 WINDOW = 0.1
@@ -119,14 +119,18 @@ class Ramp:
                 self.level, self.probing = learned, fills >= REPROBE_EVERY
                 if not self.probing:
                     _learned[link] = (learned, fills + 1)
-        self.allowed = 1  # until the first range was answered as a range
+        self.gated = not (self.adaptive and link in _learned)
+        """Whether the first range must be answered as a range (206) before more streams
+        start: yes unless this store already answered ranges in this process."""
+        self.allowed = 1 if self.gated else self.level
         self.bytes = 0
         self.rate: float | None = None  # the last aggregate rate measured
         self._started = time.monotonic()
         self._cond = threading.Condition()
-        self._gate_open = False
+        self._gate_open = not self.gated
         self._closed = False
         self._first_bytes: set[int] = set()
+        self._span_bytes: int | None = None
 
     # -- the workers' side
 
@@ -179,16 +183,10 @@ class Ramp:
                 return min(remaining, FIRST_BYTES)
             if self.cap == 1 or (not self.probing and self.level == 1):
                 return remaining  # one stream: the rest in one request
-            rate = self.rate
-            if rate is None:
-                elapsed = max(time.monotonic() - self._started, 1e-3)
-                rate = self.bytes / elapsed
-            per_stream = rate / max(1, self.allowed)
-            size = max(SPAN_MIN, int(per_stream * SPAN_SECONDS))
-            if self.allowed > 1:  # (alone, a fast link takes the rest in one request)
-                size = min(SPAN_MAX, size)
-            share = -(-remaining // max(1, self.allowed))  # the tail shared out
-            return min(remaining, size, max(SPAN_MIN, share))
+            if self._span_bytes is None:  # the rest in as many ranges as streams may run
+                share = -(-remaining // self.cap)
+                self._span_bytes = min(SPAN_MAX, max(SPAN_MIN, share))
+            return min(remaining, self._span_bytes)
 
     # -- the filling thread's side
 
@@ -200,7 +198,8 @@ class Ramp:
         if not self.probing:
             return
         previous = self._measure(done, self.level)
-        decided = previous is not None and self.level == self.cap
+        # all of it handed out before one window passed: one stream is fast enough here
+        decided = previous is None or self.level == self.cap
         while previous is not None and self.level < self.cap:
             trying = min(self.cap, self.level * 2)
             with self._cond:
