@@ -313,7 +313,7 @@ def fill_ranges(
 
         start, end = layout.bounds(index)
         moved = resume(
-            target,
+            target.shared_by(ramp.allowed),
             start,
             end,
             sink,
