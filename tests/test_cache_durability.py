@@ -184,3 +184,5 @@ def test_after_a_reboot_a_not_durable_entry_of_a_read_only_cache_is_verified_and
     handle = cache.open(obj(URL))
     assert handle is not None and handle.read() == payload(URL, SIZE)
     handle.close()
+    _no_rehash(monkeypatch)  # once per process: a shard is not hashed at every open
+    assert cache.get(obj(URL)) is not None
