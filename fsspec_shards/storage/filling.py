@@ -236,6 +236,7 @@ class _Layout:
         self.spans: list[list[int]] = []  # [start, written up to, end], in order
         self.frontier = Frontier(0)
         self.assigned = threading.Event()
+        self._whole = 0  # the leading ranges written whole (the frontier is past them)
         self._lock = threading.Lock()
 
     def take(self) -> int | None:
@@ -267,12 +268,15 @@ class _Layout:
                 if self.cursor >= self.size:
                     self.assigned.set()
             frontier = self.frontier.value
-            for start, written, end in self.spans:
+            # from the last whole range on (it still grows when a 200 answer runs on)
+            for number in range(max(0, self._whole - 1), len(self.spans)):
+                start, written, end = self.spans[number]
                 if start > frontier:
                     break
                 frontier = max(frontier, written)
                 if written < end:
                     break
+                self._whole = number + 1
         self.frontier.advance(frontier)
         return at
 
