@@ -20,12 +20,10 @@ def by_trailing_path(table: Mapping[str, T], path: str) -> T | None:
     of the name ignored (``/shards/a.tar`` and ``shards/a.tar`` both match
     ``bucket/shards/a.tar``); None when no name matches.
 
-    Costs one dictionary look-up per component of ``path``, whatever the size of ``table``.
+    Costs two dictionary look-ups per component of ``path``, whatever the size of ``table``.
     """
-    if path in table:
-        return table[path]
     parts = path.split("/")
-    for first in range(1, len(parts)):
+    for first in range(len(parts)):
         trailing = "/".join(parts[first:])
         for name in (trailing, "/" + trailing):
             if name in table:

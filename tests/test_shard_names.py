@@ -41,3 +41,7 @@ def test_a_url_matches_by_host_and_path():
 
 def test_falsy_entries_are_found_not_skipped():
     assert by_trailing_path({"empty.tar": 0}, "bucket/empty.tar") == 0
+
+
+def test_a_leading_slash_of_a_name_is_ignored_for_the_whole_path_too():
+    assert by_trailing_path({"/shards/a.tar": 1}, "shards/a.tar") == 1  # was None

@@ -4,6 +4,7 @@ or more samples than its count (an error under handler="raise", equal lengths ot
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,24 @@ def test_a_resume_with_a_buffer_over_a_shard_cut_at_a_low_count_is_exact(shards,
     counts = dict(zip(shards, [3, 3, 4, 6], strict=True))
     args = dict(samples_per_shard=counts, rank=0, world_size=2, split=split, shuffle_buffer=3)
     assert _resumed_at_every_cut(shards, handler="skip", shuffle_shards=False, **args) == []
+
+
+def test_a_consumer_left_with_no_sample_warns_naming_itself(tmp_path, caplog):
+    urls = write_shards(tmp_path, 2, [3, 3])
+    counts = dict(zip(urls, [3, 3], strict=True))
+    Path(urls[1]).unlink()  # rank 1's only shard: nothing to read, nothing to pad with
+    dataset = ShardDataset(
+        urls,
+        samples_per_shard=counts,
+        rank=1,
+        world_size=2,
+        split="shards",
+        handler="warn",
+        shuffle_shards=False,
+    )
+    with caplog.at_level(logging.WARNING, logger="fsspec_shards"):
+        assert keys(dataset) == []
+    assert "rank 1 worker 0: epoch 0 ended after 0 samples, short of the equal length 3" in (
+        caplog.text
+    )
+    assert "steps" in caplog.text  # says what it does to a distributed run

@@ -404,3 +404,22 @@ def test_a_gz_field_that_decompresses_past_max_member_size_is_refused(tmp_path):
     assert [decode(sample)["txt.gz"] for sample in ShardDataset(writer.shards[0].url)] == [
         "a" * 1000
     ]
+
+
+def test_a_writer_that_cannot_start_leaves_the_earlier_runs_manifests(tmp_path):
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        writer.write(make_sample(0))
+    before = {name: (tmp_path / name).read_bytes() for name in ("SHA256SUMS", "sample-counts.json")}
+    area = tmp_path / f".fsspec-shards-spool-{os.geteuid()}"
+    area.mkdir(mode=0o700)
+    area.chmod(0o777)  # not private: the writer refuses it, and so writes nothing
+    with pytest.raises(PermissionError, match="spool directory"):
+        ShardWriter(str(tmp_path / "t-%02d.tar"))
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_a_question_mark_in_a_local_path_is_part_of_the_names(tmp_path):
+    with ShardWriter(str(tmp_path / "what?-%02d.tar")) as writer:
+        writer.write(make_sample(0))
+    assert [shard.name for shard in writer.shards] == ["what?-00.tar"]
+    assert (tmp_path / "what?-00.tar").is_file()

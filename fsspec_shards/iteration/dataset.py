@@ -36,7 +36,7 @@ from fsspec_shards.iteration.plan import EQUALIZE_MODES, SPLIT_MODES, EpochPlan,
 from fsspec_shards.iteration.reader import ShardReader
 from fsspec_shards.iteration.resumption import Resumption
 from fsspec_shards.iteration.source import HANDLERS, ShardSource
-from fsspec_shards.iteration.state import shard_identity, urls_digest
+from fsspec_shards.iteration.state import remainder_to_list, shard_identity, urls_digest
 from fsspec_shards.iteration.stream import Streams
 from fsspec_shards.iteration.transforms import Batched
 from fsspec_shards.iteration.urls import expand_urls
@@ -234,6 +234,13 @@ class ShardDataset(_DatasetBase):
 
     get_state = state_dict
     set_state = load_state_dict
+
+    def remainder_segments(self, epoch: int) -> list[list[int]] | None:
+        """The pieces ``epoch`` is the rest of when a regrouped state made it so (as state
+        lists, for a :class:`~fsspec_shards.iteration.resume.DeliveryTracker` state); None
+        for a whole epoch."""
+        pieces = self.resumption.remainder(epoch)
+        return None if pieces is None else remainder_to_list(pieces)
 
     # --- iteration and stats -----------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from fsspec_shards.iteration.state import (
     StreamState,
     base_fingerprint,
     check_fingerprint,
+    remainder_from_list,
     remainder_to_list,
 )
 from fsspec_shards.iteration.stream import ConsumerStream, Streams
@@ -107,16 +108,18 @@ def _expand(states: Sequence[Any]) -> list[Mapping[str, Any]]:
 
 
 def _positions(states: Sequence[Mapping[str, Any]]) -> list[tuple[Consumer, dict, int, Any]]:
-    """(old consumer, fingerprint, epoch, StreamState or delivered count) per old consumer."""
+    """(old consumer, fingerprint, epoch, position) per old consumer: a StreamState, or a
+    tracker's (delivered count, the remainder its epoch continues or None)."""
     positions = []
     for data in states:
         if is_tracker_state(data):
             counts = DeliveredCounts.from_dict(data)
             fingerprint = counts.fingerprint
             rank, world_size = int(fingerprint["rank"]), int(fingerprint["world_size"])
+            pieces = None if counts.remainder is None else remainder_from_list(counts.remainder)
             for worker, delivered in enumerate(counts.delivered):
                 consumer = Consumer(rank, world_size, worker, len(counts.delivered))
-                positions.append((consumer, fingerprint, counts.epoch, delivered))
+                positions.append((consumer, fingerprint, counts.epoch, (delivered, pieces)))
             continue
         if is_remainder_state(data):
             raise ValueError("a remainder state is loaded by itself, not in a list of states")
@@ -132,12 +135,19 @@ def _positions(states: Sequence[Mapping[str, Any]]) -> list[tuple[Consumer, dict
 
 
 def _resolve(
-    streams: Streams, consumer: Consumer, epoch: int, position: StreamState | int
+    streams: Streams,
+    consumer: Consumer,
+    epoch: int,
+    position: StreamState | tuple[int, tuple[Piece, ...] | None],
 ) -> tuple[ConsumerStream, list[SampleRef]]:
     """The old consumer's stream at its position, and its buffered samples (headers only)."""
-    if isinstance(position, int):
-        stream = streams.fresh(consumer, epoch)
-        return stream, stream.fast_forward(position, payloads=False)
+    if isinstance(position, tuple):
+        delivered, pieces = position
+        if pieces is None:
+            stream = streams.fresh(consumer, epoch)
+        else:
+            stream = streams.over(consumer, epoch, pieces)
+        return stream, stream.fast_forward(delivered, payloads=False)
     stream = streams.at(consumer, position)
     return stream, stream.restore_position(payloads=False)
 

@@ -57,10 +57,11 @@ class _Position:
 
 @dataclass(slots=True)
 class _Counts:
-    """A plain-DataLoader tracker's delivered counts for every worker of this rank."""
+    """A plain-DataLoader tracker's delivered counts for every worker of this rank, in a
+    whole epoch or in the ``remainder`` it continues."""
 
     counts: DeliveredCounts
-    remainder = None
+    remainder: tuple[Piece, ...] | None = None
 
     @property
     def epoch(self) -> int:
@@ -79,7 +80,10 @@ class _Counts:
         rotated = replace(
             consumer, worker=(consumer.worker + counts.next_worker) % consumer.num_workers
         )
-        stream = streams.fresh(rotated, counts.epoch)
+        if self.remainder is None:
+            stream = streams.fresh(rotated, counts.epoch)
+        else:
+            stream = streams.over(rotated, counts.epoch, self.remainder)
         stream.fast_forward(counts.delivered[rotated.worker])
         return stream
 
@@ -165,7 +169,11 @@ class Resumption:
             counts = DeliveredCounts.from_dict(state)
             expected = self.tracker_fingerprint(consumer, len(counts.delivered))
             check_fingerprint(counts.fingerprint, expected)
-            self.current = _Counts(counts)
+            pieces = None
+            if counts.remainder is not None:
+                pieces = remainder_from_list(counts.remainder)
+                self.check_pieces(pieces)
+            self.current = _Counts(counts, pieces)
         else:
             loaded = StreamState.from_dict(state)
             check_fingerprint(loaded.fingerprint, streams.fingerprint(consumer))

@@ -213,10 +213,15 @@ class ShardSource:
         text = redact_text(str(error), url)
         logger.log(level, "leaving out %s: %s: %s", where, type(error).__name__, text)
 
-    def short_epoch(self, epoch: int, delivered: int, length: int) -> None:
+    def short_epoch(self, consumer: Consumer, epoch: int, delivered: int, length: int) -> None:
+        """Warn that ``consumer`` ended ``epoch`` short of the equal length (it had nothing
+        left to read or pad with): the consumers no longer take the same steps."""
         logger.warning(
-            "epoch %d ended after %d samples, short of the equal length %d: "
-            "a shard failed or the sample counts overstate it",
+            "rank %d worker %d: epoch %d ended after %d samples, short of the equal length %d "
+            "(a shard failed or the sample counts overstate it, and nothing is left to pad "
+            "with): ranks now take different numbers of steps, which a distributed run waits on",
+            consumer.rank,
+            consumer.worker,
             epoch,
             delivered,
             length,

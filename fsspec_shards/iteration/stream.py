@@ -426,7 +426,7 @@ class ConsumerStream:
                 yield result
                 asked = time.perf_counter()
             if plan.length is not None and state.delivered < plan.length:
-                source.short_epoch(state.epoch, state.delivered, plan.length)
+                source.short_epoch(self.consumer, state.epoch, state.delivered, plan.length)
             elif plan.length is not None and state.shard < plan.limit:
                 self._check_overrun()
             state.finished = True

@@ -17,7 +17,8 @@ shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
   sample-count sidecar ``sample-counts.json`` (``{shard file name: samples}``, as
   ``ShardDataset(samples_per_shard=...)`` reads it) are written beside the shards, listing
   exactly the shards this writer wrote. Those names are removed when the writer starts, so
-  they are present only after a clean close and always describe the shards present.
+  they are present only after a clean close, and then describe exactly the shards that run
+  wrote (shards of an earlier run past its last index stay, unlisted).
 - No member is larger than readers take by default (``max_member_size``), and no error
   leaving the writer shows a secret of ``pattern`` (:func:`fsspec_shards.redact.clean_error`).
 
@@ -186,8 +187,12 @@ class ShardWriter:
                 raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
         if manifest_block_size is not None:
             check_block_size(manifest_block_size)
-        # A query (a SAS token) signs every object written and is no part of their names.
-        path_pattern, mark, query = pattern.partition("?")
+        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
+        # A URL's query (a SAS token) signs every object written and is no part of their
+        # names; in a local path, '?' is a character of the name.
+        path_pattern, mark, query = pattern, "", ""
+        if not self._local:
+            path_pattern, mark, query = pattern.partition("?")
         self._query = mark + query
         directory, self._name_pattern = _split_pattern(path_pattern)
         self.max_count = max_count
@@ -200,18 +205,21 @@ class ShardWriter:
         self.directory_url = directory
         chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
         self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
-        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
         self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
         self._next_index = start_shard
         self._shard: _OpenShard | None = None
         self._closed = False
         self.shards: list[WrittenShard] = []
-        self._remove_manifests()
         if self._local:
             self._fs.makedirs(self._directory, exist_ok=True)
             self._spool = Spool(self._directory, "the shards' directory")
         else:
             self._spool = Spool(spool_dir or tempfile.gettempdir(), "spool_dir")
+        try:  # last: a writer that cannot start leaves the earlier run's manifests
+            self._remove_manifests()
+        except BaseException:
+            self._spool.close()
+            raise
 
     # --- the user's side ----------------------------------------------------------------
 
