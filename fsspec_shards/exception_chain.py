@@ -16,19 +16,24 @@ def links(error: BaseException, *, follow_suppressed: bool = False) -> Iterator[
     """``error``, then the exception it was raised from, and so on: ``__cause__`` when set,
     else ``__context__``; each link once, so a cyclic chain ends.
 
-    Like Python's traceback, a ``__context__`` hidden by ``raise ... from None``
-    (``__suppress_context__``) ends the chain, unless ``follow_suppressed``: a caller that
-    must see every object still reachable from ``error`` (a secret in a hidden context still
-    leaves with it) asks for those too.
+    Like Python's traceback, a ``__context__`` hidden by ``raise ... from`` (``from None``
+    or an explicit cause: ``__suppress_context__``) is not followed, unless
+    ``follow_suppressed``: a caller that must see every exception still reachable from
+    ``error`` (a secret in a hidden context still leaves with it) then gets each link's
+    cause and its context too, cause first, depth first.
     """
     seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
+    waiting: list[BaseException] = [error]
+    while waiting:
+        current = waiting.pop()
+        if id(current) in seen:
+            continue
         seen.add(id(current))
         yield current
-        if current.__cause__ is not None:
-            current = current.__cause__
-        elif follow_suppressed or not current.__suppress_context__:
-            current = current.__context__
+        if follow_suppressed:
+            after = [current.__context__, current.__cause__]  # popped: the cause first
+        elif current.__cause__ is not None:
+            after = [current.__cause__]
         else:
-            current = None
+            after = [None if current.__suppress_context__ else current.__context__]
+        waiting.extend(link for link in after if link is not None)

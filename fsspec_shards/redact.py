@@ -195,20 +195,20 @@ def clean_error(error: BaseException, *urls: str) -> BaseException:
     """``error`` safe to raise past the library: no link of its cause/context chain shows a
     secret (any URL's query values or password, or a piece of ``urls``).
 
-    The chain is cut before the first link that shows one. If ``error`` itself shows one, a
-    copy of its type (else an ``OSError``) with redacted text replaces it. Raise the result
-    outside any ``except`` block, or Python chains the handled exception again.
+    Every cause or context (hidden ones too) that shows one is cut off, with what hangs
+    from it. If ``error`` itself shows one, a copy of its type (else an ``OSError``) with
+    redacted text replaces it. Raise the result outside any ``except`` block, or Python
+    chains the handled exception again.
     """
     if _link_shows_secret(error, urls):
         error = _redacted_copy(error, urls)
-    previous = error
-    for link in list(exception_chain.links(error, follow_suppressed=True))[1:]:
-        if _link_shows_secret(link, urls):
-            previous.__cause__ = None
-            previous.__context__ = None
-            previous.__suppress_context__ = True
-            break
-        previous = link
+    for link in list(exception_chain.links(error, follow_suppressed=True)):
+        if link.__cause__ is not None and _link_shows_secret(link.__cause__, urls):
+            link.__cause__ = None
+            link.__suppress_context__ = True
+        if link.__context__ is not None and _link_shows_secret(link.__context__, urls):
+            link.__context__ = None
+            link.__suppress_context__ = True
     return error
 
 

@@ -16,7 +16,7 @@ import pytest
 from fsspec_shards.storage import durability
 from fsspec_shards.storage.cache import ShardCache
 from fsspec_shards.storage.cache import store as store_module
-from tests.cache_objects import obj, payload, writer
+from tests.cache_objects import obj, payload, read_only_view, writer  # noqa: F401
 
 URL = "s3://bucket/shard.tar"
 SIZE = 300_000
@@ -147,3 +147,22 @@ def test_without_a_boot_id_the_file_is_durable_before_it_is_published(tmp_path, 
     cache = ShardCache(str(tmp_path / "c"), 10**9)
     _fill(cache)
     assert _pending(cache) is None
+
+
+def test_after_a_reboot_a_not_durable_entry_of_a_read_only_cache_is_verified_and_served(
+    tmp_path,
+    monkeypatch,
+    crash_before_sync,
+    read_only_view,  # noqa: F811
+):
+    # (a cache filled by a process that ended before its syncs, then mounted read-only):
+    # verified, it is served; that the index cannot record it durable is no error
+    _fill(ShardCache(str(tmp_path / "c"), 10**9))
+    store_module._SHARED.clear()
+    _reboot(monkeypatch)
+    cache = ShardCache(str(read_only_view(tmp_path / "c")), 10**9)
+    handle = cache.open(obj(URL))
+    assert handle is not None and handle.read() == payload(URL, SIZE)
+    handle.close()
+    _no_rehash(monkeypatch)  # once per process: a shard is not hashed at every open
+    assert cache.get(obj(URL)) is not None

@@ -57,6 +57,21 @@ def test_a_context_hidden_by_from_none_ends_the_chain_unless_asked_for():
     assert [type(link) for link in links(error, follow_suppressed=True)] == [OSError, KeyError]
 
 
+def test_asked_for_every_link_the_context_behind_an_explicit_cause_is_walked_too():
+    cause = ConnectionError("cause")
+
+    def make():
+        try:
+            raise KeyError("handled")
+        except KeyError:
+            raise OSError("outer") from cause
+
+    error = _raised(make)
+    assert [type(link) for link in links(error)] == [OSError, ConnectionError]
+    reachable = [type(link) for link in links(error, follow_suppressed=True)]
+    assert reachable == [OSError, ConnectionError, KeyError]
+
+
 def test_a_cyclic_chain_yields_each_link_once_and_ends():
     first, second = ValueError("a"), ValueError("b")
     first.__cause__, second.__cause__ = second, first

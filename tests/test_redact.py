@@ -132,6 +132,20 @@ def test_clean_error_cuts_a_context_hidden_by_from_none_too():
     assert cleaned.__context__ is None and cleaned.__suppress_context__
 
 
+def test_clean_error_cuts_a_context_behind_an_explicit_cause_too():
+    # ``raise ... from cause`` while handling another: the handled one stays reachable
+    try:
+        raise FileNotFoundError(2, f"No such file: {SIGNED}")
+    except FileNotFoundError:
+        try:
+            raise OSError(5, "read failed") from ConnectionError("reset")
+        except OSError as outer:
+            behind = outer
+    assert "deadbeef" in str(behind.__context__)  # what Python does on its own
+    cleaned = clean_error(behind)
+    assert cleaned.__context__ is None and isinstance(cleaned.__cause__, ConnectionError)
+
+
 def test_clean_error_redacts_an_error_whose_own_text_shows_a_secret():
     cleaned = clean_error(PermissionError(13, f"denied: {SAS}"))
     assert isinstance(cleaned, PermissionError) and cleaned.errno == 13

@@ -228,7 +228,7 @@ class _Layout:
     """The ranges of one fill: handed out front to back (sized by the ramp), and how far
     each is written, hence the :class:`Frontier` of the file."""
 
-    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int, stop: threading.Event) -> None:
+    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int) -> None:
         self.size = size
         self.ramp = ramp
         self.fixed_bytes = fixed_bytes
@@ -236,7 +236,7 @@ class _Layout:
         self.spans: list[list[int]] = []  # [start, written up to, end], in order
         self.frontier = Frontier(0)
         self.assigned = threading.Event()
-        self._stop = stop
+        self._whole = 0  # the leading ranges written whole (the frontier is past them)
         self._lock = threading.Lock()
 
     def take(self) -> int | None:
@@ -268,12 +268,15 @@ class _Layout:
                 if self.cursor >= self.size:
                     self.assigned.set()
             frontier = self.frontier.value
-            for start, written, end in self.spans:
+            # from the last whole range on (it still grows when a 200 answer runs on)
+            for number in range(max(0, self._whole - 1), len(self.spans)):
+                start, written, end = self.spans[number]
                 if start > frontier:
                     break
                 frontier = max(frontier, written)
                 if written < end:
                     break
+                self._whole = number + 1
         self.frontier.advance(frontier)
         return at
 
@@ -291,7 +294,7 @@ def fill_ranges(
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
     ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     stop = threading.Event()
-    layout = _Layout(expect.size, ramp, target.range_bytes, stop)
+    layout = _Layout(expect.size, ramp, target.range_bytes)
     if hasher is not None:
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []
@@ -314,7 +317,7 @@ def fill_ranges(
 
         start, end = layout.bounds(index)
         moved = resume(
-            target,
+            target.shared_by(ramp.allowed),
             start,
             end,
             sink,

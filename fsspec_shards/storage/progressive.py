@@ -658,7 +658,7 @@ def fill_blocks(
                 if span is None:
                     return
                 moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-                _fill_span(state, descriptor, *span, progress, stop, moved)
+                _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
         except _Stopped:
             return
         except BaseException as exc:
@@ -766,11 +766,12 @@ def _fill_span(
     progress: BlockProgress,
     stop: threading.Event,
     moved: Callable[[int], None],
+    streams: int,
 ) -> None:
     """Blocks ``[first, last)`` written at their place and verified one by one; resumed
     from the byte reached after a fault (``transfer.resume``), from a bad block's first byte
-    after a mismatch."""
-    target, blocks = state.target, state.blocks
+    after a mismatch; one of ``streams`` (its share of the rate floor)."""
+    target, blocks = state.target.shared_by(streams), state.blocks
     end = blocks.bounds(last - 1)[1]
     index = first
     position = blocks.bounds(first)[0]

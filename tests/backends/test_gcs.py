@@ -43,6 +43,25 @@ def test_the_gcs_emulator_environment_variable_is_honoured(monkeypatch):
     assert spec_of("gcs", {"token": "anon"}).config["base_url"] == "http://127.0.0.1:4443"
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("STORAGE_EMULATOR_HOST", "default"),  # gcsfs: no emulator
+        ("STORAGE_EMULATOR_HOST", "127.0.0.1:4443"),
+        ("STORAGE_EMULATOR_HOST", "https://gcs.example:8443"),
+        ("GOOGLE_CLOUD_UNIVERSE_DOMAIN", "example-universe.test"),
+    ],
+)
+def test_obstore_goes_where_gcsfs_goes(monkeypatch, variable, value):
+    # the cache key names gcsfs's endpoint: obstore must read from that one
+    from fsspec_shards.storage.backends.gcs import GOOGLE
+    from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+
+    monkeypatch.setenv(variable, value)
+    gcsfs_goes_to = gcsfs_deps.endpoint(fsspec.filesystem("gcs", token="anon"))
+    assert spec_of("gcs", {"token": "anon"}).config.get("base_url", GOOGLE) == gcsfs_goes_to
+
+
 def test_a_gcs_service_account_dict_becomes_the_service_account_key():
     spec = spec_of("gcs", {"token": SERVICE_ACCOUNT, "project": "p", "access": "read_only"})
     assert json.loads(spec.config["service_account_key"]) == SERVICE_ACCOUNT

@@ -10,8 +10,10 @@ known (also here).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
+import os
 import random
 import re
 import sys
@@ -188,3 +190,23 @@ def test_a_range_stalled_when_another_failed_asks_no_more(old, new, tmp_path, tr
         assert _sha(fs.cat_file(url)) == _sha(new)
         refused = [entry for entry in server.gets("s.bin") if entry.status == 412]
         assert len(refused) == 1, server.gets("s.bin")
+
+
+def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, transport):
+    # three ranges at 6 kB/s each: the fill moves at 18 kB/s, above min_rate (16 KiB/s),
+    # though each stream alone is below it; streams that share a slow link are not stalls
+    from fsspec_shards.storage.filling import fill_ranges, preallocate
+
+    piece, every, span = 300, 0.05, 6000
+    data = random.Random(19).randbytes(4 * span)
+    trickle = Trickle(piece, every, span // piece, stall=30)
+    with HostileServer() as server:
+        url = server.put("f.bin", data, plan=[Serve()] + [trickle] * 30)
+        fs = _wds(tmp_path, transport, ranges_in_flight=4, min_rate_window=0.5, retries=2)
+        target = dataclasses.replace(fs._target(url), range_bytes=span)
+        expect = target.expected_version(target.stat())
+        with open(tmp_path / "filled", "w+b") as out:
+            preallocate(out.fileno(), len(data))
+            fill_ranges(target, out.fileno(), expect, None, lambda amount: None)
+            assert os.pread(out.fileno(), len(data), 0) == data
+        assert len(server.gets("f.bin")) == 4  # no range was ended as too slow

@@ -1,9 +1,11 @@
 """Google Cloud Storage (gcsfs; obstore's GCS store): everything the layer knows of it.
 
-Where its objects live (the endpoint: ``endpoint_url``, ``STORAGE_EMULATOR_HOST``, else
-Google's), which ``info()`` fields name a version (``generation``) and carry checksums
-(``md5Hash``, ``crc32c``), gcsfs's socket time-out, the taming of its own retries, and the
-obstore mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
+Where its objects live (the endpoint as gcsfs resolves it, for the cache key and the
+obstore store alike: ``endpoint_url``, ``STORAGE_EMULATOR_HOST`` unless ``default``, else
+Google's in ``GOOGLE_CLOUD_UNIVERSE_DOMAIN``), which ``info()`` fields name a version
+(``generation``) and carry checksums (``md5Hash``, ``crc32c``), gcsfs's socket time-out,
+the taming of its own retries, and the obstore mapping (:data:`OBSTORE_TABLE` plus
+:func:`obstore_credentials`).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ OBSTORE_IGNORED = IGNORED_COMMON | {
     "max_mrd_pool_cache_queue_size",
 }
 OBSTORE_TABLE = {
-    "endpoint": ("endpoint_url", "$STORAGE_EMULATOR_HOST"),
+    "endpoint": ("endpoint_url",),
     "token": ("token",),
 }
 """Where each setting of the GCS store comes from: the first source given wins."""
@@ -104,6 +106,11 @@ def obstore_store(options: Options) -> StoreSpec:
     config: dict[str, Any] = {}
     client: dict[str, Any] = {}
     endpoint = given["endpoint"]
+    if not endpoint:  # where gcsfs goes: the emulator's, another universe's, Google's
+        from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+
+        endpoint = gcsfs_deps.default_endpoint()
+        endpoint = None if endpoint.rstrip("/") == GOOGLE else endpoint
     if endpoint:
         if "://" not in endpoint:
             endpoint = f"http://{endpoint}"

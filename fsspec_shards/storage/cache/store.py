@@ -112,6 +112,9 @@ class ShardCache:
         self._uid = os.geteuid()
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
+        self._verified_since_boot: set[tuple[str, str]] = set()
+        """(key, file) of entries verified after a reboot that a read-only index could not
+        record durable: not hashed again by this process."""
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
         if not prepared.usable:
             warn_once(
@@ -223,14 +226,22 @@ class ShardCache:
     ) -> str | None:
         """Why an entry published before a reboot and not synced then cannot be served
         (None: it matches the checksum its download verified, and is durable now)."""
+        if (key, file) in self._verified_since_boot:
+            return None
         found = self._index.metadata(key)
         checksum = None if found is None else found[1].get("checksum")
         if not isinstance(checksum, str):
             return "was not durable before a reboot and has no checksum to verify it"
         if not matches(descriptor, size, checksum):
             return "was torn by a crash (not durable before a reboot, its checksum differs)"
-        fsync_file_and_directory(path)
-        self._index.mark_durable(key, file)
+        if self._index.writable:
+            fsync_file_and_directory(path)
+            try:
+                self._index.mark_durable(key, file)
+                return None
+            except ReadOnlyCacheError:
+                pass  # found read-only just now
+        self._verified_since_boot.add((key, file))  # (another process verifies it again)
         return None
 
     def get(self, obj: ObjectId, *, count: bool = True) -> str | None:

@@ -3,7 +3,9 @@
 Uses:
 
 - ``GCSFileSystem._location``: the endpoint the instance talks to (``endpoint_url`` or
-  ``STORAGE_EMULATOR_HOST``; None for Google's), for the cache key.
+  ``STORAGE_EMULATOR_HOST``; None for Google's), for the cache key; ``gcsfs.core._location()``:
+  the one an instance without ``endpoint_url`` talks to (the emulator unless ``default``,
+  else ``storage.<GOOGLE_CLOUD_UNIVERSE_DOMAIN>``), for the obstore store to go there too.
 - ``GCSFileSystem._request.__wrapped__``: gcsfs binds its retries (6) into the decorator of
   ``_request`` at class definition and logs every give-up at ERROR with a traceback; the
   undecorated request is bound on our private instance instead, so a failure reaches our
@@ -29,6 +31,14 @@ logger = logging.getLogger("fsspec_shards.storage.backends")
 def endpoint(fs: fsspec.AbstractFileSystem) -> str | None:
     """The endpoint gcsfs instance ``fs`` talks to (None or Google's for Google's own)."""
     return getattr(fs, "_location", None)
+
+
+def default_endpoint() -> str:
+    """The endpoint a gcsfs instance without ``endpoint_url`` talks to, in this
+    environment."""
+    from gcsfs.core import _location
+
+    return _location()
 
 
 def request_without_retries(fs: Any) -> None:
