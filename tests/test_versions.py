@@ -22,10 +22,10 @@ LAST_MODIFIED = "Wed, 02 Dec 2026 10:00:00 GMT"
 
 
 def test_content_range_gives_the_first_byte_and_the_total():
-    assert parse_content_range("bytes 100-199/1000") == (100, 1000)
-    assert parse_content_range("bytes 0-9/*") == (0, None)
-    assert parse_content_range("bytes */1000") == (None, None)
-    assert parse_content_range(None) == (None, None)
+    assert parse_content_range("bytes 100-199/1000") == (100, 200, 1000)
+    assert parse_content_range("bytes 0-9/*") == (0, 10, None)
+    assert parse_content_range("bytes */1000") == (None, None, None)
+    assert parse_content_range(None) == (None, None, None)
 
 
 def test_a_partial_response_starting_elsewhere_than_asked_is_a_retryable_error():

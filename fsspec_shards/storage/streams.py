@@ -105,12 +105,14 @@ class _RangeWindow:
         return data[first:last] if first < last else b""
 
 
-def _window(status: int | None, start: int, end: int | None, rest_of_body: bool) -> _RangeWindow:
-    """The part of a response body to pass on: a 206 body begins at ``start``; a 200 body is
-    the whole object (the server ignored the Range), kept to its end with ``rest_of_body``."""
+def _window(facts: Facts, start: int, end: int | None, rest_of_body: bool) -> _RangeWindow:
+    """The part of a response body to pass on: a 206 body begins at ``start`` and ends where
+    its Content-Range says (bytes past the label are no bytes it vouched for; the resume asks
+    for them again); a 200 body is the whole object (the server ignored the Range), kept to
+    its end with ``rest_of_body``."""
     stop = math.inf if end is None else end
-    if status == 206:
-        return _RangeWindow(start, stop, start)
+    if facts.status == 206:
+        return _RangeWindow(start, min(stop, facts.stop or math.inf), start)
     return _RangeWindow(start, math.inf if rest_of_body else stop, 0)
 
 
@@ -140,7 +142,7 @@ async def _deliver(
     (``request``: start, end, timeout, rest_of_body, expect), then emit its body's window."""
     start, end, timeout, rest_of_body, expect = request
     check_response(facts, start, expect)
-    await _pump(read, _window(facts.status, start, end, rest_of_body), emit, timeout)
+    await _pump(read, _window(facts, start, end, rest_of_body), emit, timeout)
     return facts
 
 
@@ -221,12 +223,13 @@ class S3Transport(_LoopTransport):
         body = response["Body"]
         try:
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
-            first, total = parse_content_range(response.get("ContentRange"))
+            first, stop, total = parse_content_range(response.get("ContentRange"))
             if status == 200 and not response.get("ContentEncoding"):
                 total = response.get("ContentLength")
             facts = Facts(
                 status=status,
                 start=first,
+                stop=stop,
                 total=total,
                 etag=response.get("ETag"),
                 version=response.get("VersionId"),
@@ -319,7 +322,7 @@ class CatFileTransport:
         ignored = end is not None and len(data) > end - start  # the Range was ignored
         facts = Facts(status=200 if ignored else 206, start=0 if ignored else start)
         check_response(facts, start, expect)
-        sink(_window(facts.status, start, end, rest_of_body).take(data))
+        sink(_window(facts, start, end, rest_of_body).take(data))
         return facts
 
 

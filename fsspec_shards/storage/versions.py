@@ -39,6 +39,7 @@ class Facts:
 
     status: int | None = None
     start: int | None = None  # first byte, from Content-Range
+    stop: int | None = None  # one past the last byte Content-Range labels
     total: int | None = None  # the object's size: Content-Range total, or a 200's length
     etag: str | None = None
     version: str | None = None  # S3 version id, GCS generation, Azure version id
@@ -174,26 +175,28 @@ class Version:
         return facts.total is not None
 
 
-def parse_content_range(value: str | None) -> tuple[int | None, int | None]:
-    """First byte and total of a ``Content-Range: bytes a-b/total`` header."""
+def parse_content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
+    """First byte, one past the last byte, and total of a ``Content-Range: bytes
+    a-b/total`` header (``None``s where it is missing or malformed)."""
     match = _CONTENT_RANGE.match(value or "")
     if match is None:
-        return None, None
+        return None, None, None
     total = match.group(3)
-    return int(match.group(1)), (None if total == "*" else int(total))
+    return int(match.group(1)), int(match.group(2)) + 1, (None if total == "*" else int(total))
 
 
 def facts_from_headers(
     status: int, headers: Any, version_header: str | None = None, length_header: str = ""
 ) -> Facts:
     """Facts of an HTTP response from its headers (a case-insensitive mapping)."""
-    start, total = parse_content_range(headers.get("Content-Range"))
+    start, stop, total = parse_content_range(headers.get("Content-Range"))
     if status == 200 and not headers.get("Content-Encoding"):
         length = headers.get(length_header or "Content-Length")
         total = int(length) if length and str(length).isdigit() else None
     return Facts(
         status=status,
         start=start,
+        stop=stop,
         total=total,
         etag=headers.get("ETag"),
         version=headers.get(version_header) if version_header else None,

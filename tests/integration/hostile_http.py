@@ -6,7 +6,8 @@ a plan: an
 ordered list of actions, one taken by each GET of that object (HEAD requests take none).
 Actions: `Serve()`, `Replace(data)` (the object is replaced, then this GET is served),
 `WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
-Content-Range), `Cut(after_bytes)` (the connection closes mid-body), `WholeBody()` (a 200
+Content-Range), `ShortLabel(labelled)` (a 206 whose Content-Range labels fewer bytes than
+its body, the rest zeros), `Cut(after_bytes)` (the connection closes mid-body), `WholeBody()` (a 200
 with the whole object to a range request), `Trickle(piece, every, pieces)` (a few bytes at a
 time, then a stall until the client gives up).
 
@@ -49,6 +50,14 @@ class WrongStart:
     """Answer a range request with the bytes `shift` further on, labelled as such."""
 
     shift: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShortLabel:
+    """Answer a range request with a 206 whose Content-Range labels only its first
+    `labelled` bytes; the rest of the body (as long as asked) is zeros."""
+
+    labelled: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +214,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = data
         self._log(method, status)
         self.send_response(status)
+        label = len(body)
+        if status == 206 and isinstance(action, ShortLabel):
+            label = min(action.labelled, len(body))
+            body = body[:label] + bytes(len(body) - label)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
-            self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {first}-{first + label - 1}/{len(data)}")
         if identity:
             self.send_header("ETag", etag)
             modified = 1_700_000_000 + obj.version  # one second per version

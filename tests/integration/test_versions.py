@@ -24,7 +24,7 @@ from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
 from tests.integration.fault_proxy import Cut as CutAfter
 from tests.integration.fault_proxy import Delay
-from tests.integration.hostile_http import Cut, HostileServer, Replace, WrongStart
+from tests.integration.hostile_http import Cut, HostileServer, Replace, ShortLabel, WrongStart
 
 MiB = 1024 * 1024
 SIZE = 6 * MiB  # two chunks of a download (4 MiB first), two parts of a multipart upload
@@ -275,6 +275,18 @@ def test_a_response_for_other_bytes_than_asked_is_retried_not_used(tmp_path, ide
         server.put("ranged.bin", OLD, plan=[WrongStart(7)])
         direct = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
         assert direct.cat_file(server.url("ranged.bin"), 1000, 2000) == OLD[1000:2000]
+
+
+def test_bytes_past_what_a_content_range_labels_are_never_used(tmp_path, transport):
+    # a 206 labelled "bytes 0-999/..." with a longer body: what follows the label is no
+    # byte the server vouched for (here zeros), so the read asks again from byte 1000
+    with HostileServer() as server:
+        url = server.put("labelled.bin", OLD, plan=[ShortLabel(1000)])
+        fs = _wds("http", {}, tmp_path, transport=transport)
+        assert fs.cat_file(url) == OLD
+        server.put("direct.bin", OLD, plan=[ShortLabel(10)])
+        direct = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
+        assert direct.cat_file(server.url("direct.bin"), 1000, 2000) == OLD[1000:2000]
 
 
 def test_a_server_that_keeps_answering_other_bytes_gives_an_error_never_the_bytes(
