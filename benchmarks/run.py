@@ -102,6 +102,18 @@ def cold_suite(rounds: int, objects: int, mib: int) -> Results:
     return bench_cold.run(rounds, objects=objects, mib=mib)
 
 
+def far_suite(rounds: int, objects: int, mib: int) -> Results:
+    import bench_far
+
+    return bench_far.run(rounds, objects=objects, mib=mib)
+
+
+def first_sample_suite(rounds: int, mib: int) -> Results:
+    import bench_first_sample
+
+    return bench_first_sample.run(rounds, mib=mib)
+
+
 def memory_suite(sizes: tuple[int, ...]) -> Results:
     import bench_memory
 
@@ -212,6 +224,29 @@ BENCHMARKS = (
         "filling a file without the fsync the cache makes.",
         lambda: cold_suite(5, 4, 64),
         lambda: cold_suite(2, 2, 32),
+    ),
+    Benchmark(
+        "far",
+        "Cold fills from a far store: one GET, an 8-range tool, simplecache, wds",
+        "nginx and moto behind a proxy that paces each connection like a far object store "
+        "(25 MB/s per connection, +20 ms per connection and per request); every read cold "
+        "into a fresh cache on disk, readers interleaved round by round. `vs_8_ranges_tool` is "
+        "the median speed ratio to a hand-written download with 8 ranged GETs in flight "
+        "(pwrite, fsync, then sha256 of the file); `cpu_s_per_gb` the reader process's CPU "
+        "seconds per GB.",
+        lambda: far_suite(3, 2, 128),
+        lambda: far_suite(1, 1, 32),
+    ),
+    Benchmark(
+        "first_sample",
+        "Time to the first sample of a cold shard: webdataset streaming vs wds with and "
+        "without a block manifest",
+        "One shard of 1 MiB samples on nginx behind the pacing proxy (25 MB/s per "
+        "connection, +20 ms). webdataset 1.0.2 streams it unverified; `wds::` without a block "
+        "manifest hands out the first sample once the whole shard verified, with one "
+        "(`manifest --blocks`) as each block verifies. Ratios are over webdataset's times.",
+        lambda: first_sample_suite(3, 128),
+        lambda: first_sample_suite(1, 32),
     ),
     Benchmark(
         "memory",

@@ -115,13 +115,6 @@ class StreamingHasher:
         return Checksum(self.algorithm, self._hash.hexdigest())
 
 
-def checksum_of_bytes(data: bytes, algorithm: str = "sha256") -> Checksum:
-    """The checksum of ``data`` (small objects: a manifest entry, a test's payload)."""
-    hasher = StreamingHasher(algorithm)
-    hasher.update(data)
-    return hasher.checksum()
-
-
 # -- sums files (sha256sum format) ---------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -65,6 +66,8 @@ def parse_size(value: int | float | str) -> int:
             f"invalid size {value!r}: expected bytes as an int or a string like '50GB'"
         )
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"invalid size {value!r}: expected a finite number of bytes")
         if value < 0:
             raise ValueError(f"invalid size {value!r}: must not be negative")
         return int(value)
@@ -105,7 +108,7 @@ def parse_int(value: Any, name: str, minimum: int = 0) -> int:
         raise ValueError(
             f"invalid value {value!r} for option {name!r}: expected an integer"
         ) from None
-    if number < minimum:
+    if math.isnan(number) or number < minimum:  # (NaN compares false with any minimum)
         raise ValueError(f"invalid value {value!r} for option {name!r}: must be >= {minimum}")
     return number
 
@@ -118,7 +121,7 @@ def parse_float(value: Any, name: str, minimum: float = 0.0) -> float:
         raise ValueError(
             f"invalid value {value!r} for option {name!r}: expected a number"
         ) from None
-    if number < minimum:
+    if math.isnan(number) or number < minimum:  # (NaN compares false with any minimum)
         raise ValueError(f"invalid value {value!r} for option {name!r}: must be >= {minimum}")
     return number
 

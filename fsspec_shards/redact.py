@@ -8,9 +8,17 @@ Invariants:
 - An exception that leaves the library carries no secret anywhere in its
   ``__cause__``/``__context__`` chain (:func:`clean_error`): error reporters walk the chain,
   and ``raise ... from None`` only hides the context from tracebacks.
-- While a ``wds`` filesystem is in use, log records of the backend libraries it drives are
-  redacted as they are made (:func:`install_log_redaction`); ``FSSPEC_SHARDS_REDACT_LOGS=0``
-  turns that off.
+- While a ``wds`` filesystem is in use, log records of the backend libraries it drives (and
+  ours) are redacted before any handler sees them (:func:`install_log_redaction`);
+  ``FSSPEC_SHARDS_REDACT_LOGS=0`` turns that off. The rule: a library installs no handler and
+  no process-wide hook (no LogRecord factory, no root configuration), so redaction is a
+  :class:`logging.Filter` attached to the *loggers* of :data:`BACKEND_LOGGERS`, each one that
+  exists when a ``wds`` filesystem is made (a logger's filters see only the records logged
+  on it, not those its children propagate, so each child gets the filter too; a logger made
+  later is covered from the next ``wds`` filesystem on). Never on handlers: they are the
+  application's. A record is never dropped and never leaves with a secret: one whose
+  message cannot be formatted keeps its redacted text and arguments as its message, and an
+  exception whose chain shows a secret is replaced by its redacted text.
 - Signing parameters (:func:`is_signing_parameter`, recognised by structure: AWS SigV4/V2,
   GCS V4/V2, Azure SAS, CloudFront) are what changes when the same object's URL is signed
   again; :func:`without_signing` drops them, so identities ignore re-signing. Every other
@@ -23,14 +31,17 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from fsspec_shards import exception_chain
 
 REDACTED = "REDACTED"
 
 BACKEND_LOGGERS = (
     "fsspec",
     "s3fs",
+    "aiobotocore",
     "gcsfs",
     "adlfs",
     "aiohttp",
@@ -40,7 +51,7 @@ BACKEND_LOGGERS = (
     "obstore",
     "fsspec_shards",
 )
-"""Logger name prefixes whose records are redacted while the library is in use."""
+"""Names of the loggers (with their children) whose records are redacted."""
 
 _AZURE_SAS = frozenset(
     [
@@ -174,15 +185,6 @@ def shows_secret(text: str) -> bool:
     return redact_text(text) != text
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _link_shows_secret(error: BaseException, urls: tuple[str, ...]) -> bool:
     text = str(error)
     notes = "\n".join(getattr(error, "__notes__", []) or [])
@@ -193,20 +195,20 @@ def clean_error(error: BaseException, *urls: str) -> BaseException:
     """``error`` safe to raise past the library: no link of its cause/context chain shows a
     secret (any URL's query values or password, or a piece of ``urls``).
 
-    The chain is cut before the first link that shows one. If ``error`` itself shows one, a
-    copy of its type (else an ``OSError``) with redacted text replaces it. Raise the result
-    outside any ``except`` block, or Python chains the handled exception again.
+    Every cause or context (hidden ones too) that shows one is cut off, with what hangs
+    from it. If ``error`` itself shows one, a copy of its type (else an ``OSError``) with
+    redacted text replaces it. Raise the result outside any ``except`` block, or Python
+    chains the handled exception again.
     """
     if _link_shows_secret(error, urls):
         error = _redacted_copy(error, urls)
-    previous = error
-    for link in list(_chain(error))[1:]:
-        if _link_shows_secret(link, urls):
-            previous.__cause__ = None
-            previous.__context__ = None
-            previous.__suppress_context__ = True
-            break
-        previous = link
+    for link in list(exception_chain.links(error, follow_suppressed=True)):
+        if link.__cause__ is not None and _link_shows_secret(link.__cause__, urls):
+            link.__cause__ = None
+            link.__suppress_context__ = True
+        if link.__context__ is not None and _link_shows_secret(link.__context__, urls):
+            link.__context__ = None
+            link.__suppress_context__ = True
     return error
 
 
@@ -284,30 +286,46 @@ def without_signing(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(kept), parts.fragment))
 
 
-class _Redacting:
-    """A log record factory that redacts the records of :data:`BACKEND_LOGGERS`."""
+def _text(value: object) -> str:
+    """``str(value)``, or a placeholder when its ``__str__`` fails: logs never raise."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
 
-    def __init__(self, previous: Callable[..., logging.LogRecord]) -> None:
-        self.previous = previous
 
-    def __call__(self, *args, **kwargs) -> logging.LogRecord:
-        record = self.previous(*args, **kwargs)
-        if not _enabled or not record.name.startswith(BACKEND_LOGGERS):
-            return record
-        try:
-            message = record.getMessage()
-        except Exception:
-            return record
-        shown = redact_log_text(message)
-        if shown != message:
-            record.msg, record.args = shown, None
-        error = record.exc_info[1] if record.exc_info else None
-        if error is not None and shows_secret(str(error)):
-            record.msg = f"{shown} ({type(error).__name__}: {redact_text(str(error))})"
-            record.args = None
-            record.exc_info = None
-            record.exc_text = None
-        return record
+def redact_record(record: logging.LogRecord) -> None:
+    """Redact ``record`` in place: its message (formatted with its arguments, or, when that
+    fails, the text of both) and its exception, when any link of the exception's chain
+    shows a secret."""
+    try:
+        message = record.getMessage()
+        formatted = True
+    except Exception:  # logging would print the raw msg and args when it fails to format
+        message, formatted = f"{_text(record.msg)} (arguments: {_text(record.args)})", False
+    shown = redact_log_text(message)
+    if shown != message or not formatted:
+        record.msg, record.args = shown, None
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and any(
+        shows_secret(_text(link)) for link in exception_chain.links(error, follow_suppressed=True)
+    ):
+        record.msg = f"{shown} ({type(error).__name__}: {redact_text(_text(error))})"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+
+
+class RedactingFilter(logging.Filter):
+    """A logger filter that redacts each record (:func:`redact_record`) and drops none."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _enabled:
+            redact_record(record)
+        return True
+
+
+_FILTER = RedactingFilter()
 
 
 _enabled = os.environ.get("FSSPEC_SHARDS_REDACT_LOGS", "1").strip().lower() not in (
@@ -320,12 +338,17 @@ _install_lock = threading.Lock()
 
 
 def install_log_redaction() -> None:
-    """Redact the log records of the backends (idempotent; off with
-    ``FSSPEC_SHARDS_REDACT_LOGS=0`` or :func:`set_log_redaction`)."""
+    """Attach the redacting filter to every logger of :data:`BACKEND_LOGGERS` (and their
+    children) that exists now; idempotent. Off with ``FSSPEC_SHARDS_REDACT_LOGS=0`` or
+    :func:`set_log_redaction`."""
     with _install_lock:
-        factory = logging.getLogRecordFactory()
-        if not isinstance(factory, _Redacting):
-            logging.setLogRecordFactory(_Redacting(factory))
+        for name, logger in list(logging.Logger.manager.loggerDict.items()):
+            if (
+                isinstance(logger, logging.Logger)
+                and name.split(".", 1)[0] in BACKEND_LOGGERS
+                and _FILTER not in logger.filters
+            ):
+                logger.addFilter(_FILTER)
 
 
 def set_log_redaction(enabled: bool) -> None:

@@ -120,3 +120,11 @@ def plant_row(
     )
     connection.commit()
     connection.close()
+
+
+def tree(directory: Path) -> dict[str, bytes | None]:
+    """Every path under ``directory`` with its bytes (None for directories)."""
+    return {
+        str(p.relative_to(directory)): (None if p.is_dir() else p.read_bytes())
+        for p in sorted(directory.rglob("*"))
+    }

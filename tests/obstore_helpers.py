@@ -39,6 +39,7 @@ def no_ambient_credentials(monkeypatch, tmp_path):
         "AWS_DEFAULT_REGION",
         "AWS_ENDPOINT_URL",
         "AWS_ENDPOINT_URL_S3",
+        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
         "AZURE_STORAGE_CONNECTION_STRING",
         "AZURE_STORAGE_ACCOUNT_NAME",
         "AZURE_STORAGE_ACCOUNT_KEY",

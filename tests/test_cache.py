@@ -572,6 +572,20 @@ def test_verbose_cache_logs_downloads_and_evictions_at_info_without_secrets(
     assert not any("SECRETSIG" in m for m in infos)
 
 
+def test_verbose_cache_adds_no_handler_and_sets_no_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library adds no logging handler: showing INFO records is the application's choice."""
+    import logging
+
+    monkeypatch.setenv("WDS_VERBOSE_CACHE", "1")
+    cache_logger = logging.getLogger("fsspec_shards.storage.cache")
+    monkeypatch.setattr(cache_logger, "handlers", [])
+    monkeypatch.setattr(cache_logger, "level", logging.NOTSET)
+    ShardCache(str(tmp_path / "c"), 100)
+    assert cache_logger.handlers == [] and cache_logger.level == logging.NOTSET
+
+
 def test_cache_full_error_survives_pickling_between_processes() -> None:
     import pickle
 

@@ -21,7 +21,9 @@ def test_parse_size_accepts_decimal_and_binary_units(text, expected):
     assert config.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "GB", "10 parsecs", "-5", -1, True, "1e9"])
+@pytest.mark.parametrize(
+    "bad", ["", "GB", "10 parsecs", "-5", -1, True, "1e9", float("inf"), float("nan")]
+)
 def test_parse_size_rejects_garbage_with_a_clear_message(bad):
     with pytest.raises(ValueError, match="invalid size"):
         config.parse_size(bad)
@@ -75,6 +77,9 @@ def test_parse_bool_and_int_reject_garbage_naming_the_option():
         config.parse_int("0", "retries", minimum=1)
     with pytest.raises(ValueError, match="'timeout'"):
         config.parse_float("soon", "timeout")
+    for nan in (float("nan"), "nan"):  # compares false with any minimum: a check passed
+        with pytest.raises(ValueError, match="'min_rate_window'"):
+            config.parse_float(nan, "min_rate_window", 0.001)
 
 
 def test_true_and_false_words_are_one_set_for_every_boolean_option():

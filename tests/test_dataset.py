@@ -168,6 +168,29 @@ def test_invalid_arguments_are_refused(shards):
         ShardDataset([])
 
 
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("shuffle_buffer", "x"),
+        ("shuffle_buffer", 2.5),  # was 2, silently
+        ("prefetch", None),
+        ("seed", "a"),
+        ("seed", 1.5),  # was 1, silently
+        ("shuffle_buffer", -1),
+        ("transforms", [1]),  # was a TypeError at the first sample
+    ],
+)
+def test_an_argument_of_the_wrong_kind_is_a_value_error_naming_it(shards, argument, value):
+    with pytest.raises(ValueError, match=argument):
+        ShardDataset(shards, **{argument: value})
+
+
+def test_numpy_integers_are_ints(shards):
+    numpy = pytest.importorskip("numpy")
+    dataset = ShardDataset(shards, seed=numpy.int64(3), shuffle_buffer=numpy.int32(2))
+    assert (dataset.seed, dataset.shuffle_buffer) == (3, 2)
+
+
 def test_memory_stays_bounded_on_a_large_shard(tmp_path):
     shard = write_shards(tmp_path, 1, 160, payload_size=64 * 1024)
     assert Path(shard[0]).stat().st_size > 10 * 1024 * 1024

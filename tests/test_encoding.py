@@ -46,6 +46,12 @@ def test_values_are_encoded_as_webdatasets_writer_does(field, value):
     )
 
 
+def test_int_fields_take_any_integer_and_read_back_as_it():
+    torch = pytest.importorskip("torch")
+    for value in (7, numpy.uint8(200), torch.tensor(3), True):
+        assert int(encode_value("k", "cls", value)) == value
+
+
 def test_bytearray_and_memoryview_are_written_as_their_bytes():
     assert encode_value("k", "bin", bytearray(b"ab")) == b"ab"
     assert encode_value("k", "seg.bin", memoryview(b"cd")) == b"cd"
@@ -68,6 +74,10 @@ def test_npz_and_gz_fields_decode_to_what_webdataset_writes():
         ("npz", [1, 2], "cannot encode list as 'npz'"),
         ("png", numpy.zeros((2, 2, 2), numpy.uint8), "cannot encode ndarray as 'png'"),
         ("jpg", numpy.full((2, 2), 3.0), "cannot encode ndarray as 'jpg'"),
+        # decode() reads int fields with int(): "7.9", "tensor([3])" would not read back
+        ("cls", 7.9, "cannot encode float as 'cls'"),
+        ("count", numpy.float32(2), "cannot encode float32 as 'count'"),
+        ("cls", [3], "cannot encode list as 'cls'"),
     ],
 )
 def test_values_without_an_encoding_are_refused_naming_key_and_field(field, value, message):

@@ -6,6 +6,7 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage.identity import KEY_FORMAT, backend_location, object_id
+from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)
 
 AZURITE = (
     "DefaultEndpointsProtocol=http;AccountName={account};"
@@ -28,15 +29,13 @@ def test_s3_objects_at_two_endpoints_are_two_objects():
 
 
 def test_s3_endpoint_from_the_environment_and_profile_and_region_are_part_of_the_location(
-    monkeypatch,
+    aws_config,
 ):
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    aws_config("[profile r2]\nregion = auto\n")
     aws = backend_location(_s3())
     assert backend_location(_s3(profile="r2")) != aws
     assert backend_location(_s3(client_kwargs={"region_name": "cn-north-1"})) != aws
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio.internal:9000")
+    aws_config.env.setenv("AWS_ENDPOINT_URL", "http://minio.internal:9000")
     assert backend_location(_s3()) == "endpoint=http://minio.internal:9000"
 
 
@@ -109,6 +108,6 @@ def test_other_backends_are_located_by_the_options_they_were_built_with(options)
 
 
 def test_keys_carry_their_format_version():
-    assert KEY_FORMAT.endswith("-v2")
+    assert KEY_FORMAT.endswith("-v3")
     memory = fsspec.filesystem("memory")
     assert len(object_id(memory, "/x").key) == 64

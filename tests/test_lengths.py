@@ -48,6 +48,7 @@ def test_truncate_gives_every_rank_the_smallest_count_without_overlap(
         urls=shards,
         samples_per_shard=sidecar,
         equalize="truncate",
+        split="shards",
         seed=1,
         shuffle_buffer=shuffle_buffer,
     )
@@ -119,6 +120,7 @@ def test_padding_a_consumer_without_samples_is_an_error(tmp_path, monkeypatch):
         urls,
         samples_per_shard={u: n for u, n in zip(urls, [0, 4], strict=True)},
         equalize="pad",
+        split="shards",
         shuffle_shards=False,
     )
     with pytest.raises(ValueError, match="has no samples"):
@@ -197,7 +199,7 @@ def test_too_few_shards_without_counts_is_an_error_naming_the_way_out(shards, mo
 def test_padding_is_counted_in_the_stats(shards, sidecar, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    dataset = ShardDataset(shards, samples_per_shard=sidecar, shuffle_shards=False)
+    dataset = ShardDataset(shards, samples_per_shard=sidecar, shuffle_shards=False, split="shards")
     part = keys(dataset)
     own = len(set(part))
     assert dataset.stats()["padded"] == len(part) - own > 0
@@ -214,3 +216,63 @@ def test_a_sample_range_is_reached_by_seeking_not_by_reading_the_samples_before(
     CountingFileSystem.counter.update(bytes=0, cat_ranges=0)
     assert keys(dataset) == [f"s0000_{index:05d}" for index in range(30, 40)]
     assert CountingFileSystem.counter["bytes"] < 0.4 * size
+
+
+JUNK_COUNTS = [
+    (None, "is not an int: None"),
+    ("seven", "is not an int: 'seven'"),
+    ("7", "is not an int: '7'"),
+    (7.9, "is not an int: 7.9"),
+    (7.0, "is not an int: 7.0"),
+    (True, "is not an int: True"),
+    ([7], "is not an int: [7]"),
+    (-1, "is out of range: -1"),
+    (10**10, "is out of range: 10000000000"),
+    (2**40, "is out of range: 1099511627776"),
+]
+
+
+@pytest.mark.parametrize(("count", "problem"), JUNK_COUNTS)
+def test_a_sidecar_count_that_is_not_a_count_names_the_file_and_the_shard(
+    tmp_path, shards, count, problem
+):
+    path = tmp_path / "counts.json"
+    counts = {Path(url).name: n for url, n in zip(shards, COUNTS, strict=True)}
+    path.write_text(json.dumps({**counts, "shard-0003.tar": count}))
+    with pytest.raises(ValueError) as raised:
+        ShardDataset(shards, samples_per_shard=str(path))
+    assert str(raised.value) == (
+        f"sample counts in {path}: the sample count of 'shard-0003.tar' {problem}"
+        + (" (counts are 0 to 2**32)" if "range" in problem else f" ({type(count).__name__})")
+    )
+
+
+@pytest.mark.parametrize(("count", "problem"), JUNK_COUNTS)
+def test_a_mapping_count_that_is_not_a_count_is_refused_the_same_way(count, problem):
+    with pytest.raises(ValueError) as raised:
+        load_sample_counts({"a.tar": 1, "b.tar": 2} | {"a.tar": count})
+    assert str(raised.value).startswith(f"samples_per_shard: the sample count of 'a.tar' {problem}")
+
+
+def test_counts_at_the_bounds_and_numpy_ints_are_counts():
+    numpy = pytest.importorskip("numpy")
+    assert load_sample_counts({"a": 0, "b": 2**32, "c": numpy.int64(5)}) == {
+        "a": 0,
+        "b": 2**32,
+        "c": 5,
+    }
+    assert type(load_sample_counts({"c": numpy.int64(5)})["c"]) is int
+
+
+def test_a_shard_named_twice_in_a_sidecar_is_refused(tmp_path):
+    path = tmp_path / "counts.json"
+    path.write_text('{"a.tar": 3, "b.tar": 4, "a.tar": 30}')
+    with pytest.raises(ValueError, match=r"counts\.json: the shard 'a\.tar' is given twice"):
+        load_sample_counts(str(path))
+
+
+def test_a_junk_count_of_a_signed_url_never_shows_the_signature():
+    url = "https://h/a.tar?X-Amz-Signature=SIGSECRET"
+    with pytest.raises(ValueError, match="is not an int") as raised:
+        load_sample_counts({url: "seven"})
+    assert "SIGSECRET" not in str(raised.value)

@@ -191,6 +191,7 @@ def test_a_state_from_the_end_of_an_epoch_leads_into_the_next(sources):
         (lambda s: s["fingerprint"].update(seed=5), "made with seed=5"),
         (lambda s: s["fingerprint"].update(num_workers=2), "made with num_workers=2"),
         (lambda s: s.update(rng_counter=-1), "'rng_counter': -1 is below 0"),
+        (lambda s: s.update(epoch=-3), "'epoch': -3 is below 0"),
         (lambda s: s.update(exhausted=[0, 0, 0]), "'exhausted': expected bool"),
         (lambda s: s.update(delivered=[1, 2]), "'delivered': expected a list of 3"),
         (lambda s: s.update(rounds=[1, 0, 0]), "'rounds': restarts happen only"),
@@ -295,3 +296,26 @@ def test_stateful_dataloader_resumes_the_mixture_exactly(sources, num_workers, c
     resumed.load_state_dict(state)
     run_loader(resumed_mix, resumed, epoch, seen)
     assert seen == expected, f"cut after {cut} batches"
+
+
+@pytest.mark.parametrize("weight", [1.7e308, 5e-324, 1e-310, 3.0])
+def test_equal_weights_draw_evenly_even_when_their_sum_overflows_or_they_are_subnormal(
+    sources, weight
+):
+    datasets = [ShardDataset(urls, seed=10 + index) for index, urls in enumerate(sources[:2])]
+    mix = MixedDataset(datasets, weights=[weight, weight], stop="never")
+    drawn = Counter(source for source, _ in take(mix, 2_000))
+    assert abs(drawn["a"] / 2_000 - 0.5) < 0.05, drawn  # 4.5 sigma
+
+
+@pytest.mark.parametrize(
+    ("stop", "exhausted"),
+    [("all_exhausted", [True] * 3), ("first_exhausted", [True, False, False])],
+)
+def test_a_state_with_exhausted_sources_but_not_finished_is_refused(sources, stop, exhausted):
+    mix = make_mix(sources, stop=stop)
+    take(mix, 5)
+    state = json.loads(json.dumps(mix.state_dict()))
+    state.update(exhausted=exhausted, finished=False)
+    with pytest.raises(ValueError, match="'finished'"):
+        make_mix(sources, stop=stop).load_state_dict(state)

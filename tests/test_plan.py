@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from fsspec_shards.iteration.plan import (
     EpochPlan,
     Segment,
+    batch_quotas,
     choose_split,
     plan_epoch,
     shard_pieces,
@@ -96,3 +97,54 @@ def test_fewer_shards_than_consumers_switch_to_sample_ranges_when_counts_are_kno
 def test_segments_round_trip_as_lists():
     for segment in (Segment(3), Segment(1, 512, 4096), Segment(2, skip=4, count=9)):
         assert Segment.from_list(segment.to_list()) == segment
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(
+    sizes=st.lists(st.integers(0, 30), min_size=1, max_size=10),
+    ranks=st.integers(1, 4),
+    workers=st.integers(1, 4),
+    batch_size=st.integers(1, 16),
+    equalize=st.sampled_from(["pad", "truncate"]),
+)
+def test_whole_batches_per_worker_and_the_same_count_per_rank_for_any_worker_count(
+    sizes, ranks, workers, batch_size, equalize
+):
+    pieces = shard_pieces(list(range(len(sizes)))[::-1], sizes)
+    consumers = ranks * workers
+    try:
+        plans = [
+            plan_epoch(pieces, c, consumers, "samples", equalize, batch_size, workers)
+            for c in range(consumers)
+        ]
+    except ValueError as exc:  # fewer samples than consumers to pad
+        assert "has no samples" in str(exc) and equalize == "pad"
+        return
+    total = sum(sizes)
+    per_rank = {
+        sum(plan.length for plan in plans[r * workers : (r + 1) * workers]) for r in range(ranks)
+    }
+    alone = plan_epoch(pieces, 0, ranks, "samples", equalize, batch_size, 1).length
+    assert per_rank == {alone}
+    assert all(plan.length % batch_size == 0 for plan in plans)
+    seen = [item for plan in plans for item in samples_of(plan, sizes)]
+    assert len(seen) == len(set(seen)) == total
+    if equalize == "pad":
+        assert all(plan.own <= plan.length for plan in plans)
+        assert ranks * alone - total < ranks * batch_size
+    else:
+        assert all(plan.own >= plan.length for plan in plans)
+        assert total - ranks * alone < ranks * batch_size + ranks
+
+
+def test_batch_quotas_give_a_rank_its_batches_over_its_workers():
+    assert batch_quotas(1000, 2, 3, 32, "pad") == [192, 160, 160] * 2
+    assert batch_quotas(1000, 2, 1, 32, "truncate") == [480, 480]
+    assert batch_quotas(10, 4, 2, 32, "truncate") == [0] * 8
+
+
+def test_auto_split_shares_by_samples_when_the_counts_are_known():
+    assert choose_split("auto", 10, 4, counts_known=True) == "samples"
+    assert choose_split("auto", 10, 4, counts_known=False) == "shards"
+    with pytest.raises(ValueError, match="cannot be split over 8 consumers"):
+        choose_split("auto", 4, 8, counts_known=False)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -76,7 +80,8 @@ def test_prefetch_follows_this_consumers_order(recorded, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     dataset = ShardDataset(urls, seed=5, prefetch=1)
     mine = [
-        url.removeprefix(f"{PROTOCOL}://") for url in dataset.consumer_urls(0, dataset.consumer())
+        url.removeprefix(f"{PROTOCOL}://")
+        for url in (dataset.urls[s.shard] for s in dataset.plan(0, dataset.consumer()).segments)
     ]
     list(dataset)
     assert RecordingFileSystem.calls == mine[1:]
@@ -156,3 +161,77 @@ def test_with_the_wds_filesystem_prefetched_shards_are_read_from_its_cache(tmp_p
     stats = fs.cache_stats()
     assert stats["misses"] == 6 and stats["cached_files"] == 6
     assert stats["hits"] >= 5
+
+
+EXIT_WITH_ITERATORS_ALIVE = """
+import json, sys
+setup = sys.argv[2]
+if setup != "plain":
+    import torch
+from fsspec_shards import ShardDataset
+urls, cache = json.loads(sys.argv[1])
+dataset = ShardDataset(urls, storage_options={"wds": {"cache_dir": cache}}, shuffle_buffer=3)
+alive = iter(dataset)
+next(alive)
+if setup == "workers":
+    from torch.utils.data import DataLoader
+    loader = iter(DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list))
+    next(loader)
+print("exiting")
+"""
+
+
+@pytest.mark.parametrize("setup", ["plain", "torch", "workers"])
+def test_exiting_with_iterators_alive_prints_nothing(tmp_path, setup):
+    if setup != "plain":
+        pytest.importorskip("torch")
+    paths = write_shards(tmp_path, 6, 5)
+    arguments = json.dumps([[f"wds::file://{path}" for path in paths], str(tmp_path / "cache")])
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_WITH_ITERATORS_ALIVE, arguments, setup],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "exiting\n", "")
+
+
+EXIT_WHILE_PREFETCHING = """
+import json, sys, time
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+class Stalled(LocalFileSystem):
+    protocol = "stalledprefetch"
+
+    def prefetch(self, path):
+        time.sleep(600)
+
+fsspec.register_implementation("stalledprefetch", Stalled, clobber=True)
+from fsspec_shards import ShardDataset
+dataset = ShardDataset(json.loads(sys.argv[1]), shuffle_shards=False)
+if sys.argv[2] == "workers":
+    from torch.utils.data import DataLoader
+    alive = iter(DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list))
+else:
+    alive = iter(dataset)
+next(alive)
+"""
+
+
+@pytest.mark.parametrize("setup", ["main", "workers"])
+def test_exiting_does_not_wait_for_a_running_prefetch(tmp_path, setup):
+    if setup == "workers":
+        pytest.importorskip("torch")
+    urls = [f"stalledprefetch://{path}" for path in write_shards(tmp_path, 6, 5)]
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_WHILE_PREFETCHING, json.dumps(urls), setup],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert time.monotonic() - started < 60  # a prefetch takes 600 s

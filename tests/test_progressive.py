@@ -178,3 +178,39 @@ def test_spans_in_flight_complete_out_of_order_and_a_bad_block_is_fetched_alone(
     starts = sorted(start for start, _, _ in backend.reads)
     assert starts == [0, 2 * BLOCK, 4 * BLOCK, 5 * BLOCK, 6 * BLOCK, 8 * BLOCK, 10 * BLOCK]
     assert fs.cache_stats()["integrity_failures"] == 1
+
+
+class StallsWhileASiblingFails(PlannedFaultFileSystem):
+    """The span at ``2 * BLOCK`` stalls until the span at ``4 * BLOCK`` was refused (its
+    worker ended), then times out."""
+
+    protocol = "stallsonce"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.refused_in: threading.Thread | None = None
+        self.refused = threading.Event()
+        self.stalled_reads = 0
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        if start == 4 * BLOCK and self.refused_in is None:
+            self.refused_in = threading.current_thread()
+            self.refused.set()
+            raise PermissionError("refused")
+        if start == 2 * BLOCK:
+            self.stalled_reads += 1
+            if self.stalled_reads == 1:
+                assert self.refused.wait(30)
+                self.refused_in.join(30)  # its worker set the fill's stop, then ended
+                raise TimeoutError("stalled")
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+def test_a_span_stalled_while_another_failed_asks_no_more(tmp_path):
+    fs, backend, path = _planned(tmp_path, backend=StallsWhileASiblingFails())
+    target = fs._target(path)
+    blocks = _blocks()
+    progress = BlockProgress(blocks, "unused", None)
+    with open(tmp_path / "out", "w+b") as out, pytest.raises(PermissionError):
+        fill_blocks(target, out, target.stat(), blocks, progress, 2, 2 * BLOCK)
+    assert backend.stalled_reads == 1  # its time-out ended it: no retry of a failed fill

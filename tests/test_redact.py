@@ -119,6 +119,33 @@ def test_clean_error_cuts_a_chain_that_holds_a_signed_url():
     assert cleaned.__context__ is None and cleaned.__cause__ is None
 
 
+def test_clean_error_cuts_a_context_hidden_by_from_none_too():
+    # A traceback hides it, but it stays reachable as ``__context__`` (and leaves with the error).
+    try:
+        raise FileNotFoundError(2, f"No such file: {SIGNED}")
+    except FileNotFoundError:
+        try:
+            raise FileNotFoundError(2, f"not found: {redact_url(SIGNED)}") from None
+        except FileNotFoundError as outer:
+            hidden = outer
+    cleaned = clean_error(hidden)
+    assert cleaned.__context__ is None and cleaned.__suppress_context__
+
+
+def test_clean_error_cuts_a_context_behind_an_explicit_cause_too():
+    # ``raise ... from cause`` while handling another: the handled one stays reachable
+    try:
+        raise FileNotFoundError(2, f"No such file: {SIGNED}")
+    except FileNotFoundError:
+        try:
+            raise OSError(5, "read failed") from ConnectionError("reset")
+        except OSError as outer:
+            behind = outer
+    assert "deadbeef" in str(behind.__context__)  # what Python does on its own
+    cleaned = clean_error(behind)
+    assert cleaned.__context__ is None and isinstance(cleaned.__cause__, ConnectionError)
+
+
 def test_clean_error_redacts_an_error_whose_own_text_shows_a_secret():
     cleaned = clean_error(PermissionError(13, f"denied: {SAS}"))
     assert isinstance(cleaned, PermissionError) and cleaned.errno == 13
@@ -140,9 +167,10 @@ def test_raising_clean_leaves_nothing_chained():
 
 
 def test_backend_log_records_are_redacted(caplog):
-    install_log_redaction()
+    backend = logging.getLogger("fsspec.http")  # made when its module is imported
+    install_log_redaction()  # when a wds filesystem is made
     with caplog.at_level(logging.DEBUG, logger="fsspec.http"):
-        logging.getLogger("fsspec.http").debug("Retrieve file size for %s", SIGNED)
+        backend.debug("Retrieve file size for %s", SIGNED)
     assert caplog.records and "deadbeef" not in caplog.text and "hunter2" not in caplog.text
     assert "0001.tar" in caplog.text
 
@@ -171,3 +199,45 @@ def test_log_text_hides_credential_headers_in_dumps_and_canonical_requests():
         redact_log_text("cached s3://b/k (12 bytes, size=12)")
         == "cached s3://b/k (12 bytes, size=12)"
     )
+
+
+def test_redaction_installs_no_record_factory_and_no_handler_only_logger_filters():
+    from fsspec_shards.redact import RedactingFilter
+
+    factory, root_handlers = logging.getLogRecordFactory(), list(logging.root.handlers)
+    child = logging.getLogger("botocore.auth")
+    import fsspec
+
+    fsspec.filesystem("wds", target_protocol="memory", skip_instance_cache=True, cache=False)
+    assert logging.getLogRecordFactory() is factory
+    assert logging.root.handlers == root_handlers
+    assert any(isinstance(f, RedactingFilter) for f in child.filters)  # each child: its own
+    assert not any(isinstance(f, RedactingFilter) for f in logging.getLogger("app").filters)
+
+
+def _formatted(caplog) -> str:
+    return "\n".join(logging.Formatter().format(record) for record in caplog.records)
+
+
+def test_a_record_whose_message_cannot_be_formatted_still_shows_no_secret(caplog, capsys):
+    logger = logging.getLogger("botocore.endpoint")
+    install_log_redaction()
+    with caplog.at_level(logging.DEBUG, logger="botocore.endpoint"):
+        logger.debug("Sending %s to %s", SIGNED)  # one argument for two placeholders
+        logger.debug("headers %(missing)s", {"x-amz-security-token": "tok3n", "url": SAS})
+    shown = _formatted(caplog) + capsys.readouterr().err
+    assert len(caplog.records) == 2 and "0001.tar" in shown
+    for secret in ("deadbeef", "hunter2", "c2VjcmV0", "tok3n"):
+        assert secret not in shown
+
+
+def test_an_exception_whose_cause_shows_a_secret_is_logged_redacted(caplog):
+    logger = logging.getLogger("s3fs")
+    install_log_redaction()
+    try:
+        _raise_inside_except(SIGNED)
+    except FileNotFoundError:
+        with caplog.at_level(logging.DEBUG, logger="s3fs"):
+            logger.exception("the read failed")
+    shown = _formatted(caplog)
+    assert "the read failed" in shown and "deadbeef" not in shown and "hunter2" not in shown

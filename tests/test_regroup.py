@@ -262,3 +262,76 @@ def test_the_continued_epoch_checkpoints_and_resumes_through_a_stateful_dataload
     resumed.load_state_dict(checkpoint)
     tail = [key for batch in resumed for key in batch]
     assert Counter(head + middle + tail) == Counter(everything)
+
+
+def test_a_loader_state_without_torchdatas_keys_is_refused_naming_them():
+    with pytest.raises(ValueError, match="expected '_snapshot' with '_worker_snapshots'"):
+        loader_dataset_states({"_snapshot": {"workers": {}}})
+    with pytest.raises(ValueError, match="missing 'dataset_state'"):
+        loader_dataset_states({"_snapshot": {"_worker_snapshots": {"0": {"state": {}}}}})
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_remainder_smaller_than_the_new_consumers_pads_every_one(shards, monkeypatch, batch_size):
+    # 1 sample left of the epoch, 4 new ranks: three have none of their own; they repeat
+    # the remainder's, so every rank takes the same steps (was: ValueError on those three).
+    counts = {url: n for url, n in zip(shards, [4, 6, 3, 5, 2, 6, 4], strict=True)}
+    args = dict(ARGS, samples_per_shard=counts, batch_size=batch_size)
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = [], []
+    for rank in range(2):
+        as_rank(monkeypatch, rank, 2)
+        dataset = ShardDataset(shards, **args)
+        iterator = iter(dataset)
+        own = dataset.plan(0, dataset.consumer()).own  # its samples, padding aside
+        head += [next(iterator)["__key__"] for _ in range(own - (rank == 0))]
+        states.append(dataset.state_dict())
+    parts = continue_with(shards, monkeypatch, 4, states, **args)
+    assert len({len(part) for part in parts}) == 1 and len(parts[0]) == (batch_size or 1)
+    assert set(head) | {key for part in parts for key in part} == set(everything)
+    # The repeats are padding: regrouped again, the remainder is that one sample, once.
+    later = []
+    for rank in range(4):
+        as_rank(monkeypatch, rank, 4)
+        dataset = ShardDataset(shards, **args)
+        dataset.load_state_dict(states)
+        later.append(dataset.state_dict())
+    assert sum(continue_with(shards, monkeypatch, 1, later, **args), []) == [
+        key for key in everything if key not in head
+    ] * (batch_size or 1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_tracker_state_taken_in_the_continued_epoch_resumes_it(shards, monkeypatch, num_workers):
+    torch_data = pytest.importorskip("torch.utils.data")
+    from fsspec_shards.iteration.resume import DeliveryTracker
+
+    args = dict(ARGS, annotate=True)
+    everything = keys(ShardDataset(shards, split_by_node=False))
+    head, states = interrupted_run(shards, monkeypatch, 2, [3, 5])
+    as_rank(monkeypatch, 0, 1)
+    dataset = ShardDataset(shards, **args)
+    dataset.load_state_dict(states)  # the rest of the epoch, on one rank
+    tracker = DeliveryTracker(dataset, num_workers)
+    loader = torch_data.DataLoader(
+        dataset, batch_size=2, num_workers=num_workers, collate_fn=lambda batch: batch
+    )
+    middle = []
+    for batch in loader:
+        middle += [sample["__key__"] for sample in tracker.update(batch)]
+        if len(middle) >= 6:
+            break
+    resumed = ShardDataset(shards, **args)
+    resumed.load_state_dict(json.loads(json.dumps(tracker.state_dict())))
+    tail = [
+        key
+        for batch in torch_data.DataLoader(
+            resumed, batch_size=2, num_workers=num_workers, collate_fn=lambda batch: batch
+        )
+        for key in keys(batch)
+    ]
+    # was: the fresh epoch fast-forwarded instead of the remainder (31 samples of 25, 6 twice)
+    assert Counter(head + middle + tail) == Counter(everything)
+    # In a list of states (regrouped again, over 2 ranks) too.
+    parts = continue_with(shards, monkeypatch, 2, [tracker.state_dict()], **args)
+    assert Counter(head + middle + [key for part in parts for key in part]) == Counter(everything)

@@ -22,7 +22,7 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration import tar
 from fsspec_shards.iteration.tar import (
     TarMember,
-    is_seekable_shard,
+    is_gzip_shard,
     iter_members,
     open_shard_stream,
     parse_members,
@@ -229,10 +229,10 @@ def test_members_larger_than_a_read_piece_are_read_in_pieces(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["shard.tar.gz", "shard.tar", "shard.tgz"])
-def test_gzip_is_detected_by_magic_bytes_and_is_not_seekable(name):
+def test_gzip_is_detected_by_magic_bytes_whatever_the_name(name):
     raw = make_tar(MIXED_ENTRIES)
     with io.BytesIO(gzip.compress(raw)) as fileobj:
-        assert not is_seekable_shard(name, fileobj)
+        assert is_gzip_shard(name, fileobj) and fileobj.tell() == 0
         stream = open_shard_stream(fileobj, name)
         assert as_tuples(list(iter_members(stream, name))) == tarfile_members(raw)
 
@@ -243,8 +243,9 @@ def test_plain_tar_on_a_seekable_file_is_seekable_and_can_be_sought(tmp_path):
     path.write_bytes(raw)
     members = read_all(raw)
     with open(path, "rb", buffering=0) as fileobj:
-        assert is_seekable_shard(str(path), fileobj)
+        assert not is_gzip_shard(str(path), fileobj)
         stream = open_shard_stream(fileobj, str(path))
+        assert stream.seekable()
         stream.seek(members[3].offset)
         assert list(iter_members(stream, str(path), members[3].offset)) == members[3:]
 
@@ -264,7 +265,8 @@ class _NonSeekable(io.RawIOBase):
 
 def test_non_seekable_streams_fall_back_to_the_name_for_gzip():
     raw = make_tar([regular("a.txt", b"1")])
-    assert not is_seekable_shard("x.tar", _NonSeekable(raw))
+    assert not is_gzip_shard("x.tar", _NonSeekable(gzip.compress(raw)))
+    assert is_gzip_shard("x.tar.gz?sig=1", _NonSeekable(raw))
     stream = open_shard_stream(_NonSeekable(gzip.compress(raw)), "x.tar.gz")
     assert [member.name for member in iter_members(stream, "x.tar.gz")] == ["a.txt"]
 

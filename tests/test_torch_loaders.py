@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards import ShardDataset
+from fsspec_shards import MixedDataset, ShardDataset
 from fsspec_shards.iteration.resume import DeliveryTracker
 from tests.shardmaker import keys, write_shards
 
@@ -234,3 +234,142 @@ def test_ranks_sharing_a_stats_directory_see_the_whole_job(tmp_path, monkeypatch
     assert datasets[1].stats()["samples"] == 14
     assert sorted(worker["rank"] for worker in datasets[1].stats()["workers"]) == [0, 1, 2]
     assert (run_directory.stat().st_mode & 0o777) == 0o700
+
+
+@pytest.fixture(scope="module")
+def hundreds(tmp_path_factory):
+    """10 shards of 100 samples but two (97 and 103), and their counts."""
+    counts = [100, 97, 100, 100, 103, 100, 100, 100, 100, 100]
+    urls = write_shards(tmp_path_factory.mktemp("hundreds"), 10, counts)
+    return urls, dict(zip(urls, counts, strict=True))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+@pytest.mark.parametrize("equalize", ["pad", "truncate"])
+def test_len_of_a_loader_is_the_batches_it_yields_for_any_worker_count(
+    hundreds, num_workers, equalize
+):
+    urls, counts = hundreds
+    batch_size = 32
+    delivered: list[str] = []
+    for rank in range(2):
+        dataset = ShardDataset(
+            urls,
+            samples_per_shard=counts,
+            rank=rank,
+            world_size=2,
+            seed=5,
+            prefetch=0,
+            batch_size=batch_size,
+            equalize=equalize,
+        )
+        for drop_last in (False, True):
+            loader = torch_data.DataLoader(
+                dataset,
+                batch_size=batch_size,
+                num_workers=num_workers,
+                drop_last=drop_last,
+                collate_fn=collate_keys,
+            )
+            batches = list(loader)
+            assert len(loader) == len(batches) == len(dataset) // batch_size
+            assert {len(batch) for batch in batches} == {batch_size}
+        delivered += [key for batch in batches for key in batch]
+    # Every rank the same batches: 16 (pad: 1000 samples round up) or 15 (truncate).
+    assert len(delivered) == 2 * batch_size * (16 if equalize == "pad" else 15)
+    if equalize == "pad":
+        assert set(delivered) == set(keys(ShardDataset(urls, split_by_node=False)))
+    else:
+        assert len(set(delivered)) == len(delivered)
+
+
+def test_the_default_split_repeats_at_most_one_sample_per_consumer(hundreds):
+    urls, counts = hundreds
+    delivered: list[str] = []
+    for rank in range(2):
+        dataset = ShardDataset(urls, samples_per_shard=counts, rank=rank, world_size=2, seed=2)
+        loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=2)
+        delivered += [sample["__key__"] for sample in loader]
+        assert dataset.stats()["padded"] <= 2
+    assert len(set(delivered)) == sum(counts.values()) == 1000
+    assert len(delivered) - 1000 <= 4  # 2 ranks x 2 workers, at most one repeat each
+
+
+def test_batch_size_refuses_what_cannot_give_whole_batches(hundreds):
+    urls, counts = hundreds
+    with pytest.raises(ValueError, match="needs the sample counts"):
+        ShardDataset(urls, batch_size=4)
+    with pytest.raises(ValueError, match="needs equal epochs"):
+        ShardDataset(urls, samples_per_shard=counts, batch_size=4, equalize=None)
+    with pytest.raises(ValueError, match="use split='auto' or 'samples'"):
+        ShardDataset(urls, samples_per_shard=counts, batch_size=4, split="shards")
+    with pytest.raises(ValueError, match="positive int"):
+        ShardDataset(urls, samples_per_shard=counts, batch_size=0)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_workers_follow_set_epoch_also_when_persistent(hundreds, persistent):
+    urls, counts = hundreds
+    dataset = ShardDataset(urls[:4], seed=3, shuffle_buffer=8, prefetch=0)
+    loader = torch_data.DataLoader(
+        dataset, batch_size=None, num_workers=2, persistent_workers=persistent
+    )
+    epochs = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        epochs.append([sample["__key__"] for sample in loader])
+    for epoch, order in enumerate(epochs):
+        fresh = ShardDataset(urls[:4], seed=3, shuffle_buffer=8, prefetch=0)
+        fresh.set_epoch(epoch)
+        alone = torch_data.DataLoader(fresh, batch_size=None, num_workers=2)
+        assert order == [sample["__key__"] for sample in alone]
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert sorted(epochs[0]) == sorted(epochs[1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 3])
+def test_a_batched_mixture_has_an_exact_loader_length(hundreds, num_workers):
+    urls, counts = hundreds
+    args = dict(samples_per_shard=counts, rank=1, world_size=2, batch_size=8, prefetch=0)
+    sources = [ShardDataset(urls[:4], **args), ShardDataset(urls[4:], seed=1, **args)]
+    mix = MixedDataset(sources, weights=[3, 1], stop="all_exhausted", batch_size=8)
+    loader = torch_data.DataLoader(
+        mix,
+        batch_size=8,
+        num_workers=num_workers,
+        collate_fn=collate_keys,
+        persistent_workers=num_workers > 0,
+    )
+    epochs = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        batches = list(loader)
+        assert len(loader) == len(batches) == len(mix) // 8 == (200 + 304) // 8
+        assert {len(batch) for batch in batches} == {8}
+        epochs.append(batches)
+    assert epochs[0] != epochs[1]  # persistent workers follow the mixture's set_epoch
+    with pytest.raises(ValueError, match="source 1 has batch_size=None"):
+        MixedDataset([sources[0], ShardDataset(urls)], stop="all_exhausted", batch_size=8)
+    with pytest.raises(ValueError, match="needs stop='all_exhausted'"):
+        MixedDataset(sources, batch_size=8)
+
+
+def test_a_tracker_resumes_batched_workers_of_unequal_batch_counts(shards):
+    counts = dict(zip(shards, [3, 5, 2, 4, 6, 1, 3, 4], strict=True))
+    # 28 samples, batches of 2: 14 batches over 3 workers as 5, 5 and 4.
+    args = dict(urls=shards, shuffle_buffer=3, seed=1, annotate=True, samples_per_shard=counts)
+    args["batch_size"] = 2
+    dataset = ShardDataset(**args)
+    expected: list = []
+    run_epochs(dataset, plain_loader(dataset, 3), 0, expected)
+    expected = [(epoch, batch["__key__"]) for epoch, batch in expected]
+    assert len(expected) == EPOCHS * 14
+    for cut in (4, 13):  # before and after the third worker's last batch
+        dataset = ShardDataset(**args)
+        tracker = DeliveryTracker(dataset, 3)
+        seen: list = []
+        epoch = run_epochs(dataset, plain_loader(dataset, 3), 0, seen, cut, tracker.update)
+        resumed = ShardDataset(**args)
+        resumed.load_state_dict(json.loads(json.dumps(tracker.state_dict())))
+        run_epochs(resumed, plain_loader(resumed, 3), epoch, seen)
+        assert [(e, batch["__key__"]) for e, batch in seen] == expected, f"cut after {cut}"

@@ -223,6 +223,7 @@ def test_a_pattern_without_one_file_name_placeholder_is_refused(tmp_path, patter
         ({"start_shard": -1}, "start_shard"),
         ({"manifest": "sub/SHA256SUMS"}, "manifest must be a file name"),
         ({"counts": ""}, "counts must be a file name"),
+        ({"max_member_size": "huge"}, "max_member_size"),
     ],
 )
 def test_invalid_limits_are_refused_naming_the_option(tmp_path, options, message):
@@ -263,30 +264,162 @@ import sys, time
 from pathlib import Path
 from fsspec_shards import ShardWriter
 
-directory = Path(sys.argv[1])
-writer = ShardWriter(str(directory / "k-%03d.tar"), max_count=50)
+directory, prefix, ready = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+writer = ShardWriter(str(directory / f"{prefix}-%03d.tar"), max_count=50, manifest=prefix)
 for index in range(120):
     writer.write({"__key__": f"s{index:04d}", "bin": bytes(2000)})
     if index == 75:
-        (directory.parent / "ready").write_text("mid-shard")
+        ready.write_text("mid-shard")
         time.sleep(600)
 """
 
 
-def test_a_killed_writer_leaves_only_complete_shards_under_final_names(tmp_path):
+def start_writer(directory: Path, prefix: str) -> subprocess.Popen:
+    """A writer subprocess stopped in the middle of its second shard."""
+    ready = directory.parent / f"{prefix}.ready"
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(directory), prefix, str(ready)]
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"the writer {prefix} did not get mid-shard")
+        time.sleep(0.05)
+    return process
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(TIMEOUT)
+
+
+def spool_files(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.glob(".fsspec-shards-spool-*/*/*"))
+
+
+def test_a_killed_writer_leaves_only_complete_shards_and_the_next_writer_its_spool(tmp_path):
+    """SIGKILL mid-shard: no partial shard under a final name; the next writer removes the
+    dead writer's spool and never a live writer's."""
     directory = tmp_path / "out"
     directory.mkdir()
-    process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(directory)])
+    kill(start_writer(directory, "k"))
+    assert [name for name in sorted(os.listdir(directory)) if name[0] != "."] == ["k-000.tar"]
+    [dead] = spool_files(directory)
+    assert dead.startswith("k-001.tar.")
+    live = start_writer(directory, "l")
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (tmp_path / "ready").exists():
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        [live_spool] = [name for name in spool_files(directory) if name != dead]
+        with ShardWriter(str(directory / "c-%03d.tar"), manifest="c", counts=None) as writer:
+            assert spool_files(directory) == [live_spool]  # the dead run went, the live stayed
+            writer.write({"__key__": "c", "txt": "c"})
     finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait(TIMEOUT)
-    names = sorted(os.listdir(directory))
-    assert [name for name in names if not name.startswith(".")] == ["k-000.tar"]
-    assert len(names) == 2 and names[0].startswith(".k-001.tar.")
+        kill(live)
+    write_samples(str(directory / "d-%03d.tar"), 3, manifest="d", counts=None)
+    assert [name for name in os.listdir(directory) if name.startswith(".")] == []
     complete = list(ShardDataset(str(directory / "k-000.tar")))
     assert [s["__key__"] for s in complete] == [f"s{index:04d}" for index in range(50)]
+
+
+MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+
+
+def test_an_aborted_run_over_earlier_shards_leaves_no_manifest_of_the_earlier_run(tmp_path):
+    pattern = str(tmp_path / "t-%02d.tar")
+    write_samples(pattern, 30, max_count=10)
+    assert set(MANIFESTS) <= set(os.listdir(tmp_path))
+    with pytest.raises(RuntimeError, match="stop"), ShardWriter(pattern, max_count=10) as writer:
+        for index in range(15):
+            writer.write(make_sample(100 + index))
+        raise RuntimeError("stop")
+    assert sorted(os.listdir(tmp_path)) == ["t-00.tar", "t-01.tar", "t-02.tar"]
+    write_samples(pattern, 12, max_count=10)
+    counts = load_sample_counts(str(tmp_path / "sample-counts.json"))
+    assert counts == {"t-00.tar": 10, "t-01.tar": 2}
+    sums = (tmp_path / "SHA256SUMS").read_text()
+    assert "t-02.tar" not in sums and "t-01.tar" in sums
+
+
+def test_a_member_larger_than_readers_take_is_refused_naming_key_and_field(tmp_path):
+    from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
+
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        huge = bytes(DEFAULT_MAX_MEMBER_SIZE + 1)  # calloc'd: no memory is touched
+        with pytest.raises(ValueError, match=r"sample 'big' field 'bin': .*max_member_size"):
+            writer.write({"__key__": "big", "bin": huge})
+        del huge
+        writer.write({"__key__": "small", "bin": b"x"})
+    small = ShardWriter(str(tmp_path / "s-%02d.tar"), max_member_size="1KiB")
+    with small, pytest.raises(ValueError, match=r"'k' field 'txt.gz'"):
+        small.write({"__key__": "k", "txt.gz": os.urandom(2000)})
+    read = [sample["__key__"] for sample in ShardDataset(str(tmp_path / "t-00.tar"))]
+    assert read == ["small"]
+
+
+def test_a_lone_surrogate_is_refused_naming_key_and_field(tmp_path):
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        with pytest.raises(ValueError, match=r"sample 'k' field 'txt': .*surrogates"):
+            writer.write({"__key__": "k", "txt": "caption \ud800"})
+        with pytest.raises(ValueError, match=r"sample 'k\\ud800' field 'txt'"):
+            writer.write({"__key__": "k\ud800", "txt": "x"})
+        writer.write({"__key__": "k", "txt": "fine"})
+    assert [s["txt"] for s in ShardDataset(str(tmp_path / "t-00.tar"))] == [b"fine"]
+
+
+def test_a_pattern_with_a_query_keeps_it_out_of_names_and_off_the_placeholder():
+    # A SAS-style query (its '%2F' no format) signs every object the writer puts, manifests
+    # included; the manifests name the shards as readers look them up, without the query.
+    import fsspec
+
+    query = "?sv=2024&se=2030&sig=s3cr%2Ft"
+    memory = fsspec.filesystem("memory")
+    try:
+        pattern = f"memory://signed/out/x-%04d.tar.gz{query}"
+        with ShardWriter(pattern, max_count=2) as writer:
+            for index in range(3):
+                writer.write(make_sample(index))
+        assert [shard.name for shard in writer.shards] == ["x-0000.tar.gz", "x-0001.tar.gz"]
+        assert writer.counts_url == f"memory://signed/out/sample-counts.json{query}"
+        for name in ("SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"):
+            assert b"s3cr" not in memory.cat(f"/signed/out/{name}{query}"), name
+        assert memory.cat(f"/signed/out/x-0000.tar.gz{query}")[:2] == b"\x1f\x8b"  # gzip
+        urls = [f"memory://signed/out/x-{index:04d}.tar.gz{query}" for index in range(2)]
+        dataset = ShardDataset(urls, samples_per_shard=writer.counts_url, shuffle_shards=False)
+        assert len(dataset) == 3 and [s["__key__"] for s in dataset] == [
+            make_sample(index)["__key__"] for index in range(3)
+        ]
+    finally:
+        if memory.exists("/signed"):
+            memory.rm("/signed", recursive=True)
+
+
+def test_a_gz_field_that_decompresses_past_max_member_size_is_refused(tmp_path):
+    # 2,000 bytes of text compress to a few dozen, which readers take; decode() would then
+    # refuse what they decompress to, so the writer refuses it first.
+    with ShardWriter(str(tmp_path / "s-%02d.tar"), max_member_size="1KiB") as writer:
+        with pytest.raises(ValueError, match=r"'k' field 'txt.gz': .*decompress"):
+            writer.write({"__key__": "k", "txt.gz": "a" * 2000})
+        writer.write({"__key__": "k", "txt.gz": "a" * 1000})
+    decode = transforms.decode(max_member_size="1KiB")
+    assert [decode(sample)["txt.gz"] for sample in ShardDataset(writer.shards[0].url)] == [
+        "a" * 1000
+    ]
+
+
+def test_a_writer_that_cannot_start_leaves_the_earlier_runs_manifests(tmp_path):
+    with ShardWriter(str(tmp_path / "t-%02d.tar")) as writer:
+        writer.write(make_sample(0))
+    before = {name: (tmp_path / name).read_bytes() for name in ("SHA256SUMS", "sample-counts.json")}
+    area = tmp_path / f".fsspec-shards-spool-{os.geteuid()}"
+    area.mkdir(mode=0o700)
+    area.chmod(0o777)  # not private: the writer refuses it, and so writes nothing
+    with pytest.raises(PermissionError, match="spool directory"):
+        ShardWriter(str(tmp_path / "t-%02d.tar"))
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_a_question_mark_in_a_local_path_is_part_of_the_names(tmp_path):
+    with ShardWriter(str(tmp_path / "what?-%02d.tar")) as writer:
+        writer.write(make_sample(0))
+    assert [shard.name for shard in writer.shards] == ["what?-00.tar"]
+    assert (tmp_path / "what?-00.tar").is_file()

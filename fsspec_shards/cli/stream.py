@@ -35,8 +35,8 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     parser.add_argument(
         "--shuffle-shards",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="shuffle shard order by (seed, epoch) (default off)",
+        default=True,
+        help="shuffle shard order by (seed, epoch), as ShardDataset does (default on)",
     )
     parser.add_argument(
         "--shuffle-buffer",

@@ -29,6 +29,7 @@ from fsspec_shards.fleet.shards import (
     wds_url,
 )
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.deps.fsspec import strip_protocol
 from fsspec_shards.storage.integrity import Manifest, load_manifest
 
 CHORE = "verify"
@@ -49,7 +50,7 @@ class ManifestFile:
         target = plain_url(url)
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if target.split("://", 1)[0] in protocols:
-            return self.fs._strip_protocol(target)
+            return strip_protocol(self.fs, target)
         return target
 
     def named_by(self, pattern: str) -> list[str]:

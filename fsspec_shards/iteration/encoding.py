@@ -8,7 +8,8 @@ Invariant: every member name splits back, by the reader's own rules
 (:func:`~fsspec_shards.iteration.samples.split_key`, lower-cased extensions, skipped meta
 members), into exactly the key and field it was made from. A sample that would read back
 differently is refused with a ``ValueError`` naming the key and the field, before anything
-is written.
+is written; so is a value that cannot be encoded (a ``str`` with a lone surrogate) and a
+member larger than the reader takes (``max_member_size``).
 
 Values are encoded as webdataset's default encoder does (see :data:`ACCEPTED`): bytes as
 they are, ``str`` as UTF-8, anything else by the field's extension; a field ending in
@@ -20,6 +21,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import operator
 import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,7 +31,7 @@ from fsspec_shards.iteration.samples import is_meta_member, split_key
 ACCEPTED = (
     "bytes, bytearray or memoryview (any field): written as they are; "
     "str (any field): UTF-8; "
-    "int (cls, cls2, class, count, index, inx, id): its decimal digits; "
+    "an integer (cls, cls2, class, count, index, inx, id): its decimal digits; "
     "any JSON value such as a dict or list (json, jsn): json.dumps in UTF-8; "
     "numpy array (npy): numpy's .npy format; dict of arrays (npz): compressed .npz; "
     "PIL image or uint8/float numpy image (jpg, jpeg, img, image, png, pbm, pgm, ppm, tif, "
@@ -39,7 +41,9 @@ ACCEPTED = (
 
 
 def _digits(value: Any) -> bytes:
-    return str(value).encode("ascii")
+    """An integer's decimal digits (int, numpy or 0-d torch integers), as ``int()`` reads
+    them back; TypeError for anything else (``str(7.9)`` would not read back as an int)."""
+    return str(operator.index(value)).encode("ascii")
 
 
 def _json(value: Any) -> bytes:
@@ -120,14 +124,22 @@ ENCODERS = _table(
 )
 
 
-def encode_value(key: str, field: str, value: Any) -> bytes:
-    """The bytes of one field, or a ValueError naming the key, the field and what is accepted."""
+def encode_value(key: str, field: str, value: Any, max_member_size: int | None = None) -> bytes:
+    """The bytes of one field, or a ValueError naming the key, the field and what is accepted;
+    a ``.gz`` field that decompresses past ``max_member_size`` (which ``decode()`` refuses)
+    is one too."""
     compress = field.endswith(".gz")
     plain_field = field[:-3] if compress else field
     if isinstance(value, bytes | bytearray | memoryview):
         data = bytes(value)
     elif isinstance(value, str):
-        data = value.encode("utf-8")
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"sample {key!r} field {field!r}: the str is not valid Unicode text "
+                f"({exc.reason} at position {exc.start}); pass bytes to write it as it is"
+            ) from None
     else:
         extension = plain_field.rsplit(".", 1)[-1]
         encoder = ENCODERS.get(extension)
@@ -143,6 +155,8 @@ def encode_value(key: str, field: str, value: Any) -> bytes:
                 f"sample {key!r} field {field!r}: cannot encode {type(value).__name__} "
                 f"as {extension!r}: {exc}"
             ) from None
+    if compress and max_member_size is not None and len(data) > max_member_size:
+        _too_large(key, field, f"it decompresses to {len(data)} bytes, more", max_member_size)
     return gzip.compress(data, mtime=0) if compress else data
 
 
@@ -153,6 +167,13 @@ def member_name(key: str, field: str) -> str:
         raise ValueError(f"sample {key!r}: an empty field name")
     if "\0" in name:
         raise ValueError(f"sample {key!r} field {field!r}: a tar name cannot hold NUL")
+    try:
+        name.encode("utf-8", "surrogateescape")  # as the tar header is written
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"sample {key!r} field {field!r}: the name is not valid Unicode text "
+            f"({exc.reason} at position {exc.start})"
+        ) from None
     if field != field.lower():
         raise ValueError(
             f"sample {key!r} field {field!r}: readers lower-case extensions, so it would read "
@@ -173,8 +194,11 @@ def member_name(key: str, field: str) -> str:
     return name
 
 
-def encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, bytes]]]:
-    """``(key, [(member name, bytes), ...])`` of a sample, fields in sorted order."""
+def encode_sample(
+    sample: Mapping[str, Any], max_member_size: int | None = None
+) -> tuple[str, list[tuple[str, bytes]]]:
+    """``(key, [(member name, bytes), ...])`` of a sample, fields in sorted order; a member
+    over ``max_member_size`` bytes is refused naming its key and field."""
     key = sample.get("__key__")
     if not isinstance(key, str) or not key:
         raise ValueError(f"a sample needs a non-empty str '__key__', got {key!r}")
@@ -183,6 +207,19 @@ def encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, bytes
     fields = sorted(field for field in sample if not field.startswith("_"))
     if not fields:
         raise ValueError(f"sample {key!r} has no fields to write (names starting '_' are not)")
-    return key, [
-        (member_name(key, field), encode_value(key, field, sample[field])) for field in fields
-    ]
+    members = []
+    for field in fields:
+        name = member_name(key, field)
+        data = encode_value(key, field, sample[field], max_member_size)
+        if max_member_size is not None and len(data) > max_member_size:
+            _too_large(key, field, f"{len(data)} bytes, more", max_member_size)
+        members.append((name, data))
+    return key, members
+
+
+def _too_large(key: str, field: str, size: str, max_member_size: int) -> None:
+    raise ValueError(
+        f"sample {key!r} field {field!r}: {size} than max_member_size ({max_member_size} "
+        "bytes), which readers refuse; split the value, or give the writer and its readers a "
+        "larger max_member_size"
+    )

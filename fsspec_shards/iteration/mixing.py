@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsspec_shards.config import is_int
+from fsspec_shards.iteration.epoch import EpochNumber
 from fsspec_shards.iteration.order import node_split, worker_split
 from fsspec_shards.iteration.rng import CounterRNG, derive_key
 
@@ -93,7 +94,7 @@ class MixState:
         }
         state = cls(
             fingerprint=_item("fingerprint", data.get("fingerprint"), dict),
-            epoch=_item("epoch", data.get("epoch"), int),
+            epoch=_item("epoch", data.get("epoch"), int, 0),
             rng_counter=_item("rng_counter", data.get("rng_counter"), int, 0),
             exhausted=[
                 _item("exhausted", done, bool) for done in _list(data, "exhausted", sources)
@@ -105,6 +106,8 @@ class MixState:
         pairs = zip(state.round_delivered, state.delivered, strict=True)
         if any(in_round > in_epoch for in_round, in_epoch in pairs):
             raise ValueError("MixedDataset state field 'round_delivered': above 'delivered'")
+        if all(state.exhausted) and not state.finished:
+            raise ValueError("MixedDataset state field 'finished': false with every source done")
         return state
 
 
@@ -117,7 +120,10 @@ class MixedDataset(_DatasetBase):
     ``"all_exhausted"`` or ``"never"`` (see the module docstring and docs/mixing.md).
 
     Sources need ``set_epoch``, ``state_dict`` and ``load_state_dict`` to resume; each keeps
-    its own shuffle and split. A ``torch.utils.data.IterableDataset`` when torch is
+    its own shuffle and split. ``batch_size`` B (with ``stop="all_exhausted"``, every source a
+    ShardDataset made with ``batch_size=B``): each consumer's mixture is the sum of whole
+    batches, so ``len(mix)`` (the sources' lengths added) gives an exact
+    ``len(DataLoader(mix, batch_size=B))``. A ``torch.utils.data.IterableDataset`` when torch is
     installed: works in DataLoader workers and with torchdata's StatefulDataLoader.
     """
 
@@ -127,6 +133,7 @@ class MixedDataset(_DatasetBase):
         weights: Sequence[float] | None = None,
         seed: int = 0,
         stop: str = "first_exhausted",
+        batch_size: int | None = None,
     ) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
@@ -146,11 +153,27 @@ class MixedDataset(_DatasetBase):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
         self.stop = stop
-        self.epoch = 0
+        self.batch_size = _check_batch_size(batch_size, self.datasets, stop)
+        self._epoch = EpochNumber()
         self._pending: MixState | None = None
         self._live: MixState | None = None
 
     # --- epochs and state ---------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.set(epoch)
+
+    def __len__(self) -> int:
+        """Samples of one epoch of this consumer: the sources' lengths added, when every
+        sample of every source is delivered (``stop="all_exhausted"``); else TypeError."""
+        if self.stop != "all_exhausted":
+            raise TypeError(f"len() of a MixedDataset needs stop='all_exhausted', not {self.stop}")
+        return sum(len(dataset) for dataset in self.datasets)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the next iteration, for the draws and every source."""
@@ -178,6 +201,11 @@ class MixedDataset(_DatasetBase):
                 )
         if self.stop != "never" and any(loaded.rounds):
             raise ValueError("MixedDataset state field 'rounds': restarts happen only with 'never'")
+        if self.stop == "first_exhausted" and any(loaded.exhausted) and not loaded.finished:
+            raise ValueError(
+                "MixedDataset state field 'finished': false with a source done under "
+                "'first_exhausted'"
+            )
         for dataset, source_state in zip(self.datasets, state["sources"], strict=True):
             dataset.load_state_dict(source_state)
         self._pending = loaded
@@ -203,6 +231,7 @@ class MixedDataset(_DatasetBase):
     # --- iteration ----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        self._epoch.follow()
         state = self._start_state()
         self._live = state
         for index, dataset in enumerate(self.datasets):
@@ -276,18 +305,40 @@ class MixedDataset(_DatasetBase):
 _END = object()
 
 
+def _check_batch_size(batch_size: Any, sources: Sequence[Any], stop: str) -> int | None:
+    """``batch_size``, when whole batches per source add up to an exact mixture length."""
+    if batch_size is None:
+        return None
+    if stop != "all_exhausted":
+        raise ValueError(f"batch_size= needs stop='all_exhausted' (every sample once), not {stop}")
+    for index, source in enumerate(sources):
+        if getattr(source, "batch_size", None) != batch_size:
+            raise ValueError(
+                f"source {index} has batch_size={getattr(source, 'batch_size', None)!r}: make "
+                f"every source with batch_size={batch_size!r}, so each gives whole batches"
+            )
+    return batch_size
+
+
 class _WeightedChoice:
     """Picks a source among those not exhausted, with chances proportional to weights.
 
     A 64-bit draw becomes a point in ``[0, total weight)`` (its top 53 bits, exactly), and
-    the source is the one whose share of the cumulative weights holds the point.
+    the source is the one whose share of the cumulative weights holds the point. The weights
+    are first scaled by the power of two that brings the largest into ``[0.5, 1)``: their sum
+    cannot overflow nor the point underflow (``[1.7e308] * 2``, ``[5e-324] * 2``), and the
+    scaling is exact, so ordinary weights draw exactly as unscaled ones.
     """
 
     __slots__ = ("cumulative", "running", "scale")
 
     def __init__(self, weights: Sequence[float], exhausted: Sequence[bool]) -> None:
         self.running = [index for index, done in enumerate(exhausted) if not done]
-        self.cumulative = list(itertools.accumulate(weights[index] for index in self.running))
+        top = max((weights[index] for index in self.running), default=1.0)
+        shift = -math.frexp(top)[1]
+        self.cumulative = list(
+            itertools.accumulate(math.ldexp(weights[index], shift) for index in self.running)
+        )
         self.scale = _UNIT * self.cumulative[-1] if self.running else 0.0
 
     def __call__(self, draw: int) -> int:

@@ -12,6 +12,7 @@ when initialized; the ``RANK`` / ``WORLD_SIZE`` environment variables.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,13 @@ def explicit_split(
     if rank >= world_size:
         raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
     return rank, world_size
+
+
+def in_dataloader_worker() -> bool:
+    """Whether this process is a torch DataLoader worker (never without torch imported:
+    asking does not import it)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 def worker_split() -> tuple[int, int]:

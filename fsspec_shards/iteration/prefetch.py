@@ -4,13 +4,19 @@ Only filesystems with a ``prefetch(path)`` method (the ``wds`` protocol) are pre
 others :class:`ShardPrefetcher` does nothing. At most ``depth`` shards are fetched or queued
 at a time. A prefetch failure is kept, not raised, and handed to the reader when it reaches
 that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's error handler.
+
+The threads are daemon threads, started while there is work and ending when there is none:
+a process that exits (or a DataLoader worker that is shut down) with an iterator alive does
+not wait for its prefetches, which only warm a cache that survives a fill cut short.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from fsspec_shards.redact import redact_url
@@ -28,7 +34,10 @@ class ShardPrefetcher:
         self.locate = locate
         self.depth = depth
         self._futures: dict[int, Future] = {}
-        self._executor: ThreadPoolExecutor | None = None
+        self._queue: deque[tuple[Future, Callable[[str], Any], str]] = deque()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._max_threads = depth
 
     def advance(self, current: int) -> None:
         """The reader is at shard ``current``: start fetching the next ``depth`` shards."""
@@ -43,12 +52,36 @@ class ShardPrefetcher:
             prefetch = getattr(fs, "prefetch", None)
             if prefetch is None:
                 continue
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self.depth, thread_name_prefix="fsspec-shards-prefetch"
-                )
             logger.debug("prefetching %s", redact_url(self.urls[index]))
-            self._futures[index] = self._executor.submit(prefetch, path)
+            future: Future = Future()
+            self._futures[index] = future
+            self._submit(future, prefetch, path)
+
+    def _submit(self, future: Future, prefetch: Callable[[str], Any], path: str) -> None:
+        with self._lock:
+            self._queue.append((future, prefetch, path))
+            if self._threads >= self._max_threads:
+                return
+            self._threads += 1
+        thread = threading.Thread(
+            target=self._work, name=f"fsspec-shards-prefetch-{self._threads}", daemon=True
+        )
+        thread.start()
+
+    def _work(self) -> None:
+        """Run queued prefetches until none is left; each outcome goes to its future."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._threads -= 1
+                    return
+                future, prefetch, path = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(prefetch(path))
+            except BaseException as exc:  # handed to wait(), as an executor does
+                future.set_exception(exc)
 
     def wait(self, index: int) -> BaseException | None:
         """Wait for the prefetch of shard ``index``, if any; return its error, if any."""
@@ -58,13 +91,14 @@ class ShardPrefetcher:
         return future.exception()
 
     def close(self) -> None:
-        """Cancel queued prefetches; a fetch already running finishes in its thread."""
+        """Cancel queued prefetches; a fetch already running finishes in its thread (or ends
+        with the process). A generator's ``finally`` may call this at interpreter exit, so it
+        only cancels: no executor shutdown, whose queue drain fails once modules are cleared."""
+        with self._lock:
+            self._queue.clear()
         for future in self._futures.values():
             future.cancel()
         self._futures.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
 
 
 def _failed(error: BaseException) -> Future:

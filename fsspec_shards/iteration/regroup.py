@@ -18,25 +18,29 @@ regrouped again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import Piece, Segment
 from fsspec_shards.iteration.resume import DeliveredCounts, is_tracker_state
 from fsspec_shards.iteration.state import (
+    CONSUMER_FIELDS,
     SampleRef,
     StreamState,
+    base_fingerprint,
     check_fingerprint,
-    check_position,
+    remainder_from_list,
     remainder_to_list,
 )
-from fsspec_shards.iteration.stream import ConsumerStream
-
-if TYPE_CHECKING:
-    from fsspec_shards.iteration.dataset import ShardDataset
+from fsspec_shards.iteration.stream import ConsumerStream, Streams
 
 REMAINDER_KIND = "epoch-remainder"
-CONSUMER_FIELDS = ("rank", "world_size", "worker", "num_workers")
+
+
+class Regroupable(Protocol):
+    """What :func:`remainder_state` needs of a dataset (a ``ShardDataset``): its streams."""
+
+    streams: Streams
 
 
 def is_remainder_state(data: Any) -> bool:
@@ -44,35 +48,31 @@ def is_remainder_state(data: Any) -> bool:
     return isinstance(data, Mapping) and data.get("kind") == REMAINDER_KIND
 
 
-def base_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
-    """A state fingerprint without the consumer it was taken by."""
-    return {key: value for key, value in fingerprint.items() if key not in CONSUMER_FIELDS}
-
-
-def remainder_state(dataset: ShardDataset, states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def remainder_state(dataset: Regroupable, states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The work left in an epoch, from the states of every consumer of one run, as a state
     that every consumer of the new run loads (``dataset`` is built with the run's arguments).
 
     Raises ValueError when the states are of different epochs or runs, or do not cover
     every consumer exactly once.
     """
-    epoch, pieces = remainder_pieces(dataset, states)
+    epoch, pieces = remainder_pieces(dataset.streams, states)
     return {
         "kind": REMAINDER_KIND,
-        "fingerprint": base_fingerprint(dataset.fingerprint(dataset.consumer())),
+        "fingerprint": dict(dataset.streams.identity),
         "epoch": epoch,
         "segments": remainder_to_list(pieces),
     }
 
 
 def remainder_pieces(
-    dataset: ShardDataset, states: Sequence[Mapping[str, Any]]
+    streams: Streams, states: Sequence[Mapping[str, Any]]
 ) -> tuple[int, tuple[Piece, ...]]:
-    """(epoch, pieces left) from the states of every consumer of one run."""
+    """(epoch, pieces left) from the states of every consumer of one run, read with
+    ``streams`` (those of a dataset made with the run's arguments)."""
     positions = _positions(_expand(states))
     if not positions:
         raise ValueError("the states of every consumer of the interrupted run are needed, got none")
-    expected = base_fingerprint(dataset.fingerprint(dataset.consumer()))
+    expected = dict(streams.identity)
     epoch = positions[0][2]
     for _, fingerprint, state_epoch, _ in positions:
         if state_epoch != epoch:
@@ -89,8 +89,8 @@ def remainder_pieces(
         )
     pieces: list[Piece] = []
     for consumer, _, _, position in sorted(positions, key=lambda item: item[0].index):
-        stream, refs = _resolve(dataset, consumer, epoch, position)
-        pieces += _left_over(dataset, stream, refs)
+        stream, refs = _resolve(streams, consumer, epoch, position)
+        pieces += _left_over(stream, refs)
     return epoch, tuple(pieces)
 
 
@@ -108,16 +108,18 @@ def _expand(states: Sequence[Any]) -> list[Mapping[str, Any]]:
 
 
 def _positions(states: Sequence[Mapping[str, Any]]) -> list[tuple[Consumer, dict, int, Any]]:
-    """(old consumer, fingerprint, epoch, StreamState or delivered count) per old consumer."""
+    """(old consumer, fingerprint, epoch, position) per old consumer: a StreamState, or a
+    tracker's (delivered count, the remainder its epoch continues or None)."""
     positions = []
     for data in states:
         if is_tracker_state(data):
             counts = DeliveredCounts.from_dict(data)
             fingerprint = counts.fingerprint
             rank, world_size = int(fingerprint["rank"]), int(fingerprint["world_size"])
+            pieces = None if counts.remainder is None else remainder_from_list(counts.remainder)
             for worker, delivered in enumerate(counts.delivered):
                 consumer = Consumer(rank, world_size, worker, len(counts.delivered))
-                positions.append((consumer, fingerprint, counts.epoch, delivered))
+                positions.append((consumer, fingerprint, counts.epoch, (delivered, pieces)))
             continue
         if is_remainder_state(data):
             raise ValueError("a remainder state is loaded by itself, not in a list of states")
@@ -133,22 +135,26 @@ def _positions(states: Sequence[Mapping[str, Any]]) -> list[tuple[Consumer, dict
 
 
 def _resolve(
-    dataset: ShardDataset, consumer: Consumer, epoch: int, position: StreamState | int
+    streams: Streams,
+    consumer: Consumer,
+    epoch: int,
+    position: StreamState | tuple[int, tuple[Piece, ...] | None],
 ) -> tuple[ConsumerStream, list[SampleRef]]:
     """The old consumer's stream at its position, and its buffered samples (headers only)."""
-    if isinstance(position, int):
-        stream = dataset.fresh_stream(consumer, epoch)
-        return stream, stream.fast_forward(position, payloads=False)
-    check_fingerprint(position.fingerprint, dataset.fingerprint(consumer))
-    plan = dataset.plan(epoch, consumer, position.remainder)
-    check_position(position, plan, dataset.shuffle_buffer)
-    stream = ConsumerStream(dataset, consumer, plan, position, loaded=True)
+    if isinstance(position, tuple):
+        delivered, pieces = position
+        if pieces is None:
+            stream = streams.fresh(consumer, epoch)
+        else:
+            stream = streams.over(consumer, epoch, pieces)
+        return stream, stream.fast_forward(delivered, payloads=False)
+    stream = streams.at(consumer, position)
     return stream, stream.restore_position(payloads=False)
 
 
-def _left_over(dataset: ShardDataset, stream: ConsumerStream, refs: list[SampleRef]) -> list[Piece]:
+def _left_over(stream: ConsumerStream, refs: list[SampleRef]) -> list[Piece]:
     """What one old consumer had still to deliver, without its padding."""
-    plan, state = stream.plan, stream.state
+    plan, state, source = stream.plan, stream.state, stream.source
     if state.finished:
         return []
     pieces: list[Piece] = [
@@ -156,10 +162,10 @@ def _left_over(dataset: ShardDataset, stream: ConsumerStream, refs: list[SampleR
         for ref in sorted(refs, key=lambda ref: ref.index)
         if not plan.is_padding(ref.shard)
     ]
-    for index in range(state.shard, len(plan.segments)):
+    for index in range(state.shard, plan.own_segments):
         segment, samples = plan.segments[index], plan.samples[index]
         if index == state.shard and state.segment_read:
-            _, end = dataset.byte_range(dataset.urls[segment.shard], segment)
+            _, end = source.byte_range(source.urls[segment.shard], segment)
             rest = None if samples is None else samples - state.segment_read
             if rest != 0:
                 pieces.append((Segment(segment.shard, state.offset, end), rest))
@@ -172,14 +178,25 @@ def loader_dataset_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any
     """The dataset state of every worker in a torchdata ``StatefulDataLoader.state_dict()``.
 
     The snapshot must be of the last delivered batch (``snapshot_every_n_steps=1``, the
-    default); with several ranks, concatenate the lists of all ranks.
+    default); with several ranks, concatenate the lists of all ranks. Reads torchdata's
+    private state keys (``_snapshot``, ``_steps_since_snapshot``, ``_worker_snapshots``,
+    ``dataset_state``), here only: a state without them is a ValueError naming them, so a
+    torchdata that renames them fails loudly (tests/test_regroup.py reads a real state).
     """
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is None:
-        return [dict(loader_state["dataset_state"])]
-    if loader_state.get("_steps_since_snapshot"):
+    try:
+        snapshot = loader_state.get("_snapshot")
+        if snapshot is None:
+            return [dict(loader_state["dataset_state"])]
+        steps_behind = loader_state.get("_steps_since_snapshot")
+        workers = list(snapshot["_worker_snapshots"].values())
+        states = [dict(worker["dataset_state"]) for worker in workers]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            "not a torchdata StatefulDataLoader state this version reads (expected "
+            f"'_snapshot' with '_worker_snapshots', or 'dataset_state'; missing {exc})"
+        ) from None
+    if steps_behind:
         raise ValueError(
             "the loader state is older than its last batch: take it with snapshot_every_n_steps=1"
         )
-    workers = snapshot["_worker_snapshots"].values()
-    return [dict(worker["dataset_state"]) for worker in workers]
+    return states

@@ -26,16 +26,21 @@ class DeliveredCounts:
     epoch: int
     delivered: list[int]
     next_worker: int
+    remainder: list | None = None
+    """The pieces the epoch is the rest of (a regrouped epoch), as the dataset lists them."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict."""
-        return {
+        state = {
             "kind": TRACKER_STATE_KIND,
             "fingerprint": dict(self.fingerprint),
             "epoch": self.epoch,
             "delivered": list(self.delivered),
             "next_worker": self.next_worker,
         }
+        if self.remainder is not None:
+            state["remainder"] = self.remainder
+        return state
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DeliveredCounts:
@@ -46,6 +51,7 @@ class DeliveredCounts:
                 epoch=int(data["epoch"]),
                 delivered=[int(count) for count in data["delivered"]],
                 next_worker=int(data["next_worker"]),
+                remainder=data.get("remainder"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed DeliveryTracker state: {exc!r}") from None
@@ -64,13 +70,16 @@ class DeliveryTracker:
 
     ``dataset`` is the annotated ShardDataset given to the DataLoader and ``num_workers`` the
     DataLoader's. Call :meth:`update` with every batch the loop consumes (a collated dict or a
-    list of sample dicts) and :meth:`set_epoch` along with ``dataset.set_epoch``.
+    list of sample dicts) and :meth:`set_epoch` along with ``dataset.set_epoch``. In an epoch
+    that continues a regrouped remainder, :meth:`state_dict` carries that remainder (asked
+    of the dataset), so that resuming it resumes the remainder.
     """
 
     def __init__(self, dataset: Any, num_workers: int) -> None:
         if not getattr(dataset, "annotate", False):
             raise ValueError("DeliveryTracker needs a ShardDataset made with annotate=True")
         self.workers = max(int(num_workers), 1) if dataset.split_by_worker else 1
+        self.dataset = dataset
         self.fingerprint = dataset.tracker_fingerprint(self.workers)
         self.epoch = dataset.epoch
         self.delivered = [0] * self.workers
@@ -93,8 +102,9 @@ class DeliveryTracker:
 
     def state_dict(self) -> dict[str, Any]:
         """The counts, for ``dataset.load_state_dict`` before the resumed DataLoader starts."""
+        remainder = self.dataset.remainder_segments(self.epoch)
         return DeliveredCounts(
-            self.fingerprint, self.epoch, self.delivered, self.next_worker
+            self.fingerprint, self.epoch, self.delivered, self.next_worker, remainder
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec_shards.config import is_int
+from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import EpochPlan, Segment
 from fsspec_shards.redact import without_signing
 
 STATE_VERSION = 2
+CONSUMER_FIELDS = ("rank", "world_size", "worker", "num_workers")
+"""The fingerprint fields that name the consumer a position is of."""
 BLOCK = 512
 """Tar offsets are multiples of the block size."""
 
@@ -174,11 +177,12 @@ def check_position(state: StreamState, plan: EpochPlan, buffer_size: int) -> Non
     limit = plan.limit
     if state.epoch < 0:
         raise _bad("epoch", f"{state.epoch} is negative")
-    if not 0 <= state.shard <= limit:
+    # An equal-length stream that fell short reads further passes, past the plan's limit.
+    if not 0 <= state.shard <= limit and not (plan.length is not None and state.shard > limit):
         raise _bad("shard", f"{state.shard} is outside this consumer's segments 0..{limit}")
     if state.offset < 0 or state.offset % BLOCK:
         raise _bad("offset", f"{state.offset} is not a tar block boundary (a multiple of 512)")
-    if state.shard == limit and state.offset:
+    if state.shard == limit and state.offset and plan.length is None:
         raise _bad("offset", f"{state.offset} at the end of the segments must be 0")
     if state.delivered < 0:
         raise _bad("delivered", f"{state.delivered} is negative")
@@ -200,7 +204,7 @@ def check_position(state: StreamState, plan: EpochPlan, buffer_size: int) -> Non
         )
     _check_window(state)
     if state.finished and not (
-        (state.buffered == 0 and state.shard == limit)
+        (state.buffered == 0 and state.shard >= limit)
         or (plan.length is not None and state.delivered == plan.length)
     ):
         raise _bad("finished", "set, but samples remain to be read or delivered")
@@ -241,6 +245,23 @@ def urls_digest(values: Sequence[str]) -> str:
         digest.update(value.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
+
+
+def consumer_fingerprint(identity: Mapping[str, Any], consumer: Consumer) -> dict[str, Any]:
+    """The fingerprint of a position of ``consumer``: the dataset's ``identity`` (the
+    arguments its plans and streams depend on) and the consumer."""
+    return {
+        **identity,
+        "rank": consumer.rank,
+        "world_size": consumer.world_size,
+        "worker": consumer.worker,
+        "num_workers": consumer.num_workers,
+    }
+
+
+def base_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """A state fingerprint without the consumer it was taken by."""
+    return {key: value for key, value in fingerprint.items() if key not in CONSUMER_FIELDS}
 
 
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec_shards.redact import redact_text
+
 logger = logging.getLogger("fsspec_shards.dataset")
 
 FLUSH_SECONDS = 1.0
@@ -68,6 +70,25 @@ class StreamStats:
     sample_errors: dict[str, int] = field(default_factory=dict)
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
     sample_failures: list[tuple[str, str, BaseException]] = field(default_factory=list)
+    epoch: int | None = None
+    epoch_started: float = 0.0
+    epoch_base: tuple[int, float] = (0, 0.0)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """A stream of ``epoch`` starts in this process: its epoch rate counts from now
+        (``epoch_started`` is wall-clock time, comparable across processes)."""
+        self.epoch = epoch
+        self.epoch_started = time.time()
+        self.epoch_base = (self.samples, self.seconds)
+
+    def epoch_counts(self) -> dict[str, Any]:
+        """The latest epoch of this process: its number, wall-clock start, samples, seconds."""
+        return {
+            "epoch": self.epoch,
+            "epoch_started": self.epoch_started,
+            "epoch_samples": self.samples - self.epoch_base[0],
+            "epoch_seconds": self.seconds - self.epoch_base[1],
+        }
 
     def shard_failed(self, shown_url: str, error: BaseException) -> None:
         self.shards_failed += 1
@@ -84,6 +105,7 @@ class StreamStats:
         return {
             **who,
             **{name: getattr(self, name) for name in COUNTERS},
+            **self.epoch_counts(),
             "sample_errors": dict(self.sample_errors),
             "failures": [_failure(url, error) for url, error in self.failures],
             "sample_failures": [
@@ -104,14 +126,47 @@ def _rate(samples: int, seconds: float) -> float:
     return samples / seconds if seconds > 0 else 0.0
 
 
+def epoch_rate(epochs: list[Mapping[str, Any]]) -> float:
+    """Samples per second of the current epoch across processes: the latest-started epoch's
+    samples over the wall-clock span from its first process's start to its last one's end.
+
+    Not the sum of each process's rate: workers feeding one loader overlap, and processes of
+    past epochs (DataLoader workers that are not persistent) are not part of it. An epoch
+    read again (no ``set_epoch`` between loader iterations) counts its latest run only: a
+    consumer (rank, worker) seen again starts a new run, and what started before the end of
+    the run it replaces is of earlier runs.
+    """
+    started = [entry for entry in epochs if entry.get("epoch") is not None]
+    if not started:
+        return 0.0
+    current = max(started, key=lambda entry: entry["epoch_started"])["epoch"]
+    entries = sorted(
+        (entry for entry in started if entry["epoch"] == current),
+        key=lambda entry: entry["epoch_started"],
+    )
+    latest: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    run_start = float("-inf")
+    for entry in entries:
+        consumer = (entry.get("rank"), entry.get("worker"))
+        replaced = latest.get(consumer)
+        if replaced is not None:
+            run_start = max(run_start, replaced["epoch_started"] + replaced["epoch_seconds"])
+        latest[consumer] = entry
+    entries = [entry for entry in entries if entry["epoch_started"] >= run_start]
+    first = min(entry["epoch_started"] for entry in entries)
+    last = max(entry["epoch_started"] + entry["epoch_seconds"] for entry in entries)
+    return _rate(sum(entry["epoch_samples"] for entry in entries), last - first)
+
+
 def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str, Any]:
     """The dataset's ``stats()`` from the workers' records and this process's own counts.
 
-    Counters are sums; ``samples_per_second`` sums each process's rate (processes read in
-    parallel), and ``workers`` lists each worker's samples, rate and time waited.
+    Counters are sums over every epoch; ``samples_per_second`` is the current epoch's rate
+    (:func:`epoch_rate`), and ``workers`` lists each worker's samples, the rate of its latest
+    epoch and the time it waited.
     """
     total: dict[str, Any] = {name: 0 for name in COUNTERS}
-    rate = 0.0
+    epochs: list[Mapping[str, Any]] = []
     errors: dict[str, int] = {}
     failures: list[tuple[str, BaseException]] = []
     sample_failures: list[tuple[str, str, BaseException]] = []
@@ -125,15 +180,17 @@ def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str,
         sample_failures += [
             (entry["url"], entry["key"], _rebuilt(entry)) for entry in record["sample_failures"]
         ]
-        worker_rate = _rate(record["samples"], record["seconds"])
-        rate += worker_rate
+        epochs.append(record)
         workers.append(
             {
                 "rank": record["rank"],
                 "worker": record["worker"],
                 "pid": record["pid"],
+                "epoch": record.get("epoch"),  # None in a record of an older version
                 "samples": record["samples"],
-                "samples_per_second": worker_rate,
+                "samples_per_second": _rate(
+                    record.get("epoch_samples", 0), record.get("epoch_seconds", 0.0)
+                ),
                 "wait_seconds": record["wait_seconds"],
             }
         )
@@ -144,8 +201,8 @@ def summary(records: list[dict[str, Any]], own: StreamStats | None) -> dict[str,
             errors[kind] = errors.get(kind, 0) + count
         failures += own.failures
         sample_failures += own.sample_failures
-        rate += _rate(own.samples, own.seconds)
-    total["samples_per_second"] = rate
+        epochs.append(own.epoch_counts())
+    total["samples_per_second"] = epoch_rate(epochs)
     total["sample_errors"] = errors
     total["failures"] = failures
     total["sample_failures"] = sample_failures
@@ -245,11 +302,20 @@ class ProgressLog:
         self.last = (now, 0, 0, self.first)
 
     def _cache(self) -> dict | None:
+        """The cache's counters now; None without a cache or when they cannot be read (a
+        filesystem's counters must never stop the stream: the first failure is a WARNING,
+        then the progress line leaves them out)."""
         if self.cache_stats is None:
             return None
         try:
             return dict(self.cache_stats())
-        except Exception:  # a filesystem's counters must never stop the stream
+        except Exception as exc:
+            logger.warning(
+                "%s: cannot read the cache's counters (%s); progress lines leave them out",
+                self.label,
+                redact_text(f"{type(exc).__name__}: {exc}"),
+            )
+            self.cache_stats = None
             return None
 
     def maybe_log(self, stats: StreamStats) -> None:

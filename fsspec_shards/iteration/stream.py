@@ -16,19 +16,25 @@ buffer size. Resuming rebuilds what the state leaves out:
 Both check that what they find matches the state exactly, else ValueError naming the field.
 The first pass over the plan goes through the shuffle buffer and is drained before any padding
 pass is read, so every sample of the pass is delivered before a repeat. Shard errors and
-sample errors go through the dataset's ``handler``; the counters are published for the main
+sample errors go through the source's ``handler``; the counters are published for the main
 process every ``FLUSH_SECONDS`` and when the stream ends.
+
+:class:`Streams` makes the streams of one dataset's consumers (fresh, at a loaded position,
+over a remainder) from the parts they use: the source, the planner, the shuffle and the
+dataset's identity for the fingerprint.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from fsspec_shards.iteration.lengths import SampleCountError
 from fsspec_shards.iteration.order import Consumer
-from fsspec_shards.iteration.plan import EpochPlan
+from fsspec_shards.iteration.plan import EpochPlan, Piece, Planner
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
 from fsspec_shards.iteration.rng import CounterRNG
 from fsspec_shards.iteration.samples import RawSample
@@ -38,36 +44,44 @@ from fsspec_shards.iteration.shuffle import (
     replay_buffer,
     shuffle_key,
 )
-from fsspec_shards.iteration.state import SampleRef, StreamState
+from fsspec_shards.iteration.source import ShardSource
+from fsspec_shards.iteration.state import (
+    SampleRef,
+    StreamState,
+    check_fingerprint,
+    check_position,
+    consumer_fingerprint,
+)
 from fsspec_shards.iteration.stats import FLUSH_SECONDS
-
-if TYPE_CHECKING:
-    from fsspec_shards.iteration.dataset import ShardDataset
 
 Entry = tuple[SampleRef, RawSample]
 
 
 class ConsumerStream:
-    """The stream of ``consumer`` over ``plan``, from ``state`` (a fresh or loaded position)."""
+    """The stream of ``consumer`` over ``plan`` read from ``source``, from ``state`` (a fresh
+    or loaded position), through a shuffle buffer of ``shuffle_buffer`` samples (0: none)
+    keyed by ``seed``."""
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        source: ShardSource,
         consumer: Consumer,
         plan: EpochPlan,
         state: StreamState,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
         loaded: bool = False,
     ) -> None:
-        self.dataset = dataset
+        self.source = source
         self.consumer = consumer
         self.plan = plan
         self.state = state
         self.epoch = state.epoch
         self.buffer: ShuffleBuffer[Entry] | None = None
         self.oldest: OldestBuffered[SampleRef] = OldestBuffered()
-        if dataset.shuffle_buffer:
-            key = shuffle_key(dataset.seed, state.epoch, consumer.rank, consumer.worker)
-            self.buffer = ShuffleBuffer(dataset.shuffle_buffer, CounterRNG(key))
+        if shuffle_buffer:
+            key = shuffle_key(seed, state.epoch, consumer.rank, consumer.worker)
+            self.buffer = ShuffleBuffer(shuffle_buffer, CounterRNG(key))
         self.rebuilt = not loaded
         """False while a loaded state's cursor is unchecked and its buffer not read back."""
 
@@ -122,11 +136,11 @@ class ConsumerStream:
         if not state.offset or state.shard >= self.plan.limit:
             return
         segment = self.plan.segment(state.shard)
-        url = self.dataset.urls[segment.shard]
+        url = self.source.urls[segment.shard]
         try:
-            start, end = self.dataset.byte_range(url, segment)
-            size = self.dataset.plain_size(url)
-        except self.dataset.shard_errors:
+            start, end = self.source.byte_range(url, segment)
+            size = self.source.plain_size(url)
+        except self.source.shard_errors:
             return  # reading it will meet the same error, and the handler decides
         if state.offset < start or (end is not None and state.offset > end):
             raise ValueError(
@@ -136,7 +150,7 @@ class ConsumerStream:
         if size is not None and state.offset > size:
             raise ValueError(
                 f"invalid ShardDataset state: field 'offset': {state.offset} is past the end "
-                f"of shard {self.dataset.shown_url(url)} ({size} bytes)"
+                f"of shard {self.source.shown_url(url)} ({size} bytes)"
             )
 
     def _scan_window(self, wanted: set[int]) -> dict[int, SampleRef]:
@@ -145,8 +159,11 @@ class ConsumerStream:
         scan = StreamState(
             state.fingerprint, state.epoch, window.shard, window.offset, window.index
         )
+        counted = bool(self.plan.samples)
+        if counted:  # so that the scan stops a segment at its count, as the stream did
+            scan.segment_read = self._segment_read_at(window)
         found: dict[int, SampleRef] = {}
-        source = self._read(scan, None, headers_only=True)
+        source = self._read(scan, None, headers_only=True, counted=counted)
         try:
             for ref, _ in source:
                 if ref.index == window.index and ref.offset != window.offset:
@@ -169,6 +186,27 @@ class ConsumerStream:
                 "the state counts (a tampered state, or the shards changed)"
             )
         return found
+
+    def _segment_read_at(self, ref: SampleRef) -> int:
+        """How many samples of its segment the stream had read before sample ``ref``: from
+        the state when it is in the cursor's segment, else by a header scan from the
+        segment's start."""
+        state = self.state
+        if ref.shard == state.shard:
+            return max(state.segment_read - (state.read - ref.index), 0)
+        segment = self.plan.segment(ref.shard)
+        url = self.source.urls[segment.shard]
+        before = 0
+        try:
+            start, _ = self.source.byte_range(url, segment)
+            with closing(self.source.samples(url, start, headers_only=True)) as samples:
+                for sample in samples:
+                    if sample.offset >= ref.offset:
+                        break
+                    before += 1
+        except self.source.shard_errors:
+            pass  # the window scan meets the same error, and the handler decides
+        return before
 
     def fast_forward(self, count: int, payloads: bool = True) -> list[SampleRef]:
         """Move past the first ``count`` deliveries reading tar headers only; the buffered
@@ -196,15 +234,15 @@ class ConsumerStream:
             ranges.setdefault(ref.shard, []).append(ref)
         found: dict[SampleRef, RawSample] = {}
         for index, shard_refs in ranges.items():
-            url = self.dataset.urls[self.plan.segment(index).shard]
+            url = self.source.urls[self.plan.segment(index).shard]
             spans = [(ref.offset, ref.end) for ref in shard_refs]
             failure = None
             try:
-                samples = self.dataset.reader.samples_at(url, spans)
-            except self.dataset.shard_errors as exc:
+                samples = self.source.reader.samples_at(url, spans)
+            except self.source.shard_errors as exc:
                 failure = exc
             if failure is not None:
-                self.dataset.shard_failed(url, failure)
+                self.source.shard_failed(url, failure)
                 continue
             found.update(zip(shard_refs, samples, strict=True))
         return [(ref, found[ref]) for ref in refs if ref in found]
@@ -219,10 +257,20 @@ class ConsumerStream:
     ) -> Iterator[Entry]:
         """The samples to deliver, in order: the plan's first pass through the shuffle buffer
         (drained at its end, so that every sample of the pass comes before any padding),
-        then the padding passes as read."""
-        first = self._read(self.state, prefetcher, headers_only, until=len(self.plan.segments))
+        then the padding passes as read. When those fall short of an equal length (a shard
+        left out, or holding fewer samples than its count), more passes keep the length
+        equal, as long as a pass yields any sample (a pass resumed inside a segment is not
+        a whole pass: reading nothing there ends nothing)."""
+        state, plan = self.state, self.plan
+        first = self._read(state, prefetcher, headers_only, until=len(plan.segments))
         yield from self._shuffled(first) if self.buffer is not None else first
-        yield from self._read(self.state, prefetcher, headers_only)
+        yield from self._read(state, prefetcher, headers_only)
+        while self._wants_more() and plan.length is not None:
+            read, whole = state.read, state.offset == 0
+            stop = max(state.shard, plan.limit) + len(plan.segments)
+            yield from self._read(state, prefetcher, headers_only, until=stop, beyond=True)
+            if state.read == read and whole:
+                return
 
     def _read(
         self,
@@ -230,17 +278,29 @@ class ConsumerStream:
         prefetcher: ShardPrefetcher | None,
         headers_only: bool = False,
         until: int | None = None,
+        beyond: bool = False,
+        counted: bool = True,
     ) -> Iterator[Entry]:
         """Samples of the plan from ``state``'s cursor on, moving it, up to segment index
-        ``until`` (default: the plan's end); ``state.shard`` indexes the plan's segments. A
-        shard that turns out malformed is read once more (after its cached copy is dropped)
-        before the handler decides."""
-        plan, dataset = self.plan, self.dataset
-        stop = plan.limit if until is None else min(until, plan.limit)
+        ``until`` (default: the plan's end; ``beyond``: past it, in further passes);
+        ``state.shard`` indexes the plan's segments. A shard that turns out malformed is read
+        once more (after its cached copy is dropped) before the handler decides. Long
+        because it is the per-sample read loop: kept in one function for speed.
+
+        ``counted``: ``state.segment_read`` counts from the segment's start (not so for a
+        window scan), so a segment holding other than its sample count is a
+        :class:`~fsspec_shards.iteration.lengths.SampleCountError` for the handler, raised at
+        the sample past the count (the count's samples delivered first) or at the short end.
+        """
+        plan, source = self.plan, self.source
+        stop = plan.limit if until is None else until if beyond else min(until, plan.limit)
         while state.shard < stop:
             index = state.shard
             segment = plan.segment(index)
-            url = dataset.urls[segment.shard]
+            url = source.urls[segment.shard]
+            expected = (
+                plan.samples[index % len(plan.segments)] if counted and plan.samples else None
+            )
             retried = False
             while True:
                 failure = None
@@ -250,34 +310,60 @@ class ConsumerStream:
                         prefetcher.advance(index)
                         if prefetch_error is not None:
                             raise prefetch_error
-                    start, end = dataset.byte_range(url, segment)
+                    start, end = source.byte_range(url, segment)
                     position = state.offset or start
-                    with closing(dataset.samples(url, position, headers_only)) as samples:
+                    with closing(source.samples(url, position, headers_only)) as samples:
                         for sample in samples:
                             if end is not None and sample.offset >= end:
                                 break
+                            if expected is not None and state.segment_read >= expected:
+                                raise _miscounted(source, url, expected, "more")
                             ref = SampleRef(index, sample.offset, sample.end, state.read)
                             state.offset = sample.end
                             state.read += 1
                             state.segment_read += 1
                             yield ref, sample
-                except dataset.shard_errors as exc:
+                    if expected is not None and state.segment_read < expected:
+                        raise _miscounted(source, url, expected, f"only {state.segment_read}")
+                except source.shard_errors as exc:
                     failure = exc
                 # Handled outside the except block, so that a raised error chains nothing.
                 if failure is None:
                     if not headers_only:
-                        dataset.counters().shards_done += 1
-                elif isinstance(failure, dataset.malformed_errors) and not retried:
-                    retried = dataset.drop_cached(url)
+                        source.counters().shards_done += 1
+                elif isinstance(failure, source.malformed_errors) and not retried:
+                    retried = source.drop_cached(url)
                     if retried:
                         continue
-                    dataset.shard_failed(url, failure)
+                    source.shard_failed(url, failure)
                 else:
-                    dataset.shard_failed(url, failure)
+                    source.shard_failed(url, failure)
                 break
             state.shard = index + 1
             state.offset = 0
             state.segment_read = 0
+
+    def _check_overrun(self) -> None:
+        """At an equal length reached right at the count of a segment read to its shard's
+        end: whether the shard holds more (one header read), for the handler. Not for a
+        gzip shard: that would decompress it again."""
+        state, plan, source = self.state, self.plan, self.source
+        segment = plan.segment(state.shard)
+        expected = plan.samples[state.shard % len(plan.segments)]
+        if expected != state.segment_read or segment.end is not None or segment.count is not None:
+            return
+        url = source.urls[segment.shard]
+        failure: BaseException | None = None
+        try:
+            if source.plain_size(url) is None:
+                return
+            with closing(source.samples(url, state.offset, headers_only=True)) as samples:
+                if next(samples, None) is not None:
+                    failure = _miscounted(source, url, expected, "more")
+        except source.shard_errors as exc:
+            failure = exc
+        if failure is not None:
+            source.shard_failed(url, failure)
 
     def _shuffled(self, source: Iterator[Entry]) -> Iterator[Entry]:
         """``source`` through the shuffle buffer, noting which read sample is oldest."""
@@ -296,18 +382,22 @@ class ConsumerStream:
             yield entry
 
     def run(self) -> Iterator[Any]:
-        """Deliver the rest of the epoch: samples through the transforms, with the stats."""
-        state, dataset, plan = self.state, self.dataset, self.plan
+        """Deliver the rest of the epoch: samples through the transforms, with the stats.
+        Long because it is the per-sample loop: its steps stay inline for speed."""
+        state, source, plan = self.state, self.source, self.plan
         if state.finished:
             return
-        stats = dataset.counters()
-        urls = [dataset.urls[plan.segment(index).shard] for index in range(plan.limit)]
-        prefetcher = ShardPrefetcher(urls, dataset.reader.locate, dataset.prefetch)
-        progress = dataset.progress_log(self.consumer, urls)
+        stats = source.counters()
+        stats.begin_epoch(state.epoch)
+        # One pass: padding passes read shards already read (and cached), and a pass count
+        # from a count that lies (2**32) must not become a list.
+        urls = [source.urls[segment.shard] for segment in plan.segments]
+        prefetcher = ShardPrefetcher(urls, source.reader.locate, source.prefetch)
+        progress = source.progress_log(self.consumer, urls)
         started = time.perf_counter()
         asked = started
         check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
-        padding_from = len(plan.segments)
+        padding_from = plan.own_segments
         try:
             if not self.rebuilt:
                 self.restore_position()
@@ -321,7 +411,7 @@ class ConsumerStream:
                 stats.bytes_read += sample.end - sample.offset
                 if ref.shard >= padding_from:
                     stats.padded += 1
-                result = dataset.prepare(sample, self.consumer, state.delivered - 1)
+                result = source.prepare(sample, self.consumer, state.delivered - 1)
                 if result is None:
                     continue
                 stats.samples += 1
@@ -330,15 +420,65 @@ class ConsumerStream:
                 if now >= check_at:
                     stats.seconds += now - started
                     started = now
-                    dataset.publish_stats(self.consumer)
+                    source.publish_stats(self.consumer)
                     progress.maybe_log(stats)
                     check_at = now + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
                 yield result
                 asked = time.perf_counter()
             if plan.length is not None and state.delivered < plan.length:
-                dataset.short_epoch(state.epoch, state.delivered, plan.length)
+                source.short_epoch(self.consumer, state.epoch, state.delivered, plan.length)
+            elif plan.length is not None and state.shard < plan.limit:
+                self._check_overrun()
             state.finished = True
         finally:
             prefetcher.close()
             stats.seconds += time.perf_counter() - started
-            dataset.publish_stats(self.consumer)
+            source.publish_stats(self.consumer)
+
+
+def _miscounted(source: ShardSource, url: str, expected: int, held: str) -> SampleCountError:
+    return SampleCountError(
+        f"shard {source.shown_url(url)} holds {held} samples where its sample count says "
+        f"{expected}: the counts are wrong or the shard changed"
+    )
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Makes the streams of a dataset's consumers. ``identity`` is what a position depends
+    on besides its consumer (:func:`~fsspec_shards.iteration.state.consumer_fingerprint`)."""
+
+    source: ShardSource
+    planner: Planner
+    shuffle_buffer: int
+    seed: int
+    identity: Mapping[str, Any]
+
+    def fingerprint(self, consumer: Consumer) -> dict[str, Any]:
+        """The arguments a position of ``consumer`` depends on."""
+        return consumer_fingerprint(self.identity, consumer)
+
+    def fresh(self, consumer: Consumer, epoch: int) -> ConsumerStream:
+        """The stream of ``consumer`` from the start of ``epoch``."""
+        state = StreamState(self.fingerprint(consumer), epoch=epoch)
+        return self._stream(consumer, self.planner.plan(epoch, consumer), state)
+
+    def at(self, consumer: Consumer, state: StreamState) -> ConsumerStream:
+        """The stream of ``consumer`` at a loaded position; ValueError naming the field when
+        the position cannot be of this consumer (before anything is read)."""
+        check_fingerprint(state.fingerprint, self.fingerprint(consumer))
+        plan = self.planner.plan(state.epoch, consumer, state.remainder)
+        check_position(state, plan, self.shuffle_buffer)
+        return self._stream(consumer, plan, state, loaded=True)
+
+    def over(self, consumer: Consumer, epoch: int, pieces: Sequence[Piece]) -> ConsumerStream:
+        """The stream of ``consumer`` over its share of an epoch's remainder ``pieces``."""
+        state = StreamState(self.fingerprint(consumer), epoch, remainder=tuple(pieces))
+        return self._stream(consumer, self.planner.plan(epoch, consumer, pieces), state)
+
+    def _stream(
+        self, consumer: Consumer, plan: EpochPlan, state: StreamState, loaded: bool = False
+    ) -> ConsumerStream:
+        return ConsumerStream(
+            self.source, consumer, plan, state, self.shuffle_buffer, self.seed, loaded
+        )

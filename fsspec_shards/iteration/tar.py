@@ -654,11 +654,3 @@ class _GuardedGzip(io.RawIOBase):
                 f"{GZIP_RATIO_GRACE} bytes",
             )
         return count
-
-
-def is_seekable_shard(shard: str, fileobj: BinaryIO) -> bool:
-    """True when a reader may seek to a member offset: plain tar on a seekable file.
-
-    False for gzip: resuming a compressed shard must re-read it from the start.
-    """
-    return _seekable(fileobj) and not is_gzip_shard(shard, fileobj)

@@ -11,20 +11,22 @@ apply them after its resumable position bookkeeping and lose nothing on resume.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import io
 import json
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, parse_max_member_size
 from fsspec_shards.redact import redact_url
 
 TEXT_EXTENSIONS = frozenset(("txt", "text", "transcript"))
-INT_EXTENSIONS = frozenset(("cls", "cls2", "index", "inx", "id"))
+INT_EXTENSIONS = frozenset(("cls", "cls2", "class", "count", "index", "inx", "id"))
 JSON_EXTENSIONS = frozenset(("json", "jsn"))
 PICKLE_EXTENSIONS = frozenset(("pyd", "pkl", "pickle"))
 IMAGE_EXTENSIONS = frozenset(
-    ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "tif", "tiff", "webp")
+    ("jpg", "jpeg", "img", "image", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "tif")
+    + ("tiff", "webp")
 )
 IMAGE_MODES = ("pil", "numpy")
 
@@ -154,9 +156,37 @@ def _require(module: str, purpose: str) -> Any:
         raise ImportError(f"{purpose} needs the {module!r} package; install it") from None
 
 
-def _npy_decoder() -> Callable[[bytes], Any]:
+def _decode_npy(data: bytes) -> Any:
     numpy = _require("numpy", "decoding .npy fields")
-    return lambda data: numpy.load(io.BytesIO(data), allow_pickle=False)
+    return numpy.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_npz(data: bytes) -> dict[str, Any]:
+    numpy = _require("numpy", "decoding .npz fields")
+    with numpy.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        return dict(arrays)
+
+
+def _decode_torch(data: bytes) -> Any:
+    torch = _require("torch", "decoding .pth fields")
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """``data`` decompressed (every gzip member of it), refused beyond ``limit`` bytes."""
+    parts: list[bytes] = []
+    room = limit
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        part = inflater.decompress(data, room + 1)
+        if len(part) > room:
+            raise ValueError(f"it decompresses to more than max_member_size ({limit} bytes)")
+        if not inflater.eof:
+            raise ValueError("the gzip stream is truncated")
+        parts.append(part)
+        room -= len(part)
+        data = inflater.unused_data
+    return b"".join(parts)
 
 
 def _image_decoder(mode: str) -> Callable[[bytes], Any]:
@@ -177,28 +207,49 @@ def decode(
     images: str | None = None,
     *,
     npy: bool = True,
+    pth: bool = True,
     pickle: bool = False,
     handlers: Mapping[str, Callable[[bytes], Any]] | None = None,
+    max_member_size: int | str = DEFAULT_MAX_MEMBER_SIZE,
 ) -> SampleStep:
-    """Decode fields by their last extension (``"seg.png"`` counts as ``png``).
+    """Decode fields by their last extension (``"seg.png"`` counts as ``png``), as the
+    writer (:mod:`~fsspec_shards.iteration.encoding`) encodes them.
 
-    txt/text -> str, cls/cls2/index/inx/id -> int, json/jsn -> object, npy -> numpy array
-    (``allow_pickle=False``; needs numpy). ``images="pil"`` or ``"numpy"`` decodes
-    jpg/png/ppm/... with Pillow. Pickles (pyd/pkl/pickle) are decoded only with
+    txt/text/transcript -> str, cls/cls2/class/count/index/inx/id -> int, json/jsn ->
+    object; with ``npy`` (numpy imported at the first such field): npy -> array, npz -> dict
+    of arrays, both with ``allow_pickle=False``; with ``pth``: pth -> ``torch.load(...,
+    weights_only=True, map_location="cpu")`` (torch imported at the first pth field).
+    A field ending in ``.gz`` (``"json.gz"``) is decompressed, refused past
+    ``max_member_size`` (a bound on gzip bombs), then decoded by the rest of its name
+    (decompressed bytes if nothing decodes that). ``images="pil"`` or ``"numpy"`` decodes
+    jpg/img/png/ppm/... with Pillow. Pickles (pyd/pkl/pickle) are decoded only with
     ``pickle=True``. ``handlers`` maps more extensions to functions and wins over these.
     Fields with no decoder stay bytes; ``__key__``-style fields are left alone.
     """
+    limit = parse_max_member_size(max_member_size)
     decoders: dict[str, Callable[[bytes], Any]] = {}
     decoders.update(dict.fromkeys(TEXT_EXTENSIONS, _decode_text))
     decoders.update(dict.fromkeys(INT_EXTENSIONS, _decode_int))
     decoders.update(dict.fromkeys(JSON_EXTENSIONS, _decode_json))
-    if npy and importlib.util.find_spec("numpy") is not None:
-        decoders["npy"] = _npy_decoder()
+    if npy:
+        decoders.update(npy=_decode_npy, npz=_decode_npz)
+    if pth:
+        decoders["pth"] = _decode_torch
     if pickle:
         decoders.update(dict.fromkeys(PICKLE_EXTENSIONS, _decode_pickle))
     if images is not None:
         decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, _image_decoder(images)))
     decoders.update(handlers or {})
+
+    def decode_value(name: str, value: bytes) -> Any:
+        decoder = decoders.get(name.rsplit(".", 1)[-1])
+        if decoder is not None:
+            return decoder(value)
+        if name == "gz" or name.endswith(".gz"):
+            data = _gunzip(value, limit)
+            inner = decoders.get(name[:-3].rsplit(".", 1)[-1])
+            return data if inner is None else inner(data)
+        return value
 
     def decode_fields(sample: dict) -> dict:
         result = {}
@@ -206,12 +257,10 @@ def decode(
             if name.startswith("__") or not isinstance(value, (bytes, bytearray)):
                 result[name] = value
                 continue
-            decoder = decoders.get(name.rsplit(".", 1)[-1])
-            if decoder is None:
-                result[name] = value
-                continue
             try:
-                result[name] = decoder(value)
+                result[name] = decode_value(name, value)
+            except ImportError:
+                raise
             except Exception as exc:
                 raise ValueError(
                     f"cannot decode field {name!r} of sample {sample.get('__key__')!r} "

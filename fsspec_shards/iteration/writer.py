@@ -3,11 +3,12 @@
 :class:`ShardWriter` fills ``pattern % index`` shards in turn, rolling over to the next
 shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
 
-- A shard appears under its final name only when it is complete. On a local filesystem it is
-  written to a hidden temporary name beside its final one, synced and renamed into place; on
-  any other backend it is spooled to a local temporary file and uploaded whole (object
-  stores show an object only when its upload completes). An exception inside the ``with``
-  block, or a crash, leaves no partial shard under a final name.
+- A shard appears under its final name only when it is complete. It is assembled in this
+  writer's spool directory (:mod:`.spool`): on a local filesystem one beside the shards, then
+  synced and renamed into place; on any other backend one under ``spool_dir``, then uploaded
+  whole (object stores show an object only when its upload completes). An exception inside
+  the ``with`` block, or a crash, leaves no partial shard under a final name, and the next
+  writer over the same spool directory removes what a dead writer left there.
 - Every member reads back as the key and field it was written from (:mod:`.encoding`), and a
   sample is never merged with the one before it: a repeated key in a row is refused.
 - On a clean ``close()``, ``SHA256SUMS`` (GNU ``sha256sum`` format, names relative to the
@@ -15,7 +16,11 @@ shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
   :mod:`fsspec_shards.checksums`, as ``fsspec-shards manifest --blocks`` writes them) and the
   sample-count sidecar ``sample-counts.json`` (``{shard file name: samples}``, as
   ``ShardDataset(samples_per_shard=...)`` reads it) are written beside the shards, listing
-  exactly the shards this writer wrote.
+  exactly the shards this writer wrote. Those names are removed when the writer starts, so
+  they are present only after a clean close, and then describe exactly the shards that run
+  wrote (shards of an earlier run past its last index stay, unlisted).
+- No member is larger than readers take by default (``max_member_size``), and no error
+  leaving the writer shows a secret of ``pattern`` (:func:`fsspec_shards.redact.clean_error`).
 
 Writes go through fsspec only (``fsspec.core.url_to_fs``), so ``wds::`` URLs drop cached
 copies of what they overwrite; the storage layer is never imported.
@@ -23,6 +28,7 @@ copies of what they overwrite; the storage layer is never imported.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
@@ -30,8 +36,7 @@ import os
 import tarfile
 import tempfile
 import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -46,10 +51,11 @@ from fsspec_shards.checksums import (
     format_block_manifest,
     format_sums,
 )
-from fsspec_shards.config import is_int, parse_size
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, is_int, parse_max_member_size, parse_size
 from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.iteration.spool import Spool
 from fsspec_shards.option_shapes import fsspec_arguments
-from fsspec_shards.redact import redact_url
+from fsspec_shards.redact import clean_error, redact_url
 
 logger = logging.getLogger("fsspec_shards.writer")
 
@@ -92,6 +98,21 @@ class _HashingFile:
         self.target.flush()
 
 
+def _cleaned(method: Callable) -> Callable:
+    """A writer method whose exceptions leave it without the secrets of its ``pattern``
+    (a signed URL's query), raised outside the ``except`` block so nothing is chained."""
+
+    @functools.wraps(method)
+    def wrapper(self: ShardWriter, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            error = exc
+        raise clean_error(error, self.pattern)
+
+    return wrapper
+
+
 class _OpenShard:
     """The shard being filled: its temporary file, tar stream and counts."""
 
@@ -101,7 +122,7 @@ class _OpenShard:
         self.url = url
         self.name = name
         self.handle = handle
-        self.spool = spool  # the temporary file: a local path, or a path on the target fs
+        self.spool = spool  # the temporary file, in the writer's spool directory
         self.hashing = _HashingFile(handle, block_size)
         self.output = (
             gzip.GzipFile(fileobj=self.hashing, mode="wb", mtime=0) if compress else self.hashing
@@ -116,20 +137,24 @@ class ShardWriter:
 
     ``pattern`` is any fsspec URL or local path with one integer placeholder in its file name
     (``"s3://bucket/out/train-%06d.tar"``, ``"wds::gs://b/x-%04d.tar.gz"``: ``.gz``/``.tgz``
-    shards are gzip-compressed). A shard holds at most ``max_count`` samples and, unless one
-    sample alone is larger, at most ``max_size`` bytes of uncompressed tar (an int or a size
-    such as ``"1GB"``). ``storage_options`` go to fsspec as for ``ShardDataset``.
+    shards are gzip-compressed); a query (``?sv=...&sig=...``) is no part of the names: it
+    is added to the URL of every file written, manifests included. A shard holds at most
+    ``max_count`` samples and, unless one sample alone is larger, at most ``max_size`` bytes
+    of uncompressed tar (an int or a size such as ``"1GB"``). ``storage_options`` go to
+    fsspec as for ``ShardDataset``.
     ``manifest`` and ``counts`` name the checksum manifest and the sample-count sidecar
     written beside the shards on close (``None``: not written); the block manifest
     ``<manifest>.blocks`` lists a SHA-256 per ``manifest_block_size`` bytes of each shard
     (``None``: not written). ``mtime`` is every member's
     modification time (fixed by default, so equal samples make byte-identical shards).
     ``spool_dir`` holds the local temporary copy of a shard bound for a remote backend.
+    ``max_member_size`` (default: the reader's default) refuses larger members at write time.
 
     Use it as a context manager, or call :meth:`close`. See :mod:`.encoding` for the values
     accepted in a sample.
     """
 
+    @_cleaned
     def __init__(
         self,
         pattern: str,
@@ -143,7 +168,10 @@ class ShardWriter:
         manifest_block_size: int | None = DEFAULT_BLOCK_SIZE,
         mtime: float = 0,
         spool_dir: str | None = None,
+        max_member_size: int | str = DEFAULT_MAX_MEMBER_SIZE,
     ) -> None:
+        self.pattern = pattern
+        self.max_member_size = parse_max_member_size(max_member_size)
         if not is_int(max_count) or max_count < 1:
             raise ValueError(f"max_count must be a positive int, got {max_count!r}")
         try:
@@ -159,8 +187,14 @@ class ShardWriter:
                 raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
         if manifest_block_size is not None:
             check_block_size(manifest_block_size)
-        directory, self._name_pattern = _split_pattern(pattern)
-        self.pattern = pattern
+        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
+        # A URL's query (a SAS token) signs every object written and is no part of their
+        # names; in a local path, '?' is a character of the name.
+        path_pattern, mark, query = pattern, "", ""
+        if not self._local:
+            path_pattern, mark, query = pattern.partition("?")
+        self._query = mark + query
+        directory, self._name_pattern = _split_pattern(path_pattern)
         self.max_count = max_count
         self.storage_options = dict(storage_options or {})
         self.manifest = manifest
@@ -171,20 +205,30 @@ class ShardWriter:
         self.directory_url = directory
         chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
         self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
-        self._local = _innermost_protocol(pattern) in _LOCAL_PROTOCOLS
         self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
         self._next_index = start_shard
         self._shard: _OpenShard | None = None
         self._closed = False
         self.shards: list[WrittenShard] = []
+        if self._local:
+            self._fs.makedirs(self._directory, exist_ok=True)
+            self._spool = Spool(self._directory, "the shards' directory")
+        else:
+            self._spool = Spool(spool_dir or tempfile.gettempdir(), "spool_dir")
+        try:  # last: a writer that cannot start leaves the earlier run's manifests
+            self._remove_manifests()
+        except BaseException:
+            self._spool.close()
+            raise
 
     # --- the user's side ----------------------------------------------------------------
 
+    @_cleaned
     def write(self, sample: Mapping[str, Any]) -> None:
         """Add one sample (``{"__key__": ..., field: value}``) to the current shard."""
         if self._closed:
             raise ValueError("write to a closed ShardWriter")
-        key, members = encode_sample(sample)
+        key, members = encode_sample(sample, self.max_member_size)
         entries = [(self._header(name, len(data)), data) for name, data in members]
         size = sum(len(header) + _padded(len(data)) for header, data in entries)
         shard = self._shard
@@ -212,13 +256,20 @@ class ShardWriter:
         if shard.samples >= self.max_count:
             self._finish_shard()
 
+    @_cleaned
     def close(self) -> None:
         """Complete the last shard, then write the manifest and the sample-count sidecar."""
         if self._closed:
             return
-        self._closed = True
         if self._shard is not None:
             self._finish_shard()
+        self._closed = True
+        try:
+            self._publish_manifests()
+        finally:
+            self._spool.close()
+
+    def _publish_manifests(self) -> None:
         if self.manifest is not None:
             sums = format_sums((shard.name, shard.blocks.checksum) for shard in self.shards)
             self._publish_bytes(self.manifest, sums.encode("utf-8"))
@@ -231,14 +282,18 @@ class ShardWriter:
             counts = {shard.name: shard.samples for shard in self.shards}
             self._publish_bytes(self.counts, (json.dumps(counts, indent=1) + "\n").encode())
 
+    @_cleaned
     def abort(self) -> None:
         """Drop the shard being written; write no manifest. Completed shards stay."""
         if self._closed:
             return
         self._closed = True
-        if self._shard is not None:
-            shard, self._shard = self._shard, None
-            self._discard(shard)
+        shard, self._shard = self._shard, None
+        try:
+            if shard is not None:
+                shard.handle.close()
+        finally:
+            self._spool.close()  # the shard's temporary file with it
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -252,12 +307,14 @@ class ShardWriter:
     @property
     def manifest_url(self) -> str | None:
         """Where the checksum manifest goes, or None."""
-        return None if self.manifest is None else f"{self.directory_url}/{self.manifest}"
+        return (
+            None if self.manifest is None else f"{self.directory_url}/{self.manifest}{self._query}"
+        )
 
     @property
     def counts_url(self) -> str | None:
         """Where the sample-count sidecar goes (``ShardDataset(samples_per_shard=...)``)."""
-        return None if self.counts is None else f"{self.directory_url}/{self.counts}"
+        return None if self.counts is None else f"{self.directory_url}/{self.counts}{self._query}"
 
     # --- shards -------------------------------------------------------------------------
 
@@ -268,17 +325,26 @@ class ShardWriter:
         info.mode = 0o444
         return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
+    def _final(self, name: str) -> str:
+        """The backend path of file ``name`` beside the shards (with the pattern's query)."""
+        return f"{self._directory}/{name}{self._query}"
+
+    def _remove_manifests(self) -> None:
+        """Remove the manifests and counts of an earlier run: beside shards this run may
+        overwrite, they would describe other bytes unless this run closes cleanly."""
+        names = [self.manifest, self.counts]
+        if self.manifest is not None:
+            names.append(block_manifest_name(self.manifest))
+        for path in [self._final(name) for name in names if name is not None]:
+            if self._fs.exists(path):  # asked first: some backends (HTTP) cannot delete
+                self._fs.rm_file(path)
+
     def _open_shard(self) -> _OpenShard:
         name = self._name_pattern % self._next_index
         self._next_index += 1
-        url = f"{self.directory_url}/{name}"
-        if self._local:
-            self._fs.makedirs(self._directory, exist_ok=True)
-            spool = f"{self._directory}/.{name}.{uuid.uuid4().hex[:12]}.part"
-            handle = self._fs.open(spool, "wb")
-        else:
-            descriptor, spool = tempfile.mkstemp(prefix=".fsspec-shards-", dir=self.spool_dir)
-            handle = os.fdopen(descriptor, "wb")
+        url = f"{self.directory_url}/{name}{self._query}"
+        spool = self._spool.path(name)
+        handle = open(spool, "wb")  # noqa: SIM115 - closed by _finish_shard or abort
         block_size = self.manifest_block_size or DEFAULT_BLOCK_SIZE
         return _OpenShard(url, name, handle, spool, self._compress, block_size)
 
@@ -291,7 +357,7 @@ class ShardWriter:
                 shard.output.close()
             _sync(shard.handle)
             shard.handle.close()
-            final = f"{self._directory}/{shard.name}"
+            final = self._final(shard.name)
             started = time.monotonic()
             if self._local:
                 self._fs.mv(shard.spool, final)
@@ -299,8 +365,8 @@ class ShardWriter:
                 self._fs.put_file(shard.spool, final)
                 os.unlink(shard.spool)
         except BaseException:
-            self._closed = True
-            self._discard(shard)
+            self._shard = shard
+            self.abort()
             raise
         blocks = shard.hashing.hasher.block_list()
         written = WrittenShard(
@@ -315,24 +381,12 @@ class ShardWriter:
             time.monotonic() - started,
         )
 
-    def _discard(self, shard: _OpenShard) -> None:
-        """Close and delete a shard's temporary file; it never gets a final name."""
-        try:
-            shard.handle.close()
-            if self._local:
-                if self._fs.exists(shard.spool):
-                    self._fs.rm_file(shard.spool)
-            elif os.path.exists(shard.spool):
-                os.unlink(shard.spool)
-        except OSError as exc:
-            logger.warning("could not remove %s: %s", redact_url(shard.spool), exc)
-
     def _publish_bytes(self, name: str, data: bytes) -> None:
         """Write a small file beside the shards, whole or not at all."""
-        final = f"{self._directory}/{name}"
+        final = self._final(name)
         if self._local:
-            spool = f"{self._directory}/.{name}.{uuid.uuid4().hex[:12]}.part"
-            with self._fs.open(spool, "wb") as handle:
+            spool = self._spool.path(name)
+            with open(spool, "wb") as handle:
                 handle.write(data)
                 _sync(handle)
             self._fs.mv(spool, final)
@@ -344,13 +398,10 @@ def _padded(size: int) -> int:
     return size + (-size % _BLOCK)
 
 
-def _sync(handle: Any) -> None:
-    """Flush a file to disk when it is a local one, so a rename publishes whole bytes."""
+def _sync(handle: BinaryIO) -> None:
+    """Flush a spool file to disk, so that a rename publishes whole bytes."""
     handle.flush()
-    try:
-        os.fsync(handle.fileno())
-    except (AttributeError, OSError, ValueError):
-        pass  # not a local file: its upload is whole by nature
+    os.fsync(handle.fileno())
 
 
 def _innermost_protocol(url: str) -> str:

@@ -4,83 +4,26 @@ file is already cached).
 
 A backend takes the named parameters of its ``__init__`` (and of its base classes' that it
 hands ``**kwargs`` on to), fsspec's instance options, and for some backends a second set it
-passes on: s3fs gives the rest to aiobotocore's ``AioSession``, fsspec's HTTP filesystem to
-every aiohttp request. Tables of a client's keywords (s3fs ``client_kwargs`` and
-``config_kwargs``, HTTP ``client_kwargs``) are checked against what that client takes.
-Backends whose leftovers go somewhere we cannot list (adlfs hands them to azure-identity's
-credential) and backends we do not know are not checked.
+passes on (its module's ``passed_on()``: s3fs gives the rest to aiobotocore's
+``AioSession``, fsspec's HTTP filesystem to every aiohttp request). Tables of a client's
+keywords (its module's ``OPTION_TABLES``: s3fs ``client_kwargs`` and ``config_kwargs``, HTTP
+``client_kwargs``) are checked against what that client takes. Backends whose leftovers go
+somewhere we cannot list (adlfs hands them to azure-identity's credential) and backends we
+do not know have no ``passed_on`` and are not checked.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
 
 from fsspec_shards.errors import OptionError
-from fsspec_shards.storage.backends import (
-    FSSPEC_INSTANCE_OPTIONS,
-    GCS_PROTOCOLS,
-    HTTP_PROTOCOLS,
-    S3_PROTOCOLS,
-)
-
-LOCAL_PROTOCOLS = ("file", "local")
-
-
-def _aiobotocore_session() -> set[str]:
-    from aiobotocore.session import AioSession
-
-    return _parameters(AioSession.__init__)
-
-
-def _aiohttp_request() -> set[str]:
-    import aiohttp
-
-    return _parameters(aiohttp.ClientSession._request) - {"method", "str_or_url"}
-
-
-def _botocore_client() -> set[str]:
-    from botocore.session import Session
-
-    return _parameters(Session.create_client) - {"service_name"}
-
-
-def _botocore_config() -> set[str]:
-    from botocore.config import Config
-
-    return set(Config.OPTION_DEFAULTS)
-
-
-def _aiohttp_session() -> set[str]:
-    import aiohttp
-
-    return _parameters(aiohttp.ClientSession.__init__)
-
-
-def _nothing() -> set[str]:
-    return set()
-
-
-_PASSED_ON: dict[str, Callable[[], set[str]]] = {
-    **dict.fromkeys(S3_PROTOCOLS, _aiobotocore_session),
-    **dict.fromkeys(HTTP_PROTOCOLS, _aiohttp_request),
-    **dict.fromkeys(GCS_PROTOCOLS, _nothing),
-    **dict.fromkeys(LOCAL_PROTOCOLS, _nothing),
-}
-"""Per checked protocol: the options its filesystem passes on beyond its own parameters."""
-
-_TABLES: dict[str, dict[str, Callable[[], set[str]]]] = {
-    **dict.fromkeys(
-        S3_PROTOCOLS, {"client_kwargs": _botocore_client, "config_kwargs": _botocore_config}
-    ),
-    **dict.fromkeys(HTTP_PROTOCOLS, {"client_kwargs": _aiohttp_session}),
-}
-"""Per protocol: its options that are tables of a client's keywords, and what those take."""
+from fsspec_shards.storage.backends import FSSPEC_INSTANCE_OPTIONS, backend_of
+from fsspec_shards.storage.backends.fields import parameters
 
 
 def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:
@@ -90,7 +33,7 @@ def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:
     if accepted is None:
         return
     _refuse_unknown(protocol, options, accepted)
-    for table, takes in _TABLES.get(protocol, {}).items():
+    for table, takes in backend_of(protocol).OPTION_TABLES.items():
         given = options.get(table)
         if isinstance(given, Mapping):
             _refuse_unknown(f"{protocol}.{table}", given, frozenset(takes()))
@@ -106,7 +49,7 @@ def _refuse_unknown(where: str, options: Mapping[str, Any], accepted: frozenset[
 @functools.lru_cache(maxsize=32)
 def accepted_options(protocol: str) -> frozenset[str] | None:
     """Every option the filesystem of ``protocol`` takes, or None when it is not checked."""
-    passed_on = _PASSED_ON.get(protocol)
+    passed_on = getattr(backend_of(protocol), "passed_on", None)
     if passed_on is None:
         return None
     try:
@@ -119,15 +62,5 @@ def accepted_options(protocol: str) -> frozenset[str] | None:
         if klass is fsspec.AbstractFileSystem:
             break  # it keeps whatever it is given, and uses none of it
         if "__init__" in vars(klass):
-            names |= _parameters(klass.__init__)
+            names |= parameters(klass.__init__)
     return frozenset(names)
-
-
-def _parameters(function: Callable) -> set[str]:
-    """The named parameters of ``function`` (not ``self``, ``*args`` or ``**kwargs``)."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {
-        name
-        for name, parameter in inspect.signature(function).parameters.items()
-        if parameter.kind in kinds and name != "self"
-    }

@@ -20,7 +20,8 @@ Invariants:
 - An object with no identity beyond its size is read in one request; only a fault splits it.
 - Ranges in flight at once only for an object with an ETag, generation or version id that
   every range response is checked against, after a first ranged request was answered as
-  one (206) by this store (``range_plan.py``).
+  one (206) by this store (``range_plan.py``); when a response did not say its version,
+  ``info()`` is asked at the end.
 - A pass that fails verification is discarded and the object downloaded once more; a
   second failure raises ``IntegrityError`` (one warning logged per object, not per try).
 """
@@ -234,6 +235,8 @@ def _fill(
         preallocate(descriptor, expect.size)
         fill_ranges(target, descriptor, expect, hasher, on_bytes)
         out.seek(expect.size)
+        if expect.unconfirmed and _changed(target, expect):  # a range said not its version
+            return _Changed("its info() changed")
         return expect.size
     whole = expect.size is None or not expect.identified
     position = 0

@@ -25,11 +25,12 @@ from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import stringify_path, tokenize
 
 from fsspec_shards import config, option_shapes
-from fsspec_shards.counters import COUNTERS
+from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends, transfer
 from fsspec_shards.storage.backend_options import check_backend_options
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.download import Target, download, read_range
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.identity import ObjectId, object_id
@@ -54,7 +55,6 @@ logger = logging.getLogger("fsspec_shards.storage.filesystem")
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
-_SHARED_COUNTERS = ("shared_hits", "shared_misses", "shared_evictions")
 RANGED_READS = ("cache", "direct")
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
@@ -391,7 +391,7 @@ class WdsFileSystem(ChainedFileSystem):
         for prefix in ("wds::", "wds://"):
             if path.startswith(prefix):
                 path = path[len(prefix) :]
-        return self.fs._strip_protocol(path)
+        return fsspec_deps.strip_protocol(self.fs, path)
 
     def _object(self, backend_path: str) -> ObjectId:
         """Which object ``backend_path`` names on this backend: its cache key and display
@@ -454,7 +454,7 @@ class WdsFileSystem(ChainedFileSystem):
         if cache is not None:
             stats = cache.stats()
             if self.shared_cache_dir is not None:
-                for name in _SHARED_COUNTERS:
+                for name in SHARED_COUNTERS:
                     stats.setdefault(name, 0)
                 stats["shared_cache_dir"] = self.shared_cache_dir
             return stats

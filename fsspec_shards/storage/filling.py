@@ -18,13 +18,15 @@ Invariants:
 - Only for an object with a version identity (ETag, generation or version id) that every
   response is checked against: each range is requests of the version ``expect`` names
   (the transport checks it before a byte is written), so ranges of two versions never mix.
-  A response of another version stops every range and raises ``VersionMismatch``.
+  A response of another version stops every range and raises ``VersionMismatch``; one that
+  says nothing of its version counts in ``expect.unconfirmed``, for the caller to ask
+  ``info()`` (``download._fill``).
 - More than one range only after the first was answered as a range (206), or on a store
   that answered ranges before in this process (a later 200 is sliced to its range: waste,
   never wrong bytes).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
   (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
-  raised.
+  raised. A stopped range ends at its next byte or fault, never asking again.
 - The hasher sees the object's bytes in order, each exactly once, as they lie in the file
   (so what is verified is what was written).
 """
@@ -226,7 +228,7 @@ class _Layout:
     """The ranges of one fill: handed out front to back (sized by the ramp), and how far
     each is written, hence the :class:`Frontier` of the file."""
 
-    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int, stop: threading.Event) -> None:
+    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int) -> None:
         self.size = size
         self.ramp = ramp
         self.fixed_bytes = fixed_bytes
@@ -234,7 +236,7 @@ class _Layout:
         self.spans: list[list[int]] = []  # [start, written up to, end], in order
         self.frontier = Frontier(0)
         self.assigned = threading.Event()
-        self._stop = stop
+        self._whole = 0  # the leading ranges written whole (the frontier is past them)
         self._lock = threading.Lock()
 
     def take(self) -> int | None:
@@ -266,12 +268,15 @@ class _Layout:
                 if self.cursor >= self.size:
                     self.assigned.set()
             frontier = self.frontier.value
-            for start, written, end in self.spans:
+            # from the last whole range on (it still grows when a 200 answer runs on)
+            for number in range(max(0, self._whole - 1), len(self.spans)):
+                start, written, end = self.spans[number]
                 if start > frontier:
                     break
                 frontier = max(frontier, written)
                 if written < end:
                     break
+                self._whole = number + 1
         self.frontier.advance(frontier)
         return at
 
@@ -289,7 +294,7 @@ def fill_ranges(
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
     ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     stop = threading.Event()
-    layout = _Layout(expect.size, ramp, target.range_bytes, stop)
+    layout = _Layout(expect.size, ramp, target.range_bytes)
     if hasher is not None:
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []
@@ -306,15 +311,20 @@ def fill_ranges(
             with counted:
                 on_bytes(len(data))
 
+        def after_fault() -> None:
+            if stop.is_set():  # a request that failed after another range did: no retry
+                raise _Stopped
+
         start, end = layout.bounds(index)
         moved = resume(
-            target,
+            target.shared_by(ramp.allowed),
             start,
             end,
             sink,
             expect,
             rest_of_body=index == 0 and ramp.gated,
             chunks=ChunkSizer(),
+            after_fault=after_fault,
             passthrough=(_Stopped,),
         )
         if index == 0 and ramp.gated:

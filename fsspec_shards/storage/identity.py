@@ -3,9 +3,10 @@
 Invariants:
 
 - Two different objects never share a key. The key covers the protocol, the backend's
-  location (S3 endpoint, or profile and region on AWS; GCS endpoint; Azure account
-  endpoint; HTTP scheme+host+port, in the URL itself; for any other backend every option it
-  was built with), the path, and the whole query string except signing parameters
+  location (each backend module's ``location``: S3 endpoint as botocore resolves it, or
+  profile and region on AWS; GCS endpoint; Azure account endpoint; HTTP scheme+host+port,
+  in the URL itself; for any other backend every option it was built with), the path,
+  and the whole query string except signing parameters
   (:func:`fsspec_shards.redact.without_signing`): ``?key=shard-1`` and ``?key=shard-2`` are
   two objects, a URL signed again is the same one.
 - A key is a SHA-256 hex digest: it can name files and index rows, and shows no secret.
@@ -17,27 +18,15 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 
 import fsspec
-from fsspec.utils import tokenize
 
 from fsspec_shards.redact import redact_url, without_signing
+from fsspec_shards.storage import backends
+from fsspec_shards.storage.backends import protocol_of
 
-KEY_FORMAT = "fsspec-shards-key-v2"
-_PATH_IS_ADDRESS = frozenset({"http", "https", "file", "local", "memory"})
-# options of every fsspec filesystem that say nothing about where its objects live
-_NOT_LOCATION = frozenset(
-    {
-        "skip_instance_cache",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "loop",
-        "asynchronous",
-    }
-)
+KEY_FORMAT = "fsspec-shards-key-v3"  # v3: S3 endpoints from config files, as botocore
 
 
 @dataclass(frozen=True)
@@ -55,52 +44,12 @@ def backend_location(fs: fsspec.AbstractFileSystem) -> str:
     """Where the backend's objects live, beyond what the path says: the service endpoint
     (S3-compatible servers, GCS emulators, Azure accounts), or, for backends not known here,
     every option the backend was built with. Empty where the path is the whole address
-    (http URLs, local and in-memory files)."""
-    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
-    if protocol in ("s3", "s3a"):
-        return _s3_location(fs)
-    if protocol in ("gs", "gcs"):
-        return f"endpoint={getattr(fs, '_location', None) or 'https://storage.googleapis.com'}"
-    if protocol in ("az", "abfs", "abfss", "adl"):
-        client = getattr(fs, "service_client", None)
-        url = getattr(client, "url", None) or getattr(fs, "account_url", None) or ""
-        account = getattr(fs, "account_name", None) or ""
-        return f"account={account};endpoint={url.split('?', 1)[0].rstrip('/')}"
-    if protocol in _PATH_IS_ADDRESS:
-        return ""
-    options = {k: v for k, v in fs.storage_options.items() if k not in _NOT_LOCATION}
-    return "options=" + tokenize(type(fs).__name__, fs.storage_args, options)
+    (http URLs, local and in-memory files). Each backend's module says (``backends``)."""
+    return backends.location(fs)
 
 
-def _s3_location(fs: fsspec.AbstractFileSystem) -> str:
-    """The endpoint an s3fs instance talks to, as far as its options and the environment
-    say: explicit ``endpoint_url``, else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, else
-    AWS itself; with the profile (whose configuration may name an endpoint) and region."""
-    client_kwargs = getattr(fs, "client_kwargs", None) or {}
-    endpoint = (
-        getattr(fs, "endpoint_url", None)
-        or client_kwargs.get("endpoint_url")
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-    )
-    if endpoint:
-        return f"endpoint={endpoint}"
-    session = getattr(fs, "kwargs", None) or {}
-    profile = session.get("profile") or os.environ.get("AWS_PROFILE") or ""
-    region = (
-        client_kwargs.get("region_name")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or ""
-    )
-    return f"endpoint=aws;profile={profile};region={region}"
-
-
-def object_id(fs: fsspec.AbstractFileSystem, path: str, location: str | None = None) -> ObjectId:
-    """The identity of ``path`` (a backend path) on backend ``fs``; ``location`` as
-    :func:`backend_location` gives it, when the caller keeps it."""
+def object_id(fs: fsspec.AbstractFileSystem, path: str) -> ObjectId:
+    """The identity of ``path`` (a backend path) on backend ``fs``."""
     url = fs.unstrip_protocol(path)
-    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
-    where = backend_location(fs) if location is None else location
-    text = "\0".join((KEY_FORMAT, protocol, where, without_signing(url)))
+    text = "\0".join((KEY_FORMAT, protocol_of(fs), backend_location(fs), without_signing(url)))
     return ObjectId(hashlib.sha256(text.encode("utf-8")).hexdigest(), redact_url(url))

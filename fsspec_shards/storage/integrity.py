@@ -11,6 +11,7 @@ names storage uses are re-exported here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
 from collections.abc import Mapping
@@ -27,6 +28,8 @@ from fsspec_shards.checksums import (
 )
 from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_url
+from fsspec_shards.shard_names import by_trailing_path
+from fsspec_shards.storage.deps.fsspec import strip_protocol
 
 __all__ = [
     "Checksum",
@@ -100,12 +103,7 @@ class Manifest:
     def _lookup(self, entries: dict[str, Any], path: str) -> Any:
         if self.base is not None:
             return entries.get(_normalize_path(path))
-        if path in entries:
-            return entries[path]
-        matches = [key for key in entries if path.endswith("/" + key.lstrip("/"))]
-        if not matches:
-            return None
-        return entries[max(matches, key=len)]
+        return by_trailing_path(entries, path)
 
 
 def _without_query(path: str) -> str:
@@ -130,7 +128,7 @@ def _resolve_name(base: str, name: str, strip_protocol: Any) -> str:
 def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None) -> Manifest:
     """A manifest from ``{path_or_url: "sha256:<hex>", ...}``.
 
-    ``strip_protocol`` (the backend's ``_strip_protocol``) turns URL keys into backend paths;
+    ``strip_protocol`` (the backend's) turns URL keys into backend paths;
     other keys stay as written (a bare name matches by trailing path components).
     """
     entries = {}
@@ -156,7 +154,7 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     an error naming both (one of them is stale).
     """
     if isinstance(source, Mapping):
-        return manifest_from_mapping(source, backend._strip_protocol)
+        return manifest_from_mapping(source, functools.partial(strip_protocol, backend))
     if not isinstance(source, str):
         raise ValueError(
             f"invalid value for option 'checksums': expected a mapping or a path, got {source!r}"
@@ -164,11 +162,11 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     protocol = source.split("://", 1)[0] if "://" in source else None
     own = backend.protocol if isinstance(backend.protocol, tuple) else (backend.protocol,)
     if protocol is None or protocol in own:
-        path = backend._strip_protocol(source)
+        path = strip_protocol(backend, source)
         base = posixpath.dirname(_without_query(path))
 
         def read(location: str) -> str:
-            return backend.cat_file(backend._strip_protocol(location)).decode("utf-8")
+            return backend.cat_file(strip_protocol(backend, location)).decode("utf-8")
     else:
         base = None
 
@@ -190,7 +188,7 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     )
 
     def strip_own_protocol(url: str) -> str:
-        return backend._strip_protocol(url) if url.split("://", 1)[0] in own else url
+        return strip_protocol(backend, url) if url.split("://", 1)[0] in own else url
 
     return Manifest(entries, base, strip_own_protocol if base is not None else None, blocks)
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import threading
 import urllib.error
 import urllib.request
@@ -48,6 +47,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
+from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
+from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
+from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
 from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, check_response
@@ -60,10 +62,6 @@ Sink = Callable[[bytes], None]
 _NO_OVERALL_LIMIT = timedelta(days=7)
 """obstore's whole-request time-out (30 s by default) would cut a long download that is
 moving; only the no-progress time-out applies, so the whole request gets a week."""
-
-_STATUS_RE = re.compile(r"status code: (\d{3})")
-_KIND_RE = re.compile(r"kind: (\w+)")
-_OTHER_RANGE_RE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 
 
 # --------------------------------------------------------------------------- availability
@@ -265,11 +263,13 @@ def bucket_region(
     raise error
 
 
-PIECE = 64 * 1024
-"""Bytes obstore gathers before handing a piece to Python (``min_chunk_size``; 0 handed
-over every socket read, tens of thousands of calls per GB): fewer calls and copies per
-byte. A cut loses at most the piece being gathered: the next request starts at the byte
-passed on."""
+PIECES_AS_RECEIVED = 0
+"""obstore's ``min_chunk_size``: every piece is handed to Python as it arrives. Gathering
+pieces (64 KiB were tried) would blind the stall rule (``transfer.py``: ``min_rate`` is
+checked as bytes pass): at 100 B/s a 64 KiB piece takes 11 minutes to gather, and
+obstore's own time-out sees the bytes move. Nothing is lost for speed: on loopback the
+pieces are ~280 KiB anyway (1.7-1.8 GB/s either way, 256 MiB read), and on a slow link
+the calls per byte do not matter. A cut loses nothing: what arrived was passed on."""
 
 
 class ObstoreTransport:
@@ -507,7 +507,9 @@ class ObstoreTransport:
                     f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
                     f"got {first}-{last - 1}"
                 )
-            self._pump(result.stream(min_chunk_size=PIECE), sink, skip, stop, url, action)
+            self._pump(
+                result.stream(min_chunk_size=PIECES_AS_RECEIVED), sink, skip, stop, url, action
+            )
         finally:
             del result  # not kept by the traceback of a failure: see _pump
         return facts

@@ -658,7 +658,7 @@ def fill_blocks(
                 if span is None:
                     return
                 moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-                _fill_span(state, descriptor, *span, progress, stop, moved)
+                _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
         except _Stopped:
             return
         except BaseException as exc:
@@ -766,11 +766,12 @@ def _fill_span(
     progress: BlockProgress,
     stop: threading.Event,
     moved: Callable[[int], None],
+    streams: int,
 ) -> None:
     """Blocks ``[first, last)`` written at their place and verified one by one; resumed
     from the byte reached after a fault (``transfer.resume``), from a bad block's first byte
-    after a mismatch."""
-    target, blocks = state.target, state.blocks
+    after a mismatch; one of ``streams`` (its share of the rate floor)."""
+    target, blocks = state.target.shared_by(streams), state.blocks
     end = blocks.bounds(last - 1)[1]
     index = first
     position = blocks.bounds(first)[0]
@@ -800,9 +801,21 @@ def _fill_span(
                 if index < last:
                     block_end = blocks.bounds(index)[1]
 
+    def after_fault() -> None:
+        if stop.is_set():  # a request that failed after another span did: no retry
+            raise _Stopped
+
     while index < last:
         try:
-            resume(target, position, end, sink, state.expect, passthrough=(_BadBlock, _Stopped))
+            resume(
+                target,
+                position,
+                end,
+                sink,
+                state.expect,
+                after_fault=after_fault,
+                passthrough=(_BadBlock, _Stopped),
+            )
         except _BadBlock as bad:
             state.bad_block(bad.index, bad.actual)
             position, block_end = blocks.bounds(bad.index)

@@ -12,7 +12,8 @@ out within the first measurement at one stream settles the store at one: its nex
 are one request to the end (:func:`one_request`; probed again every
 :data:`REPROBE_AT_ONE` fills).
 
-An int fixes the number of streams (1: one request).
+An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
+never all get a slot, so a fill runs at most that many.
 
 Bounds: a fill has at most :data:`AUTO_MAX` streams under auto; all fills of a process
 share :data:`PROCESS_MAX` streams beyond the first of each fill (a fill never waits for a
@@ -133,7 +134,7 @@ class Ramp:
     def __init__(self, ranges_in_flight: int | str, link: str) -> None:
         self.adaptive = ranges_in_flight == "auto"
         self.link = link
-        self.cap = AUTO_MAX if self.adaptive else int(ranges_in_flight)
+        self.cap = AUTO_MAX if self.adaptive else min(int(ranges_in_flight), PROCESS_MAX + 1)
         self.level = self.cap
         self.probing = False
         if self.adaptive:

@@ -15,6 +15,7 @@ own exception (which may quote a signed URL) is not chained implicitly.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import random
 import re
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fsspec_shards import exception_chain
 from fsspec_shards.config import is_int
 from fsspec_shards.redact import clean_error, redact_text, redact_url
 
@@ -115,15 +117,13 @@ class RetriesExhaustedError(OSError):
     """A transient failure persisted through every attempt or past the deadline."""
 
 
+_CHAIN_LINKS = 8
+"""How many links of an exception's chain classification reads (a bound on the work per
+failure; the backend's own error sits within the first few)."""
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < 8:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
+    return itertools.islice(exception_chain.links(exc), _CHAIN_LINKS)
 
 
 def _type_names(exc: BaseException) -> set[str]:

@@ -44,14 +44,12 @@ from typing import Any, Protocol
 
 import fsspec
 
-from fsspec_shards.storage.backends import (
-    AZURE_PROTOCOLS,
-    GCS_PROTOCOLS,
-    HTTP_PROTOCOLS,
-    S3_PROTOCOLS,
-    call,
-    protocol_of,
-)
+from fsspec_shards.storage.backends import azure, call, gcs, http, protocol_of, s3
+from fsspec_shards.storage.deps import adlfs as adlfs_deps
+from fsspec_shards.storage.deps import azure as azure_deps
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
+from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+from fsspec_shards.storage.deps import s3fs as s3fs_deps
 from fsspec_shards.storage.retry import http_status
 from fsspec_shards.storage.versions import (
     Facts,
@@ -135,6 +133,17 @@ async def _pump(read: Callable[[], Awaitable[bytes]], window: _RangeWindow, emit
         await emit(window.take(data))
 
 
+async def _deliver(
+    facts: Facts, read: Callable[[], Awaitable[bytes]], emit: Emit, request: tuple
+) -> Facts:
+    """The tail of every streaming transport: check the response against what was asked
+    (``request``: start, end, timeout, rest_of_body, expect), then emit its body's window."""
+    start, end, timeout, rest_of_body, expect = request
+    check_response(facts, start, expect)
+    await _pump(read, _window(facts.status, start, end, rest_of_body), emit, timeout)
+    return facts
+
+
 class _LoopTransport(abc.ABC):
     """A transport whose requests run on the backend's event loop (``fs.loop``)."""
 
@@ -184,12 +193,10 @@ class HttpTransport(_LoopTransport):
             session.get(fs.encode_url(path), headers=headers, **kwargs), timeout
         )
         async with response:
-            fs._raise_not_found_for_status(response, path)
+            fsspec_deps.raise_for_http_status(fs, response, path)
             facts = facts_from_headers(response.status, response.headers)
-            check_response(facts, start, expect)
-            window = _window(response.status, start, end, rest_of_body)
-            await _pump(lambda: response.content.read(PIECE), window, emit, timeout)
-        return facts
+            request = (start, end, timeout, rest_of_body, expect)
+            return await _deliver(facts, lambda: response.content.read(PIECE), emit, request)
 
 
 class S3Transport(_LoopTransport):
@@ -206,8 +213,8 @@ class S3Transport(_LoopTransport):
         if expect is not None and expect.strong_etag:
             extra["IfMatch"] = expect.strong_etag
         response = await _within(
-            fs._call_s3(
-                "get_object", Bucket=bucket, Key=key, Range=_range_header(start, end), **extra
+            s3fs_deps.call_s3(
+                fs, "get_object", Bucket=bucket, Key=key, Range=_range_header(start, end), **extra
             ),
             timeout,
         )
@@ -225,12 +232,10 @@ class S3Transport(_LoopTransport):
                 version=response.get("VersionId"),
                 modified=timestamp(response.get("LastModified")),
             )
-            check_response(facts, start, expect)
-            window = _window(status, start, end, rest_of_body)
-            await _pump(lambda: body.read(PIECE), window, emit, timeout)
+            request = (start, end, timeout, rest_of_body, expect)
+            return await _deliver(facts, lambda: body.read(PIECE), emit, request)
         finally:
             body.close()
-        return facts
 
 
 class GcsTransport(_LoopTransport):
@@ -240,25 +245,21 @@ class GcsTransport(_LoopTransport):
         from gcsfs.retry import validate_response
 
         fs = self.fs
-        await fs._set_session()
-        headers = fs._get_headers({"Range": _range_header(start, end)})
-        params = fs._get_params({})
+        session, headers, params = await gcsfs_deps.media_request(
+            fs, {"Range": _range_header(start, end)}
+        )
         if expect is not None and expect.version and "generation=" not in fs.url(path):
             params["ifGenerationMatch"] = str(expect.version)
         response = await _within(
-            fs.session.get(
-                fs.url(path), headers=headers, params=params, timeout=fs.requests_timeout
-            ),
+            session.get(fs.url(path), headers=headers, params=params, timeout=fs.requests_timeout),
             timeout,
         )
         async with response:
             if response.status >= 400:
                 validate_response(response.status, await response.read(), path)
             facts = facts_from_headers(response.status, response.headers, "x-goog-generation")
-            check_response(facts, start, expect)
-            window = _window(response.status, start, end, rest_of_body)
-            await _pump(lambda: response.content.read(PIECE), window, emit, timeout)
-        return facts
+            request = (start, end, timeout, rest_of_body, expect)
+            return await _deliver(facts, lambda: response.content.read(PIECE), emit, request)
 
 
 class AzureTransport(_LoopTransport):
@@ -268,28 +269,21 @@ class AzureTransport(_LoopTransport):
 
     async def _stream(self, path, start, end, emit, timeout, rest_of_body, expect) -> Facts:
         from azure.core.exceptions import ResourceNotFoundError
-        from azure.storage.blob._generated.models import ModifiedAccessConditions
 
         fs = self.fs
-        container, blob, version = fs.split_path(fs._strip_protocol(path))
+        container, blob, version = fs.split_path(fsspec_deps.strip_protocol(fs, path))
         if not version and expect is not None and expect.version:
             version = str(expect.version)
-        conditions = None
-        if expect is not None and expect.etag:
-            conditions = ModifiedAccessConditions(if_match=expect.etag)
+        conditions = azure_deps.if_match(expect.etag if expect is not None else None)
         async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
             try:
                 pipeline_response, body, _ = await _within(
-                    client._client.blob.download(
+                    azure_deps.raw_download(
+                        client,
                         range=_range_header(start, end),
                         version_id=version,
                         modified_access_conditions=conditions,
-                        cls=lambda response, deserialized, headers: (
-                            response,
-                            deserialized,
-                            headers,
-                        ),
-                        **getattr(fs, "_timeout_kwargs", {}),
+                        **adlfs_deps.timeout_kwargs(fs),
                     ),
                     timeout,
                 )
@@ -300,12 +294,11 @@ class AzureTransport(_LoopTransport):
             if missing:
                 raise FileNotFoundError(errno.ENOENT, "no such blob", path)
             response = pipeline_response.http_response
+            request = (start, end, timeout, rest_of_body, expect)
             try:
-                status = response.status_code
-                facts = facts_from_headers(status, response.headers, "x-ms-version-id")
-                check_response(facts, start, expect)
-                window = _window(response.status_code, start, end, rest_of_body)
-                await _pump(body.__anext__, window, emit, timeout)
+                status, headers = response.status_code, response.headers
+                facts = facts_from_headers(status, headers, "x-ms-version-id")
+                await _deliver(facts, body.__anext__, emit, request)
             except StopAsyncIteration:
                 pass
             finally:
@@ -331,10 +324,10 @@ class CatFileTransport:
 
 
 _TRANSPORTS = {
-    **dict.fromkeys(HTTP_PROTOCOLS, HttpTransport),
-    **dict.fromkeys(S3_PROTOCOLS, S3Transport),
-    **dict.fromkeys(GCS_PROTOCOLS, GcsTransport),
-    **dict.fromkeys(AZURE_PROTOCOLS, AzureTransport),
+    **dict.fromkeys(http.PROTOCOLS, HttpTransport),
+    **dict.fromkeys(s3.PROTOCOLS, S3Transport),
+    **dict.fromkeys(gcs.PROTOCOLS, GcsTransport),
+    **dict.fromkeys(azure.PROTOCOLS, AzureTransport),
 }
 
 

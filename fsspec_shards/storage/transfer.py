@@ -11,11 +11,14 @@ transport raises ``TimeoutError``); a request that moves, but slower than ``min_
 bytes per second over a window of ``rate_window`` seconds, is ended too (curl's
 ``--speed-limit``/``--speed-time``). Only a request that moved at ``min_rate`` or better
 starts a new failure chain: a server that sends a few bytes per request and stalls spends
-the chain's attempts like one that sends nothing, so every download ends.
+the chain's attempts like one that sends nothing, so every download ends. The floor is a
+download's: the streams of a fill share it (:meth:`Target.shared_by`), so streams that
+split a slow link between them are not taken for stalls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from collections.abc import Callable
@@ -90,6 +93,11 @@ class Target:
     def shown(self) -> str:
         """The object's name for messages and logs (redacted)."""
         return self.obj.shown
+
+    def shared_by(self, streams: int) -> Target:
+        """This download as one of ``streams`` streams of a fill: each carries its share of
+        ``min_rate``."""
+        return dataclasses.replace(self, min_rate=self.min_rate / max(1, streams))
 
     def incr(self, name: str, amount: int = 1) -> None:
         if self.count is not None and amount:
@@ -201,7 +209,6 @@ def resume(
     requests = 0
     if target.transport.streaming:
         chunks = None
-    guard = _RateGuard(target.min_rate, target.rate_window)
 
     def passed(data: bytes) -> None:
         nonlocal position

@@ -23,12 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec_shards.config import is_number
-from fsspec_shards.storage.backends import (
-    AZURE_PROTOCOLS,
-    GCS_PROTOCOLS,
-    HTTP_PROTOCOLS,
-    S3_PROTOCOLS,
-)
+from fsspec_shards.storage.backends import backend_of
 from fsspec_shards.storage.retry import TransientError
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
@@ -220,33 +215,7 @@ def check_response(facts: Facts, start: int, expect: Version | None) -> None:
 
 
 def expected_version(protocol: str, info: dict[str, Any]) -> Version:
-    """The version ``info()`` describes, in each backend's own fields."""
-    size = info.get("size")
-    if protocol in S3_PROTOCOLS:
-        version = info.get("VersionId")
-        return Version(
-            size,
-            info.get("ETag"),
-            None if version in (None, "", "null") else str(version),
-            timestamp(info.get("LastModified")),
-        )
-    if protocol in GCS_PROTOCOLS:
-        generation = info.get("generation")
-        return Version(
-            size,
-            info.get("etag"),
-            str(generation) if generation else None,
-            timestamp(info.get("updated")),
-        )
-    if protocol in AZURE_PROTOCOLS:
-        return Version(
-            size,
-            info.get("etag"),
-            info.get("version_id") or None,
-            timestamp(info.get("last_modified")),
-        )
-    if protocol in HTTP_PROTOCOLS:
-        return Version(size, info.get("ETag"), None, timestamp(info.get("Last-Modified")))
-    etag = info.get("ETag") or info.get("etag")
-    modified = next((info[k] for k in ("mtime", "LastModified", "updated") if k in info), None)
-    return Version(size, etag, None, timestamp(modified))
+    """The version ``info()`` describes, in the backend's own fields (its module's
+    ``VERSION_FIELDS``)."""
+    etag, version, modified = backend_of(protocol).VERSION_FIELDS.read(info)
+    return Version(info.get("size"), etag, version, timestamp(modified))

@@ -12,7 +12,9 @@ time, then a stall until the client gives up).
 
 `identity=False` makes it a server that says nothing about versions: no ETag, no
 Last-Modified. With `identity=True` each version has an ETag and a Last-Modified, and
-`If-Match` is honoured (412 for another version). Every request is logged.
+`If-Match` is honoured (412 for another version). `identity_on_get=False`: only HEAD
+answers say which version (GETs carry no ETag or Last-Modified and ignore `If-Match`).
+Every request is logged.
 """
 
 from __future__ import annotations
@@ -90,8 +92,9 @@ class _Object:
 class HostileServer:
     """`HostileServer(identity=...)` listening on a free loopback port until `close()`."""
 
-    def __init__(self, identity: bool = True) -> None:
+    def __init__(self, identity: bool = True, identity_on_get: bool = True) -> None:
         self.identity = identity
+        self.identity_on_get = identity_on_get
         self.objects: dict[str, _Object] = {}
         self.plans: dict[str, list] = {}
         self.log: list[Logged] = []
@@ -181,7 +184,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         etag = f'"v{obj.version}-{len(obj.data)}"'
         if_match = self.headers.get("If-Match")
-        if self.hostile.identity and if_match and if_match.strip() not in (etag, "*"):
+        identity = self.hostile.identity and (method == "HEAD" or self.hostile.identity_on_get)
+        if identity and if_match and if_match.strip() not in (etag, "*"):
             self._log(method, 412)
             self.send_response(412)
             self.send_header("Content-Length", "0")
@@ -205,7 +209,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
-        if self.hostile.identity:
+        if identity:
             self.send_header("ETag", etag)
             modified = 1_700_000_000 + obj.version  # one second per version
             self.send_header("Last-Modified", email.utils.formatdate(modified, usegmt=True))

@@ -78,7 +78,9 @@ def test_dask(store):
         ddf = dd.read_parquet(
             f"wds::{root}/tables/events/*.parquet", storage_options=storage_options
         )
-        return ddf.compute().reset_index(drop=True)
+        # the threaded scheduler named: a distributed Client another test closed under load
+        # can leave dask's global default pointing at it
+        return ddf.compute(scheduler="threads").reset_index(drop=True)
 
     first, second = _twice(read, cache_dir)
     assert first.to_dict("list") == FRAME.to_dict("list")

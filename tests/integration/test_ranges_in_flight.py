@@ -10,8 +10,10 @@ known (also here).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
+import os
 import random
 import re
 import sys
@@ -22,7 +24,15 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage import range_plan
-from tests.integration.hostile_http import Cut, HostileServer, Replace, Serve, WholeBody, WrongStart
+from tests.integration.hostile_http import (
+    Cut,
+    HostileServer,
+    Replace,
+    Serve,
+    Trickle,
+    WholeBody,
+    WrongStart,
+)
 
 MiB = 1024 * 1024
 _spec = importlib.util.spec_from_file_location(
@@ -155,3 +165,48 @@ def test_on_loopback_the_fill_stays_at_one_stream(old, tmp_path, transport):
             assert _sha(fs.cat_file(server.url(name))) == _sha(old)
         assert _starts(server, "l0.bin")[:2] == [0, range_plan.FIRST_BYTES]  # (the probe)
         assert _starts(server, "l1.bin") == [0]  # one GET: the store answered ranges before
+
+
+def test_ranges_whose_answers_do_not_say_their_version_are_never_spliced(
+    old, new, tmp_path, transport
+):
+    # HEAD names the version, GETs do not (and ignore If-Match): the object replaced after
+    # the first range must not give the first range of one version and the rest of another
+    with HostileServer(identity_on_get=False) as server:
+        url = server.put("u.bin", old, plan=[Serve(), Replace(new)])
+        fs = _wds(tmp_path, transport, ranges_in_flight=3)
+        got = fs.cat_file(url)
+        assert _sha(got) == _sha(new)
+        assert _starts(server, "u.bin").count(0) == 2  # started over on the new version
+
+
+def test_a_range_stalled_when_another_failed_asks_no_more(old, new, tmp_path, transport):
+    # the range that stalls times out after its sibling saw the object replaced: it must
+    # end then, not spend its own failure chain asking for a version that is gone
+    stall = Trickle(1, 0.0, 0, stall=30)
+    with HostileServer() as server:
+        url = server.put("s.bin", old, plan=[Serve(), stall, Replace(new)])
+        fs = _wds(tmp_path, transport, ranges_in_flight=2, timeout=1)
+        assert _sha(fs.cat_file(url)) == _sha(new)
+        refused = [entry for entry in server.gets("s.bin") if entry.status == 412]
+        assert len(refused) == 1, server.gets("s.bin")
+
+
+def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, transport):
+    # three ranges at 6 kB/s each: the fill moves at 18 kB/s, above min_rate (16 KiB/s),
+    # though each stream alone is below it; streams that share a slow link are not stalls
+    from fsspec_shards.storage.filling import fill_ranges, preallocate
+
+    piece, every, span = 300, 0.05, 6000
+    data = random.Random(19).randbytes(4 * span)
+    trickle = Trickle(piece, every, span // piece, stall=30)
+    with HostileServer() as server:
+        url = server.put("f.bin", data, plan=[Serve()] + [trickle] * 30)
+        fs = _wds(tmp_path, transport, ranges_in_flight=4, min_rate_window=0.5, retries=2)
+        target = dataclasses.replace(fs._target(url), range_bytes=span)
+        expect = target.expected_version(target.stat())
+        with open(tmp_path / "filled", "w+b") as out:
+            preallocate(out.fileno(), len(data))
+            fill_ranges(target, out.fileno(), expect, None, lambda amount: None)
+            assert os.pread(out.fileno(), len(data), 0) == data
+        assert len(server.gets("f.bin")) == 4  # no range was ended as too slow

@@ -6,8 +6,11 @@ backends', at DEBUG), not in the stats. Swept over many query parameter names an
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
+import subprocess
+import sys
 import traceback
 
 import fsspec
@@ -205,3 +208,41 @@ def test_no_session_token_reaches_the_backend_header_logs(s3_backend, tmp_path, 
     for record in caplog.records:
         if record.name == "botocore.auth" and record.getMessage().startswith("Signature:"):
             assert re.search(r"[0-9a-f]{64}", record.getMessage()) is None
+
+
+FRESH_PROCESS = """
+import json, logging, sys, fsspec
+url, options, cache, transport = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+shown = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        shown.append(self.format(record))
+logging.root.addHandler(Keep())
+logging.root.setLevel(logging.DEBUG)
+fs = fsspec.filesystem("wds", target_protocol="s3", target_options=options,
+                       transport=transport, skip_instance_cache=True, cache_dir=cache)
+fs.cat_file(url)
+print(json.dumps(shown))
+"""
+
+
+@pytest.mark.parametrize("transport", ["fsspec", "obstore"])
+def test_no_session_token_reaches_the_header_logs_of_a_fresh_process(
+    s3_backend, tmp_path, transport
+):
+    """Redaction is a filter on the backends' loggers, attached when a wds filesystem is
+    made: in a process that imports the backend only then, its loggers still get it."""
+    if transport == "obstore":
+        pytest.importorskip("obstore")
+    url = s3_backend.put("secret/fresh.bin", DATA)
+    options = json.dumps({**s3_backend.storage_options, "token": SESSION_TOKEN})
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, url, options, str(tmp_path / "c"), transport],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    shown = json.loads(result.stdout)
+    assert any(SSE_KEY_MARKER in text.lower() for text in shown), "nothing to prove"
+    assert not [text for text in shown if SESSION_TOKEN in text]

@@ -159,3 +159,68 @@ def test_shards_round_trip_on_the_other_object_stores(request, protocol, tmp_pat
         "train-000001.tar",
         "train-000002.tar",
     ]
+
+
+MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+
+
+def names_in(s3_backend) -> list[str]:
+    return sorted(path.rsplit("/", 1)[-1] for path in s3_backend.filesystem().ls(s3_backend.url()))
+
+
+def test_an_aborted_run_over_earlier_shards_leaves_no_manifest_on_s3(s3_backend):
+    pattern, options = s3_backend.url("train-%06d.tar"), s3_backend.storage_options
+    with ShardWriter(pattern, max_count=PER_SHARD, storage_options=options) as writer:
+        for index in range(SAMPLES):
+            writer.write(make_sample(index))
+    assert set(MANIFESTS) <= set(names_in(s3_backend))
+    with (
+        pytest.raises(RuntimeError, match="stop"),
+        ShardWriter(pattern, max_count=PER_SHARD, storage_options=options) as writer,
+    ):
+        for index in range(15):
+            writer.write(make_sample(index))
+        raise RuntimeError("stop")
+    assert names_in(s3_backend) == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
+
+
+KILLED_UPLOADER = """
+import json, sys, time
+from pathlib import Path
+from fsspec_shards import ShardWriter
+
+pattern, options, spool, ready = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+writer = ShardWriter(pattern, max_count=50, storage_options=options, spool_dir=spool)
+for index in range(120):
+    writer.write({"__key__": f"s{index:04d}", "bin": bytes(2000)})
+    if index == 75:
+        Path(ready).write_text("mid-shard")
+        time.sleep(600)
+"""
+
+
+def test_the_spool_of_a_killed_uploader_is_removed_by_the_next_writer(s3_backend, tmp_path):
+    import signal
+    import time
+
+    spool, ready = tmp_path / "spool", tmp_path / "ready"
+    spool.mkdir()
+    options = s3_backend.storage_options
+    arguments = [s3_backend.url("k-%03d.tar"), json.dumps(options), str(spool), str(ready)]
+    process = subprocess.Popen([sys.executable, "-c", KILLED_UPLOADER, *arguments])
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not ready.exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(TIMEOUT)
+    assert [path.name[:10] for path in spool.glob("*/*/*")] == ["k-001.tar."]
+    with ShardWriter(
+        s3_backend.url("n-%03d.tar"), storage_options=options, spool_dir=str(spool)
+    ) as writer:
+        assert list(spool.glob("*/*/*")) == []
+        writer.write({"__key__": "n", "txt": "n"})
+    assert list(spool.iterdir()) == []
+    assert "k-000.tar" in names_in(s3_backend) and "k-001.tar" not in names_in(s3_backend)

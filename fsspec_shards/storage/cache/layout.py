@@ -21,6 +21,9 @@ Invariants:
 - ``<key>`` is a 64-digit lowercase hex digest (an ``ObjectId.key``) and ``<token>`` 8 hex
   digits. The cache deletes only files whose names match these patterns, in the
   subdirectory the pattern belongs to: whatever else is there, it did not make.
+- Publication is one sequence (:func:`write_new_file` or :func:`finish_file`, then
+  :func:`rename_into_place`): the bytes are fsynced in ``tmp/``, renamed to their name, and
+  the directory fsynced, so after a crash a file is absent or whole, never partial.
 - A data file's name is a function of its directory and key (:func:`data_file_path`
   rebuilds the path from validated parts), so no text read from the index can lead outside
   ``files/``.
@@ -32,6 +35,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 
 from diskcache.core import DBNAME
 
@@ -172,3 +176,43 @@ def remove_empty_directory(path: str) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+def finish_file(descriptor: int, *, read_only: bool, durable: bool = True) -> None:
+    """Make the bytes written to ``descriptor`` durable (fsync; left to the caller when not
+    ``durable``), then 0400 when ``read_only``: a temp file ready for
+    :func:`rename_into_place`."""
+    if durable:
+        os.fsync(descriptor)
+    if read_only:
+        os.fchmod(descriptor, 0o400)
+
+
+def write_new_file(path: str, write: Callable[[int], object], *, read_only: bool) -> None:
+    """Create ``path`` (it must not exist; never through a symlink), 0600, let ``write``
+    fill its descriptor, then :func:`finish_file` it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(path, flags, 0o600)
+    try:
+        write(descriptor)
+        finish_file(descriptor, read_only=read_only)
+    finally:
+        os.close(descriptor)
+
+
+def rename_into_place(temp: str, final: str, *, durable: bool = True) -> None:
+    """Rename the finished ``temp`` to ``final`` and fsync ``final``'s directory, so the
+    rename survives a power loss once this returns (left to the caller when not
+    ``durable``)."""
+    os.rename(temp, final)
+    if durable:
+        fsync_directory(os.path.dirname(final))
+
+
+def fsync_directory(directory: str) -> None:
+    """Make the renames into ``directory`` durable across power loss."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -118,15 +118,9 @@ class SharedTier:
         try:
             if not self._directory_is_safe(path, create=True):
                 raise OSError(errno.EPERM, "its generations directory is not private")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            descriptor = os.open(temp, flags, 0o600)
-            try:
-                os.write(descriptor, secrets.token_hex(_GENERATION_BYTES).encode())
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-            os.rename(temp, path)
-            _fsync_directory(os.path.dirname(path))
+            token = secrets.token_hex(_GENERATION_BYTES).encode()
+            layout.write_new_file(temp, lambda fd: os.write(fd, token), read_only=False)
+            layout.rename_into_place(temp, path)
         except OSError as error:
             layout.remove_file(temp)
             warn_once(
@@ -176,16 +170,8 @@ class SharedTier:
         size = os.fstat(source.fileno()).st_size
         temp = os.path.join(self.directory, layout.TMP, layout.new_temp_name(version, 0))
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            descriptor = os.open(temp, flags, 0o600)
-            try:
-                _copy(source.fileno(), descriptor, size)
-                os.fsync(descriptor)
-                os.fchmod(descriptor, 0o400)
-            finally:
-                os.close(descriptor)
-            os.rename(temp, final)
-            _fsync_directory(os.path.dirname(final))
+            layout.write_new_file(temp, lambda fd: _copy(source.fileno(), fd, size), read_only=True)
+            layout.rename_into_place(temp, final)
         except OSError as error:
             layout.remove_file(temp)
             logger.warning(
@@ -421,11 +407,3 @@ def _copy(source: int, target: int, size: int) -> None:
         copied += len(data)
     if copied != size:
         raise OSError(errno.EIO, f"copied {copied} of {size} bytes")
-
-
-def _fsync_directory(directory: str) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -38,13 +38,13 @@ import io
 import logging
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
+from fsspec_shards import exception_chain
 from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
@@ -112,10 +112,10 @@ class ShardCache:
         self._uid = os.geteuid()
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
+        self._verified_since_boot: set[tuple[str, str]] = set()
+        """(key, file) of entries verified after a reboot that a read-only index could not
+        record durable: not hashed again by this process."""
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
-        if self._log_level == logging.INFO and not logger.handlers:
-            logger.addHandler(logging.StreamHandler(sys.stderr))
-            logger.setLevel(logging.INFO)
         if not prepared.usable:
             warn_once(
                 self.directory,
@@ -226,14 +226,22 @@ class ShardCache:
     ) -> str | None:
         """Why an entry published before a reboot and not synced then cannot be served
         (None: it matches the checksum its download verified, and is durable now)."""
+        if (key, file) in self._verified_since_boot:
+            return None
         found = self._index.metadata(key)
         checksum = None if found is None else found[1].get("checksum")
         if not isinstance(checksum, str):
             return "was not durable before a reboot and has no checksum to verify it"
         if not matches(descriptor, size, checksum):
             return "was torn by a crash (not durable before a reboot, its checksum differs)"
-        fsync_file_and_directory(path)
-        self._index.mark_durable(key, file)
+        if self._index.writable:
+            fsync_file_and_directory(path)
+            try:
+                self._index.mark_durable(key, file)
+                return None
+            except ReadOnlyCacheError:
+                pass  # found read-only just now
+        self._verified_since_boot.add((key, file))  # (another process verifies it again)
         return None
 
     def get(self, obj: ObjectId, *, count: bool = True) -> str | None:
@@ -514,10 +522,10 @@ class ShardCache:
         with open(temp, "r+b") as file:
             metadata = download(file)
             file.flush()
-            if boot is None:  # no way to tell a reboot later: durable before publishing
-                os.fsync(file.fileno())
+            # no way to tell a reboot later (no boot id): durable before publishing;
+            # otherwise durability.py syncs it in the background
+            layout.finish_file(file.fileno(), read_only=True, durable=boot is None)
             size = os.fstat(file.fileno()).st_size
-            os.fchmod(file.fileno(), 0o400)
         # The download says what it verified (a newer version may differ in size from
         # what was reserved); otherwise the size announced beforehand must hold.
         promised = (metadata or {}).get("size", expected_size)
@@ -540,10 +548,8 @@ class ShardCache:
                             "is not a private directory of the cache",
                             "remove it (the cache makes it again)",
                         )
-                    os.rename(temp, final)
                     try:
-                        if boot is None:
-                            _fsync_directory(os.path.dirname(final))
+                        layout.rename_into_place(temp, final, durable=boot is None)
                         published, replaced = self._index.publish(
                             key, relative, size, redact_url(obj.shown), record, since, boot
                         )
@@ -724,26 +730,13 @@ def _foreign_names(directory: str) -> list[str]:
 
 def _is_disk_full(error: BaseException) -> bool:
     """Whether ``error`` or an exception it was raised from means the disk is full."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if type(error).__module__ == "sqlite3" and "full" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        (isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT))
+        or (type(link).__module__ == "sqlite3" and "full" in str(link))
+        for link in exception_chain.links(error, follow_suppressed=True)
+    )
 
 
 def _free_bytes(directory: str) -> int:
     usage = os.statvfs(directory)
     return usage.f_bavail * usage.f_frsize
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make a rename durable across power loss."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -299,19 +299,17 @@ def _read_marker(path: str, tier: str) -> dict | None:
 
 
 def _write_marker(path: str, *, tier: str, adopting: int | None = None) -> dict:
-    """Write the marker atomically (a temp file renamed over it), 0600; returns it.
-    ``adopting``: the earlier layout format being adopted."""
+    """Write the marker atomically and durably (the publication sequence of
+    :mod:`.layout`: a temp file, fsynced, renamed over it, the directory fsynced), 0600;
+    returns it. ``adopting``: the earlier layout format being adopted."""
     content = {"format": layout.FORMAT, "made_by": "fsspec-shards", "tier": tier}
     if adopting is not None:
         content["adopting"] = adopting
     temp = os.path.join(path, f".{layout.MARKER}.{secrets.token_hex(4)}")
-    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    text = json.dumps(content).encode()
     try:
-        with os.fdopen(descriptor, "w") as file:
-            json.dump(content, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, os.path.join(path, layout.MARKER))
+        layout.write_new_file(temp, lambda descriptor: os.write(descriptor, text), read_only=False)
+        layout.rename_into_place(temp, os.path.join(path, layout.MARKER))
     except BaseException:
         layout.remove_file(temp)
         raise

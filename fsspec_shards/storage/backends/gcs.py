@@ -1,0 +1,200 @@
+"""Google Cloud Storage (gcsfs; obstore's GCS store): everything the layer knows of it.
+
+Where its objects live (the endpoint as gcsfs resolves it, for the cache key and the
+obstore store alike: ``endpoint_url``, ``STORAGE_EMULATOR_HOST`` unless ``default``, else
+Google's in ``GOOGLE_CLOUD_UNIVERSE_DOMAIN``), which ``info()`` fields name a version
+(``generation``) and carry checksums (``md5Hash``, ``crc32c``), gcsfs's socket time-out,
+the taming of its own retries, and the obstore mapping (:data:`OBSTORE_TABLE` plus
+:func:`obstore_credentials`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import fsspec
+
+from fsspec_shards.redact import redact_text
+from fsspec_shards.storage.backends.fields import VersionFields, from_base64
+from fsspec_shards.storage.backends.mapping import (
+    IGNORED_COMMON,
+    Options,
+    StoreSpec,
+    as_bool,
+    http_endpoint,
+)
+from fsspec_shards.storage.integrity import Checksum
+
+PROTOCOLS = ("gs", "gcs")
+GOOGLE = "https://storage.googleapis.com"
+VERSION_FIELDS = VersionFields(
+    etag=("etag",), version=("generation",), modified=("updated",), no_version=("", "0")
+)
+
+
+def location(fs: fsspec.AbstractFileSystem) -> str:
+    """The endpoint gcsfs instance ``fs`` talks to."""
+    from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+
+    return f"endpoint={gcsfs_deps.endpoint(fs) or GOOGLE}"
+
+
+def passed_on() -> set[str]:
+    """Nothing: the backend takes its own parameters only."""
+    return set()
+
+
+OPTION_TABLES: dict = {}
+
+
+def checksums(info: Mapping[str, Any]) -> list[Checksum]:
+    """``md5Hash`` (absent on composite objects) and ``crc32c``, as ``info()`` gives them."""
+    found = []
+    for algorithm, name, length in (("md5", "md5Hash", 32), ("crc32c", "crc32c", 8)):
+        hexdigest = from_base64(info.get(name))
+        if hexdigest and len(hexdigest) == length:
+            found.append(Checksum(algorithm, hexdigest))
+    return found
+
+
+def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
+    """gcsfs's ``requests_timeout``."""
+    return [getattr(fs, "requests_timeout", None)]
+
+
+def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """gcsfs takes no retry option: its retries are turned down on the instance."""
+    return options
+
+
+def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
+    """gcsfs's requests without its retry decorator (see ``deps/gcsfs.py``)."""
+    from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+
+    gcsfs_deps.request_without_retries(fs)
+
+
+# -- obstore ---------------------------------------------------------------------------
+
+OBSTORE_IGNORED = IGNORED_COMMON | {
+    "project",
+    "access",
+    "consistency",
+    "cache_timeout",
+    "secure_serialize",
+    "check_connection",
+    "requests_timeout",
+    "default_location",
+    "version_aware",
+    "finalize_on_close",
+    "mrd_pool_cache_size",
+    "max_mrd_pool_cache_queue_size",
+}
+OBSTORE_TABLE = {
+    "endpoint": ("endpoint_url",),
+    "token": ("token",),
+}
+"""Where each setting of the GCS store comes from: the first source given wins."""
+
+
+def obstore_store(options: Options) -> StoreSpec:
+    """The obstore GCS store going where gcsfs would, with gcsfs's credentials."""
+    given = {name: options.pick(*sources) for name, sources in OBSTORE_TABLE.items()}
+    config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    endpoint = given["endpoint"]
+    if not endpoint:  # where gcsfs goes: the emulator's, another universe's, Google's
+        from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+
+        endpoint = gcsfs_deps.default_endpoint()
+        endpoint = None if endpoint.rstrip("/") == GOOGLE else endpoint
+    if endpoint:
+        if "://" not in endpoint:
+            endpoint = f"http://{endpoint}"
+        config["base_url"] = endpoint.rstrip("/")
+        client.update(http_endpoint(endpoint))
+    if as_bool(options, "requester_pays", options.take("requester_pays", False)):
+        raise options.refused("requester_pays", "obstore's GCS store sends no billing project")
+    if options.take("session_kwargs"):
+        raise options.refused("session_kwargs", "aiohttp session settings cannot be carried over")
+    credentials, secrets, how = obstore_credentials(options, given["token"], config)
+    options.finish(OBSTORE_IGNORED)
+    where = config.get("base_url", GOOGLE)
+    shown = redact_text(f"gcs at {where} ({how})")
+    return StoreSpec("gcs", config, client, credentials, tuple(s for s in secrets if s), shown)
+
+
+def obstore_credentials(
+    options: Options, token: Any, config: dict[str, Any]
+) -> tuple[Any, list[str], str]:
+    """The credential provider for gcsfs's ``token`` (a service account key goes into
+    ``config``), the secrets to mask, and how it signs."""
+    if token == "anon":
+        config["skip_signature"] = True
+        return None, [], "anonymous"
+    if token is None or token == "google_default":
+        return _google_credentials(options, None), [], "application default credentials"
+    if token == "cloud":
+        return _google_credentials(options, "cloud"), [], "instance metadata"
+    if isinstance(token, str) and token in ("browser", "cache"):
+        raise options.refused("token", f"gcsfs's {token!r} login has no obstore equivalent")
+    if isinstance(token, str | os.PathLike | dict):
+        info = _read_token(options, token)
+        if info.get("type") == "service_account":
+            config["service_account_key"] = json.dumps(info)
+            return None, [str(info.get("private_key") or "")], "service account"
+        secrets = [str(info.get(k) or "") for k in ("refresh_token", "client_secret")]
+        return _google_credentials(options, info), secrets, "user credentials"
+    if hasattr(token, "refresh") and hasattr(token, "token"):
+        return _google_credentials(options, token), [], "google-auth credentials"
+    raise options.refused("token", f"a {type(token).__name__} is not a gcsfs token")
+
+
+def _read_token(options: Options, token: Any) -> dict[str, Any]:
+    if isinstance(token, dict):
+        return dict(token)
+    try:
+        with open(token, encoding="utf-8") as handle:
+            info = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise options.refused(
+            "token", f"cannot read the credentials file ({type(exc).__name__})"
+        ) from None
+    if not isinstance(info, dict):
+        raise options.refused("token", "the credentials file holds no JSON object")
+    return info
+
+
+def _google_credentials(options: Options, source: Any) -> Callable[[], Any]:
+    """An obstore credential provider over google-auth credentials: ``None`` for application
+    default credentials, ``"cloud"`` for the metadata server, an authorized-user dict, or a
+    credentials object."""
+    try:
+        import google.auth
+        import google.auth.exceptions
+        from obstore.auth.google import GoogleCredentialProvider
+    except ImportError:
+        raise options.refused("token", "google-auth is not installed") from None
+    try:
+        if source is None:
+            credentials, _ = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/devstorage.full_control"]
+            )
+        elif source == "cloud":
+            from google.auth import compute_engine
+
+            credentials = compute_engine.Credentials()
+        elif isinstance(source, dict):
+            from google.oauth2.credentials import Credentials
+
+            credentials = Credentials.from_authorized_user_info(source)
+        else:
+            credentials = source
+    except (google.auth.exceptions.GoogleAuthError, ValueError) as exc:  # no ADC, bad file
+        raise options.refused(
+            "token", redact_text(f"google-auth: {type(exc).__name__}: {exc}")
+        ) from None
+    return GoogleCredentialProvider(credentials)

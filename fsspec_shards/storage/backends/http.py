@@ -1,0 +1,201 @@
+"""HTTP(S) (fsspec's aiohttp filesystem; obstore's HTTP store): what the layer knows of it.
+
+The URL is the whole address (no location beyond it); ``ETag`` and ``Last-Modified`` name
+a version, ``Content-MD5`` is a checksum; the session's socket time-outs; the obstore
+mapping (headers, basic auth, ``ssl=False``).
+
+Redirects: aiohttp follows a redirect to another origin with every header but
+``Authorization``/``Cookie``/``Proxy-Authorization``, so a custom credential header
+(``X-Api-Key``, ``x-amz-security-token``, ...) would reach whatever host a server points
+at. :func:`same_origin_headers`, a client middleware every tamed session gets, sends
+across origins only :data:`CROSS_ORIGIN_HEADERS` (what says which bytes, none a secret).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+
+from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
+from fsspec_shards.storage.backends.mapping import IGNORED_COMMON, Options, StoreSpec
+from fsspec_shards.storage.integrity import Checksum
+
+PROTOCOLS = ("http", "https")
+VERSION_FIELDS = VersionFields(etag=("ETag",), modified=("Last-Modified",))
+
+CROSS_ORIGIN_HEADERS = frozenset(
+    {
+        "host",
+        "accept",
+        "accept-encoding",
+        "user-agent",
+        "range",
+        "if-match",
+        "if-none-match",
+        "if-modified-since",
+        "if-unmodified-since",
+        "if-range",
+    }
+)
+"""The request headers a redirect to another origin keeps."""
+
+OBSTORE_STRIPPED = frozenset({"authorization", "cookie", "proxy-authorization"})
+"""The headers obstore (reqwest) drops on a redirect to another origin: it keeps the rest,
+so a configuration with another credential header is not carried over to obstore."""
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_CHAIN: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar(
+    "fsspec_shards_redirect_chain", default=None
+)
+"""(the origin a redirect pointed at, the origin its request chain began at): aiohttp calls
+the middleware for every hop of a chain in one task, so the next hop sees it."""
+
+
+async def same_origin_headers(request: Any, handler: Any) -> Any:
+    """aiohttp client middleware: a redirect hop to another origin than the one its chain
+    began at carries only :data:`CROSS_ORIGIN_HEADERS`."""
+    chain = _CHAIN.get()
+    origin = request.url.origin()
+    if chain is not None and chain[0] == origin:
+        origin = chain[1]
+        if request.url.origin() != origin:
+            for name in list(request.headers):
+                if name.lower() not in CROSS_ORIGIN_HEADERS:
+                    request.headers.popall(name, None)
+    response = await handler(request)
+    location = response.headers.get("Location") if response.status in _REDIRECTS else None
+    target = None
+    if location is not None:
+        try:
+            target = request.url.join(type(request.url)(location)).origin()
+        except ValueError:
+            target = None  # not an http(s) URL: aiohttp refuses to follow it
+    _CHAIN.set(None if target is None else (target, origin))
+    return response
+
+
+def location(fs: fsspec.AbstractFileSystem) -> str:
+    """Nothing beyond the URL: scheme, host and port are in the path."""
+    return ""
+
+
+def passed_on() -> set[str]:
+    """The options fsspec's http backend passes on: to every aiohttp request."""
+    import aiohttp
+
+    return parameters(aiohttp.ClientSession._request) - {"method", "str_or_url"}
+
+
+def _session_options() -> set[str]:
+    import aiohttp
+
+    return parameters(aiohttp.ClientSession.__init__)
+
+
+OPTION_TABLES = {"client_kwargs": _session_options}
+"""The http backend's options that are tables of a client's keywords, and what each takes."""
+
+
+def checksums(info: Mapping[str, Any]) -> list[Checksum]:
+    """``Content-MD5``, when the server sends one."""
+    hexdigest = from_base64(info.get("Content-MD5"))
+    return [Checksum("md5", hexdigest)] if hexdigest and len(hexdigest) == 32 else []
+
+
+def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
+    """The socket fields of the session's ``aiohttp.ClientTimeout``."""
+    client_timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout")
+    return [
+        getattr(client_timeout, name, None) for name in ("sock_read", "sock_connect", "connect")
+    ]
+
+
+def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The session with socket time-outs and the redirect middleware."""
+    return {
+        **options,
+        "client_kwargs": tamed_client_kwargs(options.get("client_kwargs") or {}, timeout),
+    }
+
+
+def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
+    """fsspec's http backend does not retry on its own."""
+
+
+def tamed_client_kwargs(client_kwargs: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """aiohttp session options: socket time-outs at ``timeout`` unless the user set one,
+    and :func:`same_origin_headers` innermost (after the user's own middlewares)."""
+    import aiohttp
+
+    client = dict(client_kwargs)
+    client.setdefault(
+        "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    )
+    client["middlewares"] = (*tuple(client.get("middlewares") or ()), same_origin_headers)
+    return client
+
+
+# -- obstore ---------------------------------------------------------------------------
+
+OBSTORE_IGNORED = IGNORED_COMMON | {
+    "simple_links",
+    "same_scheme",
+    "size_policy",
+    "encoded",
+    "trust_env",
+}
+_IGNORED_CLIENT = frozenset({"timeout", "trust_env", "headers", "auth"})
+
+
+def obstore_store(options: Options) -> StoreSpec:
+    """The obstore HTTP store sending the backend's headers (basic auth as a header);
+    refused where obstore would carry a header to another origin (see the module)."""
+    client_kwargs = options.nested("client_kwargs")
+    headers = dict(options.take("headers") or {})
+    headers.update(client_kwargs.take("headers") or {})
+    for middleware in client_kwargs.take("middlewares") or ():
+        if middleware is not same_origin_headers:  # applied by obstore's own rule below
+            raise client_kwargs.refused("middlewares", "aiohttp middlewares cannot be carried over")
+    secrets = obstore_credentials(client_kwargs, headers)
+    for name in headers:
+        if name.lower() not in OBSTORE_STRIPPED | CROSS_ORIGIN_HEADERS:
+            raise options.refused(
+                f"headers.{name}", "obstore would send it on to any origin a redirect names"
+            )
+    client: dict[str, Any] = {}
+    if headers:
+        client["default_headers"] = {str(k): str(v) for k, v in headers.items()}
+    ssl = options.take("ssl")
+    if ssl is not None:
+        if ssl is not False:
+            raise options.refused(
+                "ssl", "only ssl=False (no certificate check) can be carried over"
+            )
+        client["allow_invalid_certificates"] = True
+    if options.take("get_client") is not None:
+        raise options.refused(
+            "get_client", "a custom aiohttp client factory cannot be carried over"
+        )
+    client_kwargs.finish(_IGNORED_CLIENT)
+    options.finish(OBSTORE_IGNORED)
+    return StoreSpec("http", {}, client, None, tuple(s for s in secrets if s), "http(s) server")
+
+
+def obstore_credentials(client_kwargs: Options, headers: dict[str, Any]) -> list[str]:
+    """Put ``client_kwargs["auth"]`` (aiohttp.BasicAuth) into ``headers`` as
+    ``Authorization``; the secrets among the headers."""
+    secrets: list[str] = []
+    auth = client_kwargs.take("auth")
+    if auth is not None:
+        login, password = getattr(auth, "login", None), getattr(auth, "password", None)
+        if login is None:
+            raise client_kwargs.refused("auth", f"a {type(auth).__name__} is not aiohttp.BasicAuth")
+        encoded = base64.b64encode(f"{login}:{password or ''}".encode()).decode()
+        headers["Authorization"] = f"Basic {encoded}"
+        secrets += [encoded, str(password or "")]
+    secrets += [str(v) for k, v in headers.items() if k.lower() in ("authorization", "cookie")]
+    return secrets

@@ -1,0 +1,383 @@
+"""S3 (s3fs; obstore's S3 store): everything the layer knows of it.
+
+- Where one configuration's objects live (:func:`resolve`, for the cache key and the
+  obstore store alike), which fields of ``info()`` name a version and carry checksums,
+  the socket time-outs, the taming of s3fs's and botocore's own retries, and the obstore
+  mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
+
+Invariant: the cache key (``identity``) and the obstore store (``obstore_options``) take
+the endpoint and the region from :func:`resolve`, which resolves them as botocore does
+when s3fs makes its client, so a key names the endpoint the requests go to:
+
+- endpoint: the ``endpoint_url`` option, else ``client_kwargs["endpoint_url"]``, else the
+  configured one (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's ``services``
+  section, the profile's ``endpoint_url`` in the config file) unless
+  ``ignore_configured_endpoint_urls`` (``config_kwargs``, ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``
+  or the config file) says to ignore it; else AWS itself.
+- region: ``client_kwargs``/``config_kwargs`` ``region_name``, else the profile's
+  (``AWS_DEFAULT_REGION``, the config file).
+- profile: the ``profile`` option, else ``AWS_PROFILE``; a ``session`` given is asked itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import fsspec
+
+from fsspec_shards.redact import REDACTED, redact_text
+from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
+from fsspec_shards.storage.backends.mapping import (
+    IGNORED_COMMON,
+    Options,
+    StoreSpec,
+    as_bool,
+    http_endpoint,
+    tls,
+)
+from fsspec_shards.storage.integrity import Checksum
+
+PROTOCOLS = ("s3", "s3a")
+VERSION_FIELDS = VersionFields(
+    etag=("ETag",), version=("VersionId",), modified=("LastModified",), no_version=("", "null")
+)
+"""The ``info()`` fields of a version: a ``VersionId`` of "null" is an unversioned bucket."""
+_PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where an S3 configuration's requests go: ``endpoint`` None means AWS itself."""
+
+    endpoint: str | None
+    region: str | None
+    profile: str | None
+
+    def __str__(self) -> str:
+        """The location as the cache key holds it."""
+        if self.endpoint:
+            return f"endpoint={self.endpoint}"
+        return f"endpoint=aws;profile={self.profile or ''};region={self.region or ''}"
+
+
+def resolve(options: Mapping[str, Any]) -> Location:
+    """The location of the s3fs configuration ``options`` (s3fs's keyword arguments), in
+    the environment and config files of now. Raises botocore's errors (an unknown profile,
+    a services section that does not exist) as s3fs would at its first request."""
+    from fsspec_shards.storage.deps import botocore as botocore_deps  # s3fs brings botocore
+
+    client_kwargs = options.get("client_kwargs") or {}
+    config_kwargs = options.get("config_kwargs") or {}
+    session = options.get("session") or botocore_deps.session(options.get("profile"))
+    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url")
+    if not endpoint:
+        ignore = config_kwargs.get("ignore_configured_endpoint_urls")
+        if ignore is None:
+            ignore = session.get_config_variable("ignore_configured_endpoint_urls")
+        if not ignore:
+            endpoint = botocore_deps.configured_endpoint(session, "s3")
+    region = (
+        client_kwargs.get("region_name")
+        or config_kwargs.get("region_name")
+        or session.get_config_variable("region")
+    )
+    return Location(endpoint or None, region or None, session.profile)
+
+
+_LOCATIONS: dict[int, Location] = {}
+
+
+def located(fs: fsspec.AbstractFileSystem) -> Location:
+    """The location of s3fs instance ``fs``, resolved once per instance (s3fs reads the
+    environment and config files once too, when it makes its client)."""
+    found = _LOCATIONS.get(id(fs))
+    if found is None:
+        found = resolve(
+            {
+                "endpoint_url": getattr(fs, "endpoint_url", None),
+                "client_kwargs": getattr(fs, "client_kwargs", None),
+                "config_kwargs": getattr(fs, "config_kwargs", None),
+                "profile": (getattr(fs, "kwargs", None) or {}).get("profile"),
+                "session": getattr(fs, "session", None),
+            }
+        )
+        _LOCATIONS[id(fs)] = found
+        weakref.finalize(fs, _LOCATIONS.pop, id(fs), None)
+    return found
+
+
+def location(fs: fsspec.AbstractFileSystem) -> str:
+    """The location of s3fs instance ``fs`` as the cache key holds it."""
+    return str(located(fs))
+
+
+def passed_on() -> set[str]:
+    """The options s3fs passes on beyond its own: aiobotocore's ``AioSession``'s."""
+    from aiobotocore.session import AioSession
+
+    return parameters(AioSession.__init__)
+
+
+def _client_options() -> set[str]:
+    from botocore.session import Session
+
+    return parameters(Session.create_client) - {"service_name"}
+
+
+def _config_options() -> set[str]:
+    from botocore.config import Config
+
+    return set(Config.OPTION_DEFAULTS)
+
+
+OPTION_TABLES = {"client_kwargs": _client_options, "config_kwargs": _config_options}
+"""s3fs's options that are tables of a client's keywords, and what each takes."""
+
+
+def checksums(info: Mapping[str, Any]) -> list[Checksum]:
+    """The checksums ``info()`` carries: the ETag when it is a plain MD5 (not multipart,
+    not KMS- or customer-key-encrypted), ``ChecksumSHA256``, ``ChecksumCRC32C``."""
+    found = []
+    etag = str(info.get("ETag") or "").strip('"')
+    encrypted = info.get("ServerSideEncryption") == "aws:kms" or info.get("SSECustomerAlgorithm")
+    if _PLAIN_MD5_ETAG.match(etag) and not encrypted:
+        found.append(Checksum("md5", etag.lower()))
+    for algorithm, name, length in (
+        ("sha256", "ChecksumSHA256", 64),
+        ("crc32c", "ChecksumCRC32C", 8),
+    ):
+        hexdigest = from_base64(info.get(name))
+        if hexdigest and len(hexdigest) == length:
+            found.append(Checksum(algorithm, hexdigest))
+    return found
+
+
+def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
+    """botocore's ``connect_timeout`` and ``read_timeout`` as configured on ``fs``."""
+    config = getattr(fs, "config_kwargs", None) or {}
+    return [config.get("connect_timeout"), config.get("read_timeout")]
+
+
+def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """botocore at one attempt and ``timeout`` socket time-outs, unless the user set them."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+    config.setdefault("connect_timeout", timeout)
+    config.setdefault("read_timeout", timeout)
+    return {**options, "config_kwargs": config}
+
+
+def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
+    """s3fs's own ``_error_wrapper`` loop around every call: one attempt."""
+    fs.retries = 1
+
+
+# -- obstore ---------------------------------------------------------------------------
+
+OBSTORE_IGNORED = IGNORED_COMMON | {
+    "fixed_upload_size",
+    "cache_regions",
+    "local_expiry_check",
+    "version_aware",
+}
+_IGNORED_CONFIG = frozenset(
+    {
+        "retries",
+        "connect_timeout",
+        "read_timeout",
+        "max_pool_connections",
+        "user_agent",
+        "user_agent_extra",
+        "user_agent_appid",
+        "tcp_keepalive",
+        "parameter_validation",
+        "request_checksum_calculation",
+        "response_checksum_validation",
+    }
+)
+# s3_additional_kwargs that only apply to writes (the transport only reads)
+_WRITE_ONLY = frozenset(
+    {"ServerSideEncryption", "SSEKMSKeyId", "ACL", "StorageClass", "ContentType", "Metadata"}
+)
+OBSTORE_TABLE = {
+    "key": ("key", "username", "client_kwargs.aws_access_key_id"),
+    "secret": ("secret", "password", "client_kwargs.aws_secret_access_key"),
+    "token": ("token", "client_kwargs.aws_session_token"),
+    # resolved by resolve(); taken here so that they count as mapped
+    "endpoint": ("endpoint_url", "client_kwargs.endpoint_url"),
+    "region": ("client_kwargs.region_name", "config_kwargs.region_name"),
+    "ignore_configured": ("config_kwargs.ignore_configured_endpoint_urls",),
+}
+"""Where each setting of the S3 store comes from: the first source given wins."""
+
+
+def obstore_store(options: Options) -> StoreSpec:
+    """The obstore S3 store going where s3fs would, signing as s3fs would."""
+    client_kwargs = options.nested("client_kwargs")  # refused here if not a mapping
+    options.nested("config_kwargs")
+    if options.take("session") is not None:
+        raise options.refused("session", "a botocore session object cannot be carried over")
+    where_to = _obstore_location(options)
+    given = {name: options.pick(*sources) for name, sources in OBSTORE_TABLE.items()}
+    config = {"virtual_hosted_style_request": False, "request_payer": False}
+    client = tls(client_kwargs, "verify", client_kwargs.take("verify"))
+    if not as_bool(options, "use_ssl", options.take("use_ssl", True)) and not where_to.endpoint:
+        raise options.refused("use_ssl", "plain-HTTP AWS endpoints are not supported")
+    anon = _signing(options, where_to, config)
+    _extra_arguments(options, config)
+    client_kwargs.finish()
+    credentials, secrets, how = obstore_credentials(options, anon, given)
+    config["skip_signature"] = credentials is None
+    bucket_region = False
+    endpoint, region = where_to.endpoint, where_to.region
+    if endpoint:
+        config.update(endpoint=endpoint, region=region or "us-east-1")
+        client.update(http_endpoint(endpoint))
+    elif region:
+        config.update(endpoint=f"https://s3.{region}.amazonaws.com", region=region)
+    else:
+        bucket_region = True
+    options.finish(OBSTORE_IGNORED)
+    where = endpoint or (f"AWS {region}" if region else "AWS (region from the bucket)")
+    shown = redact_text(f"s3 at {where} ({how})")
+    return StoreSpec("s3", config, client, credentials, secrets, shown, bucket_region)
+
+
+def _obstore_location(options: Options) -> Location:
+    try:
+        from fsspec_shards.storage.deps.botocore import Error
+    except ImportError:
+        raise options.refused(
+            "target_protocol", "botocore is not installed to resolve the endpoint"
+        ) from None
+    try:
+        return resolve(options.given)
+    except Error as exc:  # an unknown profile, a missing services section, a bad file
+        raise options.refused(
+            "profile" if options.given.get("profile") else "endpoint_url",
+            redact_text(f"botocore: {exc}"),
+        ) from None
+
+
+def _signing(options: Options, where_to: Location, config: dict[str, Any]) -> bool:
+    """Apply ``config_kwargs`` (signature version, addressing style); whether anonymous."""
+    config_kwargs = options.nested("config_kwargs")
+    anon = as_bool(options, "anon", options.take("anon", False))
+    signature = config_kwargs.take("signature_version")
+    if signature is not None:
+        if str(signature).upper() == "UNSIGNED":
+            anon = True
+        elif signature not in ("s3v4", "v4"):
+            raise config_kwargs.refused("signature_version", f"{signature!r} is not SigV4")
+    addressing = config_kwargs.nested("s3")
+    style = addressing.take("addressing_style", "auto")
+    if style == "virtual":
+        if where_to.endpoint:
+            raise addressing.refused(
+                "addressing_style", "virtual-host addressing with a custom endpoint"
+            )
+        config["virtual_hosted_style_request"] = True
+    elif style not in ("auto", "path"):
+        raise addressing.refused("addressing_style", f"unknown style {style!r}")
+    addressing.finish()
+    config_kwargs.finish(_IGNORED_CONFIG)
+    return anon
+
+
+def _extra_arguments(options: Options, config: dict[str, Any]) -> None:
+    """Apply ``s3_additional_kwargs`` and ``requester_pays``."""
+    extra = options.nested("s3_additional_kwargs")
+    payer = extra.take("RequestPayer")
+    if payer is not None:
+        if str(payer).lower() != "requester":
+            raise extra.refused("RequestPayer", f"unknown value {payer!r}")
+        config["request_payer"] = True
+    for name in extra.remaining():
+        if name.startswith("SSECustomer"):
+            raise extra.refused(name, "customer-provided encryption keys are not supported")
+    extra.finish(_WRITE_ONLY)
+    if as_bool(options, "requester_pays", options.take("requester_pays", False)):
+        config["request_payer"] = True
+
+
+def obstore_credentials(
+    options: Options, anon: bool, given: Mapping[str, Any]
+) -> tuple[Any, tuple[str, ...], str]:
+    """The credential provider (None: unsigned), the secrets to mask, and how it signs:
+    the keys given, else botocore's credential chain for the profile, as s3fs."""
+    key, secret, token = given["key"], given["secret"], given["token"]
+    profile = options.take("profile")
+    if anon:
+        return None, (), "anonymous"
+    if key or secret:
+        if not (key and secret):
+            raise options.refused(
+                "key" if not key else "secret", "an access key needs both key and secret"
+            )
+        credential = {"access_key_id": key, "secret_access_key": secret, "token": token}
+        secrets = (secret, token) if token else (secret,)
+        return StaticCredentials({**credential, "expires_at": None}), secrets, "access key"
+    try:
+        import botocore.exceptions
+        import botocore.session
+    except ImportError:
+        raise options.refused(
+            "key", "no key given and botocore is not installed to find credentials"
+        ) from None
+    try:
+        credentials = botocore.session.Session(profile=profile).get_credentials()
+    except botocore.exceptions.BotoCoreError as exc:  # ProfileNotFound, config parse errors
+        raise options.refused(
+            "profile" if profile else "key", redact_text(f"botocore: {exc}")
+        ) from None
+    if credentials is None:
+        raise options.refused(
+            "profile" if profile else "key",
+            "no key given and botocore's credential chain found none",
+        )
+    how = f"profile {profile}" if profile else "default credential chain"
+    return BotocoreCredentials(credentials, profile), (), how
+
+
+class StaticCredentials:
+    """An obstore credential provider that hands out the credentials the user gave."""
+
+    def __init__(self, credential: dict[str, Any]) -> None:
+        self._credential = credential
+        self.cache_key = hashlib.sha256(repr(sorted(credential.items())).encode()).hexdigest()
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._credential)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({REDACTED})"
+
+
+class BotocoreCredentials:
+    """An obstore credential provider over botocore's credential chain (environment, shared
+    config and credential files, profiles, SSO, container and instance metadata): what s3fs
+    uses when no key is given. Refreshable credentials are re-read when obstore asks."""
+
+    TTL = timedelta(minutes=5)
+
+    def __init__(self, credentials: Any, profile: str | None) -> None:
+        self._credentials = credentials
+        self.cache_key = f"botocore profile={profile}"
+
+    def __call__(self) -> dict[str, Any]:
+        frozen = self._credentials.get_frozen_credentials()
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": datetime.now(timezone.utc) + self.TTL,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({REDACTED})"

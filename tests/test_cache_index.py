@@ -1,0 +1,100 @@
+"""The index of a cache directory (storage/cache/index.py): published rows, rows not durable
+yet and made durable, generations that keep a download begun before a write from
+publishing, least-recently-used order, and every commit synced (``synchronous=FULL``)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+import pytest
+
+from fsspec_shards.storage.cache.index import Index
+
+
+@pytest.fixture
+def index(tmp_path) -> Index:
+    return Index(str(tmp_path), True, space_lock=contextlib.nullcontext, on_reset=lambda: None)
+
+
+def _publish(index: Index, key: str, file: str | None = None, boot: str | None = None, size=10):
+    since = index.generation(key)
+    return index.publish(key, file or f"{key}.bin", size, f"s3://b/{key}", {"m": key}, since, boot)
+
+
+def test_a_published_file_is_looked_up_with_its_size_and_metadata(index):
+    assert index.lookup("k") is None
+    assert _publish(index, "k", size=123) == (True, None)
+    assert index.lookup("k") == ("k.bin", 123, None)
+    row, metadata = index.metadata("k")
+    assert (row.file, row.size, row.shown, metadata) == ("k.bin", 123, "s3://b/k", {"m": "k"})
+    assert index.totals() == (1, 123) and index.cached_bytes() == 123
+
+
+def test_publishing_again_replaces_the_entry_and_names_the_file_it_replaced(index):
+    _publish(index, "k", "old.bin")
+    assert _publish(index, "k", "new.bin", size=7) == (True, "old.bin")
+    assert index.lookup("k") == ("new.bin", 7, None)
+    assert index.totals() == (1, 7)
+
+
+def test_a_download_begun_before_a_write_does_not_publish_after_it(index):
+    since = index.generation("k")
+    assert index.drop("k", written=True) is None  # a write: the generation moves on
+    assert index.publish("k", "stale.bin", 1, "s3://b/k", {}, since) == (False, None)
+    assert index.lookup("k") is None
+    assert index.publish("k", "fresh.bin", 1, "s3://b/k", {}, since + 1) == (True, None)
+
+
+def test_a_file_published_under_a_boot_is_pending_until_marked_durable(index):
+    _publish(index, "k", "f1", boot="boot-1")
+    assert index.lookup("k") == ("f1", 10, "boot-1")
+    index.mark_durable("k", "f1")
+    assert index.lookup("k") == ("f1", 10, None)
+
+
+def test_marking_a_replaced_file_durable_leaves_its_replacement_pending(index):
+    _publish(index, "k", "f1", boot="boot-1")
+    _publish(index, "k", "f2", boot="boot-1")  # published before f1's sync finished
+    index.mark_durable("k", "f1")
+    assert index.lookup("k") == ("f2", 10, "boot-1")
+    _publish(index, "k", "f3")  # durable before it was published: nothing pending
+    assert index.lookup("k") == ("f3", 10, None)
+
+
+def test_dropping_an_entry_drops_its_pending_row(index):
+    _publish(index, "k", "f1", boot="boot-1")
+    assert index.drop("k", written=False) == "f1"
+    _publish(index, "k", "f1")
+    assert index.lookup("k") == ("f1", 10, None)
+
+
+def test_entries_come_least_recently_used_first_and_a_use_moves_one_to_the_end(index):
+    for key in ("a", "b", "c"):
+        _publish(index, key)
+    assert [row.key for row in index.rows()] == ["a", "b", "c"]
+    index.record_usage({"b": 2.0, "a": 1.0}, {"hits": 2})  # a used, then b
+    assert [row.key for row in index.rows()] == ["c", "a", "b"]
+    assert index.least_recent().key == "c"
+    assert index.counters() == {"hits": 2}
+
+
+def test_making_an_entry_durable_keeps_its_place(index):
+    _publish(index, "a", boot="boot-1")
+    _publish(index, "b")
+    index.mark_durable("a", "a.bin")
+    assert [row.key for row in index.rows()] == ["a", "b"]
+
+
+def test_every_commit_is_synced_full_on_a_rollback_journal(index, tmp_path):
+    _publish(index, "k")
+    # diskcache's connection (Index._diskcache, diskcache.Cache._con): the one that commits
+    connection = index._diskcache()._con
+    assert connection.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    # and what every other process opening the index applies to its own connection
+    with sqlite3.connect(f"file:{tmp_path / 'cache.db'}?mode=ro", uri=True) as reader:
+        setting = reader.execute(
+            "SELECT value FROM Settings WHERE key = 'sqlite_synchronous'"
+        ).fetchone()
+    assert setting == (2,)
