@@ -53,6 +53,13 @@ class Paced:
     pause: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Late:
+    """Wait ``seconds`` before the first byte, then hand everything over at once."""
+
+    seconds: float
+
+
 class _Pieces:
     """A streaming transport over a local file: each request takes the next action of
     ``plan`` (then serves normally) and hands its bytes over in pieces."""
@@ -70,6 +77,8 @@ class _Pieces:
         limit = action.after if isinstance(action, Cut | Short) else len(body)
         piece = action.piece if isinstance(action, Paced) else 64 * KiB
         handed = 0
+        if isinstance(action, Late):
+            time.sleep(action.seconds)
         try:
             while handed < limit:
                 if handed and isinstance(action, Paced):
@@ -132,6 +141,13 @@ def test_a_request_slower_than_min_rate_over_the_window_is_ended_as_stalled(path
     assert isinstance(raised.value.__cause__, TooSlow)
     offered = [handed for _, _, handed in transport.requests]
     assert len(offered) == 3 and max(offered) <= 2000  # each ended a window in, mid-body
+
+
+def test_the_wait_for_the_first_byte_is_the_time_outs_not_the_rate_rules(path):
+    """A server slow to start (within ``timeout``) and fast after is not ended as slow."""
+    transport = _Pieces([Late(0.2)])
+    moved, received = _moved(_target(path, transport, min_rate=1e6, rate_window=0.05))
+    assert b"".join(received) == DATA and moved.requests == 1
 
 
 def test_a_request_at_min_rate_or_better_goes_on_however_long_it_takes(path):

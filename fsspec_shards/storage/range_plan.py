@@ -148,7 +148,6 @@ class Ramp:
         start: yes unless this store already answered ranges in this process."""
         self.allowed = 1 if self.gated else self.level
         self.bytes = 0
-        self.rate: float | None = None  # the last aggregate rate measured
         self._started = time.monotonic()
         self._cond = threading.Condition()
         self._gate_open = not self.gated
@@ -264,5 +263,4 @@ class Ramp:
         if done.wait(WINDOW):
             return None
         with self._cond:
-            self.rate = (self.bytes - moved) / max(time.monotonic() - start, 1e-6)
-            return self.rate
+            return (self.bytes - moved) / max(time.monotonic() - start, 1e-6)

@@ -140,18 +140,21 @@ class TooSlow(TransientError):
 class _RateGuard:
     """Ends a request (raising :class:`TooSlow` from its sink) that moves slower than
     ``min_rate`` over a window, and tells whether a finished request moved fast enough to
-    count as progress."""
+    count as progress. Measured from the first byte on: the wait for it is ``timeout``'s."""
 
     def __init__(self, min_rate: float, window: float) -> None:
         self.min_rate = min_rate
         self.window = window
-        self.started = self.window_start = time.monotonic()
+        self.started: float | None = None
+        self.window_start = 0.0
         self.moved = self.window_moved = 0
 
     def passed(self, amount: int) -> None:
+        now = time.monotonic()
+        if self.started is None:
+            self.started = self.window_start = now
         self.moved += amount
         self.window_moved += amount
-        now = time.monotonic()
         if now - self.window_start >= self.window:
             if self.window_moved < self.min_rate * (now - self.window_start):
                 raise TooSlow(
@@ -162,7 +165,7 @@ class _RateGuard:
 
     def counts_as_progress(self) -> bool:
         """Whether the request moved at ``min_rate`` or better (or a window's worth)."""
-        if not self.moved:
+        if self.started is None:
             return False
         seconds = time.monotonic() - self.started
         return self.moved >= self.min_rate * min(seconds, self.window)
