@@ -7,7 +7,8 @@ connection to ``rate`` bytes per second (a token bucket, so a burst is at most
 ``burst`` bytes), waits ``connect_latency`` seconds before it connects to the server
 (the handshakes) and ``request_latency`` seconds before it forwards each request (the
 first bytes the client sends after the server last answered: one request on a keep-alive
-connection).
+connection). ``total_rate`` caps all connections together (the link itself: a NIC, a
+saturated path), where more streams cannot add rate.
 
 It is bounded and stops by itself: at most ``max_connections`` connections at once
 (more wait for the kernel's accept queue), one thread per direction of each, and as a
@@ -65,6 +66,7 @@ class Pacing:
     connect_latency: float = DEFAULT_LATENCY
     request_latency: float = DEFAULT_LATENCY
     burst: int = _PIECE
+    total_rate: float | None = None  # all connections together (None: not limited)
 
 
 class _Bucket:
@@ -74,15 +76,18 @@ class _Bucket:
         self.rate = rate
         self.burst = burst
         self.due = time.monotonic()  # when the bytes sent so far are paid for
+        self._lock = threading.Lock()  # one bucket may be shared by every connection
 
     def spend(self, amount: int) -> None:
         if self.rate is None:
             return
-        now = time.monotonic()
-        # idle time earns at most one burst of credit
-        self.due = max(self.due, now - self.burst / self.rate) + amount / self.rate
-        if self.due > now:
-            time.sleep(self.due - now)
+        with self._lock:
+            now = time.monotonic()
+            # idle time earns at most one burst of credit
+            self.due = max(self.due, now - self.burst / self.rate) + amount / self.rate
+            wait = self.due - now
+        if wait > 0:
+            time.sleep(wait)
 
 
 class PacingProxy:
@@ -98,6 +103,7 @@ class PacingProxy:
     ) -> None:
         self.upstream = upstream
         self.pacing = pacing
+        self._link = _Bucket(pacing.total_rate, pacing.burst)
         self._listener = socket.create_server((host, port), backlog=128)
         self.host, self.port = self._listener.getsockname()[:2]
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -204,6 +210,7 @@ class PacingProxy:
                     break
                 answered.set()
                 bucket.spend(size)
+                self._link.spend(size)
                 client.sendall(memoryview(buffer)[:size])
         except OSError:
             pass
@@ -224,6 +231,7 @@ def paced(
     latency: float = DEFAULT_LATENCY,
     request_latency: float | None = None,
     lifetime: float = 3600.0,
+    total_rate: float | None = None,
 ) -> Iterator[Address]:
     """A :class:`PacingProxy` in a process of its own in front of ``upstream``; yields where
     it listens (``.host``, ``.port``: what ``servers.Backend.through`` takes)."""
@@ -240,6 +248,8 @@ def paced(
         repr(latency if request_latency is None else request_latency),
         "--lifetime",
         repr(lifetime),
+        "--total-rate",
+        "0" if total_rate is None else repr(float(total_rate)),
     ]
     process = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
@@ -268,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--latency", type=float, default=DEFAULT_LATENCY, help="s per connection")
     parser.add_argument("--request-latency", type=float, default=None, help="s per request")
+    parser.add_argument("--total-rate", default="0", help="all connections together (0: unlimited)")
     parser.add_argument("--max-connections", type=int, default=64)
     parser.add_argument("--lifetime", type=float, default=3600.0, help="exit after this many s")
     arguments = parser.parse_args(argv)
@@ -278,7 +289,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     proxy = PacingProxy(
         (host, int(port)),
-        Pacing(rate, arguments.latency, request_latency),
+        Pacing(
+            rate,
+            arguments.latency,
+            request_latency,
+            total_rate=parse_rate(arguments.total_rate) or None,
+        ),
         port=arguments.port,
         max_connections=arguments.max_connections,
     ).start()
