@@ -39,11 +39,11 @@ class Facts:
 
     status: int | None = None
     start: int | None = None  # first byte, from Content-Range
-    stop: int | None = None  # one past the last byte Content-Range labels
     total: int | None = None  # the object's size: Content-Range total, or a 200's length
     etag: str | None = None
     version: str | None = None  # S3 version id, GCS generation, Azure version id
     modified: float | None = None  # Last-Modified, seconds since the epoch
+    stop: int | None = None  # one past the last byte Content-Range labels
 
 
 def _etag(value: Any) -> str | None:
