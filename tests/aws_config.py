@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-_RESOLVING = (
+RESOLVING = (
     "AWS_PROFILE",
     "AWS_DEFAULT_PROFILE",
     "AWS_REGION",
@@ -17,6 +17,7 @@ _RESOLVING = (
     "AWS_ENDPOINT_URL_S3",
     "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
 )
+"""The variables botocore resolves a profile, region and endpoint from."""
 
 
 class AwsConfig:
@@ -33,7 +34,7 @@ class AwsConfig:
 
 @pytest.fixture(name="aws_config")
 def aws_config_fixture(tmp_path, monkeypatch) -> Callable[[str], Path]:
-    for name in _RESOLVING:
+    for name in RESOLVING:
         monkeypatch.delenv(name, raising=False)
     config = tmp_path / "aws-config"
     config.write_text("")

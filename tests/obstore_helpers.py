@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
+from tests.aws_config import RESOLVING
 
 AZ_KEY = "a2V5LWZvci10ZXN0cw=="
 SAS = "sv=2024-01-01&sp=r&se=2030-01-01&sig=S1gnatur3"
@@ -33,13 +34,7 @@ def no_ambient_credentials(monkeypatch, tmp_path):
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",
         "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+        *RESOLVING,
         "AZURE_STORAGE_CONNECTION_STRING",
         "AZURE_STORAGE_ACCOUNT_NAME",
         "AZURE_STORAGE_ACCOUNT_KEY",

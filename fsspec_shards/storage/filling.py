@@ -42,7 +42,7 @@ from typing import BinaryIO
 
 from fsspec_shards.storage.backends import protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher
-from fsspec_shards.storage.range_plan import Ramp, link_of
+from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
@@ -202,10 +202,6 @@ class Writeback:
             self.started = end
 
 
-class _Stopped(Exception):
-    """Another range failed: this one stops (raised from its sink, so its request ends)."""
-
-
 def preallocate(descriptor: int, size: int) -> None:
     """Give the file its final size now, so ranges can be written anywhere in it (blocks
     allocated up front where the filesystem can, else a sparse file)."""
@@ -303,7 +299,7 @@ def fill_ranges(
     def fetch(worker: int, index: int) -> None:
         def sink(data: bytes) -> None:
             if stop.is_set():
-                raise _Stopped
+                raise Stopped
             at = layout.bounds(index)[0]
             pwrite_all(descriptor, data, at)
             layout.wrote(index, len(data))
@@ -313,7 +309,7 @@ def fill_ranges(
 
         def after_fault() -> None:
             if stop.is_set():  # a request that failed after another range did: no retry
-                raise _Stopped
+                raise Stopped
 
         start, end = layout.bounds(index)
         moved = resume(
@@ -325,29 +321,13 @@ def fill_ranges(
             rest_of_body=index == 0 and ramp.gated,
             chunks=ChunkSizer(),
             after_fault=after_fault,
-            passthrough=(_Stopped,),
+            passthrough=(Stopped,),
         )
         if index == 0 and ramp.gated:
             ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
 
     def work(worker: int) -> None:
-        if worker and not ramp.admit(worker):
-            return
-        try:
-            while not stop.is_set() and (worker == 0 or ramp.keeps(worker)):
-                index = layout.take()
-                if index is None:
-                    return
-                fetch(worker, index)
-        except _Stopped:
-            return
-        except BaseException as exc:
-            failures.append(exc)
-            stop.set()
-            layout.assigned.set()
-        finally:
-            if worker:
-                ramp.release(worker)
+        run_stream(ramp, worker, layout.take, fetch, stop, failures, layout.assigned)
 
     workers = [
         threading.Thread(target=work, args=(n,), name=f"fsspec-shards-range-{n}", daemon=True)

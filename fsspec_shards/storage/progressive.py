@@ -49,7 +49,7 @@ from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
 from fsspec_shards.storage.files import RetryingFile
 from fsspec_shards.storage.filling import preallocate, pwrite_all
-from fsspec_shards.storage.range_plan import Ramp, link_of
+from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import Target, resume
 from fsspec_shards.storage.versions import VersionMismatch
@@ -570,10 +570,6 @@ class _BadBlock(Exception):
         self.actual = actual
 
 
-class _Stopped(Exception):
-    """Another range failed: this one stops."""
-
-
 class _Plan:
     """The spans of blocks left to fetch: taken front to back, except that the span holding
     the block a reader waits on goes first."""
@@ -647,27 +643,14 @@ def fill_blocks(
     stop = threading.Event()
     failures: list[BaseException] = []
 
+    def fetch(number: int, span: tuple) -> None:
+        moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
+        _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
+
     def work(number: int) -> None:
         if number:
             progress.wait_first(_RAMP_SECONDS)  # the reader's first block: the link alone
-            if not ramp.admit(number):
-                return
-        try:
-            while not stop.is_set() and (number == 0 or ramp.keeps(number)):
-                span = plan.take()
-                if span is None:
-                    return
-                moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-                _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
-        except _Stopped:
-            return
-        except BaseException as exc:
-            failures.append(exc)
-            stop.set()
-            plan.empty.set()
-        finally:
-            if number:
-                ramp.release(number)
+        run_stream(ramp, number, plan.take, fetch, stop, failures, plan.empty)
 
     try:
         if workers == 1:
@@ -781,7 +764,7 @@ def _fill_span(
     def sink(data: bytes) -> None:
         nonlocal index, position, block_end, hasher
         if stop.is_set():
-            raise _Stopped
+            raise Stopped
         view = memoryview(data)
         while view and index < last:
             piece = view[: block_end - position]
@@ -803,7 +786,7 @@ def _fill_span(
 
     def after_fault() -> None:
         if stop.is_set():  # a request that failed after another span did: no retry
-            raise _Stopped
+            raise Stopped
 
     while index < last:
         try:
@@ -814,7 +797,7 @@ def _fill_span(
                 sink,
                 state.expect,
                 after_fault=after_fault,
-                passthrough=(_BadBlock, _Stopped),
+                passthrough=(_BadBlock, Stopped),
             )
         except _BadBlock as bad:
             state.bad_block(bad.index, bad.actual)

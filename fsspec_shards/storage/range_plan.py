@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 MiB = 1024 * 1024
@@ -264,3 +266,41 @@ class Ramp:
             return None
         with self._cond:
             return (self.bytes - moved) / max(time.monotonic() - start, 1e-6)
+
+
+class Stopped(Exception):
+    """Another stream of the fill failed: this one stops (raised from its sink, so its
+    request ends)."""
+
+
+def run_stream(
+    ramp: Ramp,
+    worker: int,
+    take: Callable[[], Any],
+    fetch: Callable[[int, Any], None],
+    stop: threading.Event,
+    failures: list[BaseException],
+    handed_out: threading.Event,
+) -> None:
+    """One stream of a parallel fill: once ``ramp`` admits ``worker`` (worker 0 always
+    runs), fetch what ``take`` hands out (None: nothing left) while the ramp keeps it. A
+    failure is kept in ``failures`` and stops every stream (``stop``), waking the thread
+    that waits for everything to be handed out (``handed_out``); :class:`Stopped` ends the
+    stream quietly."""
+    if worker and not ramp.admit(worker):
+        return
+    try:
+        while not stop.is_set() and (worker == 0 or ramp.keeps(worker)):
+            piece = take()
+            if piece is None:
+                return
+            fetch(worker, piece)
+    except Stopped:
+        return
+    except BaseException as exc:
+        failures.append(exc)
+        stop.set()
+        handed_out.set()
+    finally:
+        if worker:
+            ramp.release(worker)
