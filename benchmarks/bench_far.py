@@ -16,6 +16,9 @@ thread of it: ``time.process_time``; the servers and the proxy run elsewhere). T
 - ``simplecache_cold``: fsspec's ``simplecache::`` into a fresh directory
 - ``wds_default``: ``wds::`` with its defaults (``verify="auto"`` + SHA256SUMS,
   ``ranges_in_flight`` default)
+
+``simplecache::`` and ``wds::`` files are read to the end as a streaming consumer reads
+them (``bench_cold.read_through``: 1 MiB at a time into one buffer).
 - ``wds_ranges_<N>``: the same with ``ranges_in_flight=N`` fixed
 
     python benchmarks/bench_far.py [--rounds 3] [--objects 2] [--mib 64] [--rate 25MB]
@@ -157,7 +160,7 @@ def wds_reader(**options: object) -> Reader:
         try:
             for url in setup.urls:
                 with fs.open(url, "rb") as handle:
-                    handle.read()
+                    bench_cold.read_through(handle)
             fs.shard_cache.flush()  # its background fsyncs count, as the tool's fsync does
         finally:
             shutil.rmtree(directory, ignore_errors=True)

@@ -105,7 +105,7 @@ def test_a_huge_fixed_number_of_ranges_starts_no_more_threads_than_can_run(tmp_p
     data = DATA[: 256 * 1024]
     fs.pipe_file(path, data)
     policy = RetryPolicy(attempts=2, backoff=0.001, max_backoff=0.002, timeout=30.0)
-    target = Target(fs, path, object_id(fs, path), policy, ranges_in_flight=2000, range_bytes=4096)
+    target = Target(fs, path, object_id(fs, path), policy, ranges_in_flight=2000)
     expect = target.expected_version(target.stat())
     with open(tmp_path / "filled", "w+b") as out:
         preallocate(out.fileno(), len(data))
@@ -120,16 +120,54 @@ def test_the_frontier_of_many_ranges_costs_the_same_at_any_point_of_the_fill():
     # lock with 2 MiB ranges of 64 KiB pieces, growing with the square of the range count
     import time
 
-    from fsspec_shards.storage.filling import _Layout
+    from fsspec_shards.storage.filling import _Layout, _Range
     from fsspec_shards.storage.range_plan import Ramp
 
     spans, pieces, piece = 4096, 4, 1024
-    layout = _Layout(spans * pieces * piece, Ramp(8, "test:frontier"), pieces * piece)
-    taken = [layout.take() for _ in range(spans)]
+    span = pieces * piece
+    layout = _Layout(spans * span, Ramp(8, "test:frontier"))
+    layout.ranges = [_Range(n * span, (n + 1) * span, False) for n in range(spans)]
+    layout.cursor = spans * span
     started = time.process_time()
-    for index in taken:
+    for taken in layout.ranges:
         for _ in range(pieces):
-            layout.wrote(index, piece)
+            at, length = layout.claim(taken, piece)
+            layout.wrote(taken, length)
     took = time.process_time() - started
     assert layout.frontier.value == spans * pieces * piece
+    assert layout.finished.is_set()
     assert took < 1.5, f"{took:.2f}s of CPU for {spans * pieces} writes"
+
+
+def test_a_stream_without_a_range_takes_the_second_half_of_the_widest_one(monkeypatch):
+    from fsspec_shards.storage.filling import _Layout
+    from fsspec_shards.storage.range_plan import Ramp
+
+    MiB = 2**20
+    monkeypatch.setattr(range_plan, "_learned", {"test:split": (2, 0)})
+    layout = _Layout(64 * MiB, Ramp("auto", "test:split"))  # settled at 2: no first range
+    first, second = layout.take(), layout.take()
+    assert (first.start, first.end, second.start, second.end) == (0, 32 * MiB, 32 * MiB, 64 * MiB)
+    at, length = layout.claim(first, 8 * MiB)
+    layout.wrote(first, length)
+    third = layout.take()  # all handed out: the range with the most bytes left is split
+    assert (second.end, third.start, third.end) == (48 * MiB, 48 * MiB, 64 * MiB)
+    fourth = layout.take()
+    assert (first.end, fourth.start, fourth.end) == (20 * MiB, 20 * MiB, 32 * MiB)
+    at, length = layout.claim(first, 16 * MiB)  # its request runs on: cut at the new end
+    assert (at, length) == (8 * MiB, 12 * MiB)
+    assert [r.start for r in layout.ranges] == [0, 20 * MiB, 32 * MiB, 48 * MiB]
+
+
+def test_a_frontier_wakes_its_waiter_when_the_position_it_waits_for_is_reached():
+    written = Frontier(0)
+    woken: list[int] = []
+    waiter = threading.Thread(target=lambda: woken.append(written.wait_for(1000, 30)))
+    waiter.start()
+    written.advance(10)  # short of it: still waiting
+    waiter.join(0.2)
+    assert waiter.is_alive() and not woken
+    written.advance(1000)
+    waiter.join(10)
+    assert woken == [1000]
+    assert written.wait_for(5, 30) == 1000  # already there: at once

@@ -54,19 +54,20 @@ def test_a_fixed_number_runs_that_many_once_the_first_range_was_answered_as_one(
     ramp.ranges_answered(True)
     assert _admitted(ramp, 1) is True
     assert _admitted(ramp, 2) is True
-    assert ramp.span(100 * 2**20, 16 * 2**20) == 16 * 2**20
+    assert ramp.span(99 * 2**20) == 33 * 2**20  # the rest in 3 equal ranges
+    assert ramp.span(66 * 2**20) == 33 * 2**20
 
 
 def test_a_200_answer_to_the_first_range_keeps_the_fill_at_one_stream():
     ramp = Ramp("auto", "http:x")
     ramp.ranges_answered(False)
     assert _admitted(ramp, 1) is False
-    assert ramp.span(50 * 2**20, 16 * 2**20) == 50 * 2**20  # the rest in one request
+    assert ramp.span(50 * 2**20) == 50 * 2**20  # the rest in one request
 
 
 def test_the_first_auto_range_is_small_and_decides():
     ramp = Ramp("auto", "s3:bucket")
-    assert ramp.span(100 * 2**20, 16 * 2**20) == range_plan.FIRST_BYTES
+    assert ramp.span(100 * 2**20) == range_plan.FIRST_BYTES
 
 
 def test_the_streams_of_all_fills_of_a_process_are_bounded(monkeypatch):
@@ -85,7 +86,7 @@ def test_a_store_that_settled_on_one_stream_starts_there_without_probing():
     ramp = Ramp("auto", "http:x")
     ramp.ranges_answered(True)
     assert _admitted(ramp, 1) is False
-    assert ramp.span(60 * 2**20, 16 * 2**20) == 60 * 2**20
+    assert ramp.span(60 * 2**20) == 60 * 2**20
 
 
 def test_a_store_that_settled_on_eight_starts_with_eight_without_a_first_range():
@@ -93,7 +94,7 @@ def test_a_store_that_settled_on_eight_starts_with_eight_without_a_first_range()
     ramp = Ramp("auto", "s3:bucket")
     assert not ramp.gated  # it answered ranges before: no 1 MiB request alone first
     assert all(_admitted(ramp, worker) for worker in range(1, 8))
-    assert ramp.span(80 * 2**20, 16 * 2**20) == 10 * 2**20  # the rest in 8 equal ranges
+    assert ramp.span(80 * 2**20) == 10 * 2**20  # the rest in 8 equal ranges
 
 
 def test_a_closed_ramp_lets_waiting_workers_go():
@@ -120,3 +121,8 @@ def test_a_store_settled_at_one_stream_is_filled_by_one_request_until_its_next_p
 def test_an_unknown_store_is_probed():
     ramp = Ramp("auto", "s3:new")
     assert ramp.probing and ramp.gated
+
+
+def test_a_range_is_split_for_a_late_stream_only_when_enough_is_left():
+    assert range_plan.split_point(0, 2 * range_plan.SPLIT_MIN) == range_plan.SPLIT_MIN
+    assert range_plan.split_point(10, 10 + range_plan.SPLIT_MIN - 1) is None

@@ -11,7 +11,10 @@ hash; hashlib and google-crc32c release the GIL on large buffers, so the two ove
 durable later finds little left to write: the disk works while the network does.
 
 :func:`fill_ranges` fills a pre-allocated file with ranged GETs, as many in flight as
-``range_plan.Ramp`` allows, each written where it belongs with ``os.pwrite``.
+``range_plan.Ramp`` allows, each written where it belongs with ``os.pwrite``: the object
+in equal ranges, one request each, and a stream left without one takes the second half of
+the range with the most bytes left (``range_plan.split_point``). The filling thread, which
+only waits otherwise, starts the writeback of what each range wrote.
 
 Invariants:
 
@@ -42,7 +45,7 @@ from typing import BinaryIO
 
 from fsspec_shards.storage.backends import protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher
-from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream
+from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream, split_point
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
@@ -52,28 +55,36 @@ _PIECES_QUEUED = 64
 """Pieces handed over and not hashed yet before :meth:`OrderedHasher.update` waits: bounds
 the memory held when hashing falls behind the network."""
 _WRITEBACK_EVERY = 8 * 1024 * 1024
+_WRITEBACK_POLL = 0.05
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
 _STOP = object()
 
 
 class Frontier:
-    """How far a file is written without a gap: ``[begin, value)`` is all there."""
+    """How far a file is written without a gap: ``[begin, value)`` is all there. A waiter
+    is woken when the frontier reaches the position it waits for, not at every write."""
 
     def __init__(self, begin: int) -> None:
         self.value = begin
         self._cond = threading.Condition()
+        self._wanted: list[int] = []  # the positions waiters wait for
 
     def advance(self, value: int) -> None:
         with self._cond:
             if value > self.value:
                 self.value = value
-                self._cond.notify_all()
+                if self._wanted and value >= min(self._wanted):
+                    self._cond.notify_all()
 
-    def wait_beyond(self, position: int, timeout: float) -> int:
-        """The frontier once it lies past ``position``, or after ``timeout`` seconds."""
+    def wait_for(self, position: int, timeout: float) -> int:
+        """The frontier once it reaches ``position``, or after ``timeout`` seconds."""
         with self._cond:
-            if self.value <= position:
-                self._cond.wait(timeout)
+            if self.value < position:
+                self._wanted.append(position)
+                try:
+                    self._cond.wait_for(lambda: self.value >= position, timeout)
+                finally:
+                    self._wanted.remove(position)
             return self.value
 
 
@@ -148,7 +159,8 @@ class OrderedHasher:
         view = memoryview(buffer)
         position = start
         while position < end and not self._abandoned:
-            there = min(end, written.wait_beyond(position, 0.1))
+            # a whole buffer at a time (or what is there after a moment), not every write
+            there = min(end, written.wait_for(min(end, position + _READ_BACK), 0.1))
             if there <= position:
                 continue
             got = os.preadv(descriptor, [view[: min(_READ_BACK, there - position)]], position)
@@ -220,61 +232,114 @@ def pwrite_all(descriptor: int, data: bytes | memoryview, position: int) -> None
         position += written
 
 
-class _Layout:
-    """The ranges of one fill: handed out front to back (sized by the ramp), and how far
-    each is written, hence the :class:`Frontier` of the file."""
+class _Range:
+    """One range of a fill: bytes ``[start, end)``, ``claimed`` of them handed to a write
+    and ``written`` of them in the file, ``written_back`` of them handed to the disk's
+    writeback; ``asked`` is where its request ends (beyond ``end`` once another stream split
+    it off). ``open_ended``: the first range of a fill whose answer may be the whole object
+    (a 200), written on past ``end``."""
 
-    def __init__(self, size: int, ramp: Ramp, fixed_bytes: int) -> None:
+    __slots__ = ("start", "claimed", "written", "written_back", "end", "asked", "open_ended")
+
+    def __init__(self, start: int, end: int, open_ended: bool) -> None:
+        self.start = self.claimed = self.written = self.written_back = start
+        self.end = self.asked = end
+        self.open_ended = open_ended
+
+
+class _RangeEnds(Exception):
+    """A range reached its end before its request did (another stream split it off):
+    raised from the sink to end that request."""
+
+
+class _Layout:
+    """The ranges of one fill: handed out front to back (sized by the ramp), then split for
+    streams that have none (``range_plan.split_point``); how far each is written, hence the
+    :class:`Frontier` of the file. Ranges are kept in the order of their bytes."""
+
+    def __init__(self, size: int, ramp: Ramp) -> None:
         self.size = size
         self.ramp = ramp
-        self.fixed_bytes = fixed_bytes
         self.cursor = 0
-        self.spans: list[list[int]] = []  # [start, written up to, end], in order
+        self.ranges: list[_Range] = []
         self.frontier = Frontier(0)
-        self.assigned = threading.Event()
+        self.finished = threading.Event()
+        """Set when the whole file is written (or a stream failed: ``run_stream``)."""
         self._whole = 0  # the leading ranges written whole (the frontier is past them)
         self._lock = threading.Lock()
 
-    def take(self) -> int | None:
-        """The index of the next range to fetch, or None when all are handed out."""
+    def take(self) -> _Range | None:
+        """The next range to fetch, or None when there is none worth a request."""
         with self._lock:
-            if self.cursor >= self.size:
+            if self.cursor < self.size:
+                length = self.ramp.span(self.size - self.cursor)
+                taken = _Range(self.cursor, self.cursor + length, not self.ramp.answered)
+                self.ranges.append(taken)
+                self.cursor += length
+                return taken
+            widest = max(
+                (r for r in self.ranges[self._whole :] if not r.open_ended),
+                key=lambda r: r.end - r.claimed,
+                default=None,
+            )
+            if widest is None or (point := split_point(widest.claimed, widest.end)) is None:
                 return None
-            length = self.ramp.span(self.size - self.cursor, self.fixed_bytes)
-            self.spans.append([self.cursor, self.cursor, self.cursor + length])
-            self.cursor += length
-            if self.cursor >= self.size:
-                self.assigned.set()
-            return len(self.spans) - 1
+            taken = _Range(point, widest.end, False)
+            widest.end = point
+            self.ranges.insert(self.ranges.index(widest) + 1, taken)
+            return taken
 
-    def bounds(self, index: int) -> tuple[int, int]:
+    def claim(self, taken: _Range, amount: int) -> tuple[int, int]:
+        """Where the next ``amount`` bytes of ``taken``'s request go, and how many of them
+        belong to it (fewer: its end came first)."""
         with self._lock:
-            return self.spans[index][1], self.spans[index][2]
+            at = taken.claimed
+            if taken.open_ended:  # a 200 answer runs on to the object's end
+                taken.end = self.cursor = max(taken.end, min(self.size, at + amount))
+            length = max(0, min(amount, taken.end - at))
+            taken.claimed = at + length
+            return at, length
 
-    def wrote(self, index: int, amount: int) -> int:
-        """``amount`` bytes more of range ``index`` are in the file; returns where they
-        began. (The first range may run to the object's end: a 200 answer, Range ignored,
-        when no other range is out.)"""
+    def to_write_back(self, at_least: int) -> list[tuple[int, int]]:
+        """The stretches ``(offset, length)`` written since their last writeback, where
+        ``at_least`` bytes (or a range's end) are; marked as handed to writeback."""
+        stretches = []
         with self._lock:
-            span = self.spans[index]
-            at = span[1]
-            span[1] += amount
-            if span[1] > span[2]:
-                span[2] = self.cursor = span[1]
-                if self.cursor >= self.size:
-                    self.assigned.set()
+            for current in self.ranges:
+                length = current.written - current.written_back
+                if length >= at_least or (length and current.written >= current.end):
+                    stretches.append((current.written_back, length))
+                    current.written_back = current.written
+        return stretches
+
+    def wrote(self, taken: _Range, amount: int) -> None:
+        """``amount`` more bytes of ``taken`` (claimed before) are in the file."""
+        with self._lock:
+            taken.written += amount
             frontier = self.frontier.value
-            # from the last whole range on (it still grows when a 200 answer runs on)
-            for number in range(max(0, self._whole - 1), len(self.spans)):
-                start, written, end = self.spans[number]
-                if start > frontier:
+            # from the last whole range on (a 200 answer still grows the first)
+            for number in range(max(0, self._whole - 1), len(self.ranges)):
+                current = self.ranges[number]
+                if current.start > frontier:
                     break
-                frontier = max(frontier, written)
-                if written < end:
+                frontier = max(frontier, current.written)
+                if current.written < current.end:
                     break
                 self._whole = number + 1
         self.frontier.advance(frontier)
-        return at
+        if frontier >= self.size:
+            self.finished.set()
+
+
+def _write_back_while_filling(descriptor: int, layout: _Layout) -> None:
+    """Until the fill ends, start the disk's writeback of what the ranges wrote, every
+    ``_WRITEBACK_EVERY`` bytes of a range (the receiving threads never make the call), so
+    making the file durable later finds little left to write."""
+    while not layout.finished.wait(_WRITEBACK_POLL):
+        if _start_writeback is None:
+            continue
+        for offset, length in layout.to_write_back(_WRITEBACK_EVERY):
+            _start_writeback(descriptor, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def fill_ranges(
@@ -290,44 +355,61 @@ def fill_ranges(
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
     ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     stop = threading.Event()
-    layout = _Layout(expect.size, ramp, target.range_bytes)
+    layout = _Layout(expect.size, ramp)
     if hasher is not None:
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []
     counted = threading.Lock()
 
-    def fetch(worker: int, index: int) -> None:
+    def fetch(worker: int, taken: _Range) -> None:
         def sink(data: bytes) -> None:
             if stop.is_set():
                 raise Stopped
-            at = layout.bounds(index)[0]
-            pwrite_all(descriptor, data, at)
-            layout.wrote(index, len(data))
-            ramp.moved(worker, len(data))
-            with counted:
-                on_bytes(len(data))
+            at, length = layout.claim(taken, len(data))
+            if length:
+                pwrite_all(descriptor, data if length == len(data) else data[:length], at)
+                layout.wrote(taken, length)
+                ramp.moved(worker, length)
+                with counted:
+                    on_bytes(length)
+            if taken.claimed >= taken.end < taken.asked:
+                raise _RangeEnds  # split off: the rest is another stream's
 
         def after_fault() -> None:
             if stop.is_set():  # a request that failed after another range did: no retry
                 raise Stopped
+            if taken.claimed >= taken.end:  # split off while it failed: nothing left
+                raise _RangeEnds
 
-        start, end = layout.bounds(index)
-        moved = resume(
-            target.shared_by(ramp.allowed),
-            start,
-            end,
-            sink,
-            expect,
-            rest_of_body=index == 0 and ramp.gated,
-            chunks=ChunkSizer(),
-            after_fault=after_fault,
-            passthrough=(Stopped,),
-        )
-        if index == 0 and ramp.gated:
+        first = taken.open_ended
+        try:
+            moved = resume(
+                target.shared_by(ramp.allowed),
+                taken.start,
+                taken.asked,
+                sink,
+                expect,
+                rest_of_body=first,
+                chunks=ChunkSizer(),
+                after_fault=after_fault,
+                passthrough=(Stopped, _RangeEnds),
+            )
+        except _RangeEnds:
+            return
+        if first:
+            taken.open_ended = False
             ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
 
+    running = [ramp.cap]
+
     def work(worker: int) -> None:
-        run_stream(ramp, worker, layout.take, fetch, stop, failures, layout.assigned)
+        try:
+            run_stream(ramp, worker, layout.take, fetch, stop, failures, layout.finished)
+        finally:
+            with counted:
+                running[0] -= 1
+                if not running[0]:  # (the file is whole by now, unless a stream failed)
+                    layout.finished.set()
 
     workers = [
         threading.Thread(target=work, args=(n,), name=f"fsspec-shards-range-{n}", daemon=True)
@@ -336,8 +418,8 @@ def fill_ranges(
     for worker in workers:
         worker.start()
     try:
-        ramp.steer(layout.assigned)
-        layout.assigned.wait()
+        ramp.steer(layout.finished)
+        _write_back_while_filling(descriptor, layout)
     finally:
         ramp.close()
         for worker in workers:
@@ -345,3 +427,7 @@ def fill_ranges(
     if failures:
         changed = next((f for f in failures if isinstance(f, VersionMismatch)), None)
         raise changed or failures[0]
+    if layout.frontier.value < expect.size:
+        raise TransientError(
+            f"{target.shown}: ranges ended at byte {layout.frontier.value} of {expect.size}"
+        )

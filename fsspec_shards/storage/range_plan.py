@@ -15,6 +15,14 @@ are one request to the end (:func:`one_request`; probed again every
 An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
 never all get a slot, so a fill runs at most that many.
 
+The ranges: the object (after the first range, where there is one) in as many equal ranges
+as streams run when the fill starts, one request each, as a careful hand-written tool
+does; a stream that joins later (the ramp added it) or ends early takes the second half of
+the range with the most bytes left (:func:`split_point`), whose stream stops where the
+half begins. So every stream always has work, however the level changes, the ends come
+together, and a fill costs as few requests as it has streams (some servers copy the whole
+object for each ranged GET).
+
 Bounds: a fill has at most :data:`AUTO_MAX` streams under auto; all fills of a process
 share :data:`PROCESS_MAX` streams beyond the first of each fill (a fill never waits for a
 slot: it runs with fewer streams). A host running N processes (e.g. DataLoader workers)
@@ -40,11 +48,9 @@ GROWTH = 1.5
 FIRST_BYTES = 1 * MiB
 """The first range of a parallel fill on a store not seen answering ranges yet: its answer
 (206, or 200: ranges ignored) decides whether more ranges follow."""
-SPAN_MIN = 2 * MiB
-SPAN_MAX = 32 * MiB
-"""Auto ranges: the rest of the object after the first range in :data:`AUTO_MAX` equal
-ranges, within these bounds: as few requests as the streams need (some servers copy the
-whole object per ranged GET), and ends that come together."""
+SPLIT_MIN = 4 * MiB
+"""A range with fewer bytes left is not split for a stream that joins later: the new
+request's round trips would cost more than its half saves."""
 SETTLE_MAX = 0.3
 """Longest wait for added streams' first bytes before their rate is measured."""
 WINDOW = 0.15
@@ -199,18 +205,21 @@ class Ramp:
         """Worker ``worker`` (>= 1, admitted) ended: its slot goes back."""
         _give_slot()
 
-    def span(self, remaining: int, fixed_bytes: int) -> int:
-        """Bytes of the next range to take, ``remaining`` being left to assign."""
-        if not self.adaptive:
-            return min(remaining, fixed_bytes)
+    @property
+    def answered(self) -> bool:
+        """Whether more than the first range may be handed out (its answer came, or none
+        was needed)."""
+        return self._gate_open
+
+    def span(self, remaining: int) -> int:
+        """Bytes of the next range handed out of the ``remaining`` unassigned ones: the
+        first range before its answer; then the rest in as many equal ranges as streams
+        run now (module docstring), the same size for every one of them."""
         with self._cond:
-            if not self._gate_open:
-                return min(remaining, FIRST_BYTES)
-            if self.cap == 1 or (not self.probing and self.level == 1):
-                return remaining  # one stream: the rest in one request
-            if self._span_bytes is None:  # the rest in as many ranges as streams may run
-                share = -(-remaining // self.cap)
-                self._span_bytes = min(SPAN_MAX, max(SPAN_MIN, share))
+            if not self._gate_open:  # (a small object: its share of the streams)
+                return min(remaining, FIRST_BYTES, -(-remaining // self.cap))
+            if self._span_bytes is None:
+                self._span_bytes = max(1, -(-remaining // max(1, self.allowed)))
             return min(remaining, self._span_bytes)
 
     # -- the filling thread's side
@@ -266,6 +275,14 @@ class Ramp:
             return None
         with self._cond:
             return (self.bytes - moved) / max(time.monotonic() - start, 1e-6)
+
+
+def split_point(position: int, end: int) -> int | None:
+    """Where a range with bytes ``[position, end)`` left is split for a stream that has no
+    range (it takes ``[point, end)``), or None when too little is left to be worth it."""
+    if end - position < SPLIT_MIN:
+        return None
+    return position + (end - position) // 2
 
 
 class Stopped(Exception):

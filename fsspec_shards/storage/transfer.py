@@ -80,8 +80,6 @@ class Target:
     ranges_in_flight: int | str = "auto"
     """Ranged GETs at once when a large object with a version identity fills a file:
     ``"auto"`` (as many as the link rewards: ``range_plan.py``) or a fixed number."""
-    range_bytes: int = 16 * MiB
-    """Bytes per range with a fixed ``ranges_in_flight`` (auto sizes its own)."""
     min_rate: float = MIN_RATE
     rate_window: float = RATE_WINDOW
 

@@ -21,6 +21,7 @@ from fsspec_shards.storage.backends import backend_checksums
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
 from tests.integration.fault_proxy import Cut, Flip, Reset, Stall, Status
+from tests.integration.range_layout import range_starts
 
 MiB = 1024 * 1024
 SIZE = 3_000_000
@@ -332,8 +333,8 @@ def test_a_64mib_object_cut_every_4mib_arrives_whole_with_little_resent(
 
 @functools.cache
 def _large() -> bytes:
-    """An object over the 32 MiB above which ranges may be in flight: 0-16 MiB is read
-    first, then 16-32 and 32-40 MiB at once."""
+    """An object over the 32 MiB above which ranges may be in flight: its first MiB is read
+    first, then the rest in 4 ranges at once (``range_starts``)."""
     return random.Random(40).randbytes(40 * MiB)
 
 
@@ -355,17 +356,19 @@ def _large_with_ranges_in_flight(backend, fault_proxy, tmp_path, transport):
 
 @pytest.mark.parametrize("backend_name", ["http", "s3"])
 def test_a_range_in_flight_that_breaks_off_resumes_from_its_byte_and_the_object_is_whole(
-    request, fault_proxy, tmp_path, transport, backend_name
+    request, fault_proxy, tmp_path, transport, backend_name, no_splits
 ):
     backend = request.getfixturevalue(f"{backend_name}_backend")
     fs, path, proxy, data = _large_with_ranges_in_flight(backend, fault_proxy, tmp_path, transport)
-    proxy.add(Cut(after_bytes=2 * MiB), range=f"bytes={16 * MiB}-", **_data_gets(backend))
+    layout = range_starts(len(data), 4)
+    cut = layout[2]
+    proxy.add(Cut(after_bytes=2 * MiB), range=f"bytes={cut}-", **_data_gets(backend))
     assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
     exchanges = _data_exchanges(proxy, backend, transport)
     starts = sorted(_range_start(e) for e in exchanges)
-    resumed = [start for start in starts if 16 * MiB < start <= 18 * MiB]
+    resumed = [start for start in starts if cut < start <= cut + 2 * MiB]
     assert len(resumed) == 1  # the cut range went on from its byte, nothing started over
-    assert starts == sorted([0, 16 * MiB, 32 * MiB, *resumed])
+    assert starts == sorted([*layout, *resumed])
     assert sum(e.body_bytes for e in exchanges) <= len(data) + _resend_allowance(1)
     assert fs.cache_stats()["integrity_failures"] == 0
 
@@ -376,7 +379,8 @@ def test_a_byte_flipped_in_a_range_in_flight_is_caught_and_fetched_again(
 ):
     backend = request.getfixturevalue(f"{backend_name}_backend")
     fs, path, proxy, data = _large_with_ranges_in_flight(backend, fault_proxy, tmp_path, transport)
-    proxy.add(Flip(offset=12_345), range=f"bytes={32 * MiB}-", **_data_gets(backend))
+    last = range_starts(len(data), 4)[-1]
+    proxy.add(Flip(offset=12_345), range=f"bytes={last}-", **_data_gets(backend))
     assert hashlib.sha256(fs.cat_file(path)).digest() == hashlib.sha256(data).digest()
     stats = fs.cache_stats()
     assert (stats["integrity_failures"], stats["cached_files"]) == (1, 1)

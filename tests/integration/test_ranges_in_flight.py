@@ -10,7 +10,6 @@ one stream fills) the fill settles at one stream: one request once the store is 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -203,8 +202,9 @@ def test_a_range_stalled_when_another_failed_asks_no_more(old, new, tmp_path, tr
 
 
 def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, transport):
-    # three ranges at 6 kB/s each: the fill moves at 18 kB/s, above min_rate (16 KiB/s),
-    # though each stream alone is below it; streams that share a slow link are not stalls
+    # after a first range served at once, four ranges at 6 kB/s each: the fill moves at
+    # 24 kB/s, above min_rate (16 KiB/s), though each stream alone is below it; streams
+    # that share a slow link are not stalls
     from fsspec_shards.storage.filling import fill_ranges, preallocate
 
     piece, every, span = 300, 0.05, 6000
@@ -213,10 +213,33 @@ def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, trans
     with HostileServer() as server:
         url = server.put("f.bin", data, plan=[Serve()] + [trickle] * 30)
         fs = _wds(tmp_path, transport, ranges_in_flight=4, min_rate_window=0.5, retries=2)
-        target = dataclasses.replace(fs._target(url), range_bytes=span)
+        target = fs._target(url)
         expect = target.expected_version(target.stat())
         with open(tmp_path / "filled", "w+b") as out:
             preallocate(out.fileno(), len(data))
             fill_ranges(target, out.fileno(), expect, None, lambda amount: None)
             assert os.pread(out.fileno(), len(data), 0) == data
-        assert len(server.gets("f.bin")) == 4  # no range was ended as too slow
+        asked = [entry.range for entry in server.gets("f.bin")]
+        assert len(asked) == 5, asked  # the first range, then the rest in 4: none ended
+
+
+def test_a_stream_that_ends_early_takes_half_of_a_slow_range(tmp_path, transport):
+    # of the two ranges after the first, one trickles 2 MiB and stalls: the stream done with
+    # the other takes the second half of what the slow one has left, again and again while
+    # enough is left; the slow one, resumed after its time-out, stops where they begin
+    from tests.integration.range_layout import range_starts
+
+    data = random.Random(23).randbytes(40 * MiB)  # over AUTO_ABOVE: ranges
+    slow = Trickle(64 * 1024, 0.005, 32, stall=30)
+    with HostileServer() as server:
+        url = server.put("s.bin", data, plan=[Serve(), Serve(), slow])
+        fs = _wds(tmp_path, transport, ranges_in_flight=2, timeout=2)
+        assert _sha(fs.cat_file(url)) == _sha(data)
+        _, slow_start, fast_start = range_starts(len(data), 2)
+        starts = _starts(server, "s.bin")
+        assert len(set(starts)) == len(starts), starts  # nothing asked for twice
+        # which of the two trickles is the order their requests reached the server in
+        trickled = next(s for s in (slow_start, fast_start) if s + 2 * MiB in starts)
+        taken_over = [s for s in starts if s > trickled + 2 * MiB and s != fast_start]
+        assert taken_over, starts  # splits of the stalled range's rest
+        assert fs.cache_stats()["retries"] == 1  # the stall, resumed once
