@@ -7,9 +7,9 @@ carries tens of MB/s, so there several ranges reach the link's rate; on loopback
 link a second stream adds nothing and the fill stays at one (a single request for the rest
 of the object). The level a link settled on is remembered per process and per store: the
 next object starts there (and probes on from there when the last probe was cut short by
-the fill's end, and every :data:`REPROBE_EVERY` fills). A fill whose ranges were all handed
-out within the first measurement at one stream settles the store at one: its next fills
-are one request to the end (:func:`one_request`; probed again every
+the fill's end, and every :data:`REPROBE_EVERY` fills). A fill that ended within the
+first measurement at one stream settles the store at one: its next fills are one request
+to the end (:func:`one_request`; probed again every
 :data:`REPROBE_AT_ONE` fills).
 
 An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
@@ -232,7 +232,7 @@ class Ramp:
         if not self.probing:
             return
         previous = self._measure(done, self.level)
-        # all of it handed out before one window passed: one stream is fast enough here
+        # the fill ended before one window passed: one stream is fast enough here
         decided = previous is None or self.level == self.cap
         while previous is not None and self.level < self.cap:
             trying = min(self.cap, self.level * 2)
@@ -297,13 +297,13 @@ def run_stream(
     fetch: Callable[[int, Any], None],
     stop: threading.Event,
     failures: list[BaseException],
-    handed_out: threading.Event,
+    waited_on: threading.Event,
 ) -> None:
     """One stream of a parallel fill: once ``ramp`` admits ``worker`` (worker 0 always
     runs), fetch what ``take`` hands out (None: nothing left) while the ramp keeps it. A
-    failure is kept in ``failures`` and stops every stream (``stop``), waking the thread
-    that waits for everything to be handed out (``handed_out``); :class:`Stopped` ends the
-    stream quietly."""
+    failure is kept in ``failures`` and stops every stream (``stop``), waking the filling
+    thread (``waited_on``: the event it waits for, the fill's end or all handed out);
+    :class:`Stopped` ends the stream quietly."""
     if worker and not ramp.admit(worker):
         return
     try:
@@ -317,7 +317,7 @@ def run_stream(
     except BaseException as exc:
         failures.append(exc)
         stop.set()
-        handed_out.set()
+        waited_on.set()
     finally:
         if worker:
             ramp.release(worker)
