@@ -335,9 +335,10 @@ def _write_back_while_filling(descriptor: int, layout: _Layout) -> None:
     """Until the fill ends, start the disk's writeback of what the ranges wrote, every
     ``_WRITEBACK_EVERY`` bytes of a range (the receiving threads never make the call), so
     making the file durable later finds little left to write."""
+    if _start_writeback is None:  # no such call here: only wait
+        layout.finished.wait()
+        return
     while not layout.finished.wait(_WRITEBACK_POLL):
-        if _start_writeback is None:
-            continue
         for offset, length in layout.to_write_back(_WRITEBACK_EVERY):
             _start_writeback(descriptor, offset, length, _SYNC_FILE_RANGE_WRITE)
 
