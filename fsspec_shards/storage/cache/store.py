@@ -548,14 +548,19 @@ class ShardCache:
                             "is not a private directory of the cache",
                             "remove it (the cache makes it again)",
                         )
+                    handle = None
                     try:
                         layout.rename_into_place(temp, final, durable=boot is None)
+                        # opened before the index names it: from then on a discard by
+                        # another thread or process may remove it (the handle still reads)
+                        handle = io.FileIO(os.open(final, _OPEN_FLAGS), "rb")
+                        handle.name = final
                         published, replaced = self._index.publish(
                             key, relative, size, redact_url(obj.shown), record, since, boot
                         )
-                        handle = io.FileIO(os.open(final, _OPEN_FLAGS), "rb")
-                        handle.name = final
                     except BaseException:
+                        if handle is not None:
+                            handle.close()
                         layout.remove_file(final)
                         raise
                     if not published:
