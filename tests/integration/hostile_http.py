@@ -90,6 +90,9 @@ class Logged:
     range: str | None
     if_match: str | None
     status: int
+    action: object = None
+    """What the plan had this request do (None: served as asked); requests that arrive
+    together reach the log in either order, so a test finds its fault by this."""
 
 
 @dataclasses.dataclass
@@ -172,7 +175,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer("GET")
 
-    def _log(self, method: str, status: int) -> None:
+    def _log(self, method: str, status: int, action: object = None) -> None:
         self.hostile.log.append(
             Logged(
                 method,
@@ -180,13 +183,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.headers.get("Range"),
                 self.headers.get("If-Match"),
                 status,
+                None if isinstance(action, Serve) else action,
             )
         )
 
     def _answer(self, method: str) -> None:
         obj, action = self.hostile._take(self.path, method)
         if obj is None:
-            self._log(method, 404)
+            self._log(method, 404, action)
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -195,7 +199,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if_match = self.headers.get("If-Match")
         identity = self.hostile.identity and (method == "HEAD" or self.hostile.identity_on_get)
         if identity and if_match and if_match.strip() not in (etag, "*"):
-            self._log(method, 412)
+            self._log(method, 412, action)
             self.send_response(412)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -212,7 +216,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = data[first : last + 1]
         else:
             body = data
-        self._log(method, status)
+        self._log(method, status, action)
         self.send_response(status)
         label = len(body)
         if status == 206 and isinstance(action, ShortLabel):
