@@ -7,6 +7,7 @@ tests/integration/test_ranges_in_flight.py, through a pacing proxy.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -126,3 +127,51 @@ def test_an_unknown_store_is_probed():
 def test_a_range_is_split_for_a_late_stream_only_when_enough_is_left():
     assert range_plan.split_point(0, 2 * range_plan.SPLIT_MIN) == range_plan.SPLIT_MIN
     assert range_plan.split_point(10, 10 + range_plan.SPLIT_MIN - 1) is None
+
+
+def test_the_round_trip_after_the_first_range_is_not_measured_as_the_links_rate():
+    # a link capped as a whole: one stream gets all of it, two share it. Worker 0's first
+    # range is answered, then its next request takes 0.25 s to start (a busy machine).
+    # Measured from the gate, that pause looks like a slow single stream and a second
+    # stream like a gain; measured from the next request's bytes, one stream is enough.
+    ramp = Ramp("auto", "https:https://link")
+    done = threading.Event()
+    streaming: set[int] = set()
+    lock = threading.Lock()
+
+    def link(rate: float = 50e6) -> None:  # bytes by elapsed time: load does not change rates
+        last = time.monotonic()
+        while not done.wait(0.005):
+            now = time.monotonic()
+            with lock:
+                workers = sorted(streaming)
+            for worker in workers:
+                ramp.moved(worker, int(rate * (now - last) / len(workers)))
+            last = now
+
+    def worker_0() -> None:
+        ramp.requesting(0)
+        ramp.moved(0, range_plan.FIRST_BYTES)
+        ramp.ranges_answered(True)
+        time.sleep(0.25)
+        ramp.requesting(0)
+        with lock:
+            streaming.add(0)
+
+    def worker_1() -> None:
+        if ramp.admit(1):
+            ramp.requesting(1)
+            with lock:
+                streaming.add(1)
+
+    threads = [threading.Thread(target=target, daemon=True) for target in (link, worker_0)]
+    threads.append(threading.Thread(target=worker_1, daemon=True))
+    for thread in threads:
+        thread.start()
+    steering = threading.Thread(target=ramp.steer, args=(done,), daemon=True)
+    steering.start()
+    steering.join(10)
+    done.set()
+    ramp.close()
+    assert not steering.is_alive()
+    assert range_plan._learned["https:https://link"] == (1, 0)  # settled at one stream

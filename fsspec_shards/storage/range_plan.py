@@ -160,16 +160,31 @@ class Ramp:
         self._cond = threading.Condition()
         self._gate_open = not self.gated
         self._closed = False
-        self._first_bytes: set[int] = set()
+        self._asked_open: set[int] = set()
+        """Workers whose current request was asked with the gate open."""
+        self._receiving: set[int] = set()
+        """Of those, the ones that have bytes of it."""
         self._span_bytes: int | None = None
 
     # -- the workers' side
 
+    def requesting(self, worker: int) -> None:
+        """Worker ``worker`` asks for its next range. A measurement waits until each
+        stream has bytes of a request asked once the gate was open, so neither the gated
+        first range nor the round trip between two requests (long on a busy machine) is
+        taken for the link's rate."""
+        with self._cond:
+            self._receiving.discard(worker)
+            if self._gate_open:
+                self._asked_open.add(worker)
+            else:
+                self._asked_open.discard(worker)
+
     def moved(self, worker: int, amount: int) -> None:
         with self._cond:
             self.bytes += amount
-            if worker not in self._first_bytes:
-                self._first_bytes.add(worker)
+            if worker in self._asked_open and worker not in self._receiving:
+                self._receiving.add(worker)
                 self._cond.notify_all()
 
     def ranges_answered(self, as_ranges: bool) -> None:
@@ -261,11 +276,11 @@ class Ramp:
             self._cond.notify_all()
 
     def _measure(self, done: threading.Event, streams: int) -> float | None:
-        """The aggregate rate over :data:`WINDOW` once ``streams`` workers have bytes (or
-        :data:`SETTLE_MAX` passed); None when the fill ended first."""
+        """The aggregate rate over :data:`WINDOW` once ``streams`` workers receive (see
+        :meth:`requesting`; or :data:`SETTLE_MAX` passed); None when the fill ended first."""
         deadline = time.monotonic() + SETTLE_MAX
         with self._cond:
-            while len(self._first_bytes) < streams and not done.is_set():
+            while len(self._receiving) < streams and not done.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -311,6 +326,7 @@ def run_stream(
             piece = take()
             if piece is None:
                 return
+            ramp.requesting(worker)
             fetch(worker, piece)
     except Stopped:
         return
