@@ -164,10 +164,8 @@ def test_the_round_trip_after_the_first_range_is_not_measured_as_the_links_rate(
             with lock:
                 streaming.add(1)
 
-    threads = [threading.Thread(target=target, daemon=True) for target in (link, worker_0)]
-    threads.append(threading.Thread(target=worker_1, daemon=True))
-    for thread in threads:
-        thread.start()
+    for target in (link, worker_0, worker_1):
+        threading.Thread(target=target, daemon=True).start()
     steering = threading.Thread(target=ramp.steer, args=(done,), daemon=True)
     steering.start()
     steering.join(10)
