@@ -13,13 +13,22 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.cache import layout
+from fsspec_shards.storage.cache import layout, store
+from fsspec_shards.storage.durability import SYNCER
 from fsspec_shards.storage.identity import KEY_FORMAT, ObjectId
 
 
 def obj(url: str) -> ObjectId:
     """The identity of ``url`` as the cache sees it: a digest key and redacted text."""
     return ObjectId(hashlib.sha256(f"{KEY_FORMAT}\0{url}".encode()).hexdigest(), redact_url(url))
+
+
+def as_a_new_process() -> None:
+    """Let the next cache opened see its directory as a new process would: this process's
+    background syncs are done (one still pending would write to an index the test is about
+    to damage) and its shared indexes are forgotten."""
+    SYNCER.drain()
+    store._SHARED.clear()
 
 
 def payload(name: str, size: int) -> bytes:

@@ -22,6 +22,7 @@ from fsspec_shards.storage.cache import (
 )
 from fsspec_shards.storage.identity import KEY_FORMAT
 from tests.cache_objects import (
+    as_a_new_process,
     fill,
     index_query,
     index_value,
@@ -619,9 +620,7 @@ def test_entries_of_another_key_format_are_dropped_with_their_files(tmp_path: Pa
     index_query(
         cache.directory, "UPDATE Cache SET value = 'fsspec-shards-key-v1' WHERE key = 'key_format'"
     )
-    from fsspec_shards.storage.cache import store
-
-    store._SHARED.clear()  # as a new process would
+    as_a_new_process()
     again = ShardCache(str(tmp_path / "c"), 1000)
     assert again.entries() == [] and not os.path.exists(path)
     assert index_value(again.directory, "key_format") == KEY_FORMAT

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage.cache import NotACacheError, ShardCache, layout, store
+from fsspec_shards.storage.cache import NotACacheError, ShardCache, layout
 from fsspec_shards.storage.identity import KEY_FORMAT
 from tests import cache_objects
-from tests.cache_objects import fill, obj, payload, tree, writer
+from tests.cache_objects import as_a_new_process, fill, obj, payload, tree, writer
 
 
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Iterator[None]:
     """Each test opens its caches as a new process would (no shared index from before)."""
-    store._SHARED.clear()
+    as_a_new_process()
     yield
-    store._SHARED.clear()
+    as_a_new_process()
 
 
 def make_previous_layout(directory: Path) -> dict[str, Path]:

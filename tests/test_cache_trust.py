@@ -21,10 +21,9 @@ from fsspec_shards.storage.cache import (
     ReadOnlyCacheError,
     ShardCache,
     layout,
-    store,
 )
 from tests import cache_objects
-from tests.cache_objects import fill, obj, payload, plant_row, tree, writer
+from tests.cache_objects import as_a_new_process, fill, obj, payload, plant_row, tree, writer
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -34,9 +33,9 @@ OTHER_UID = 12345
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Iterator[None]:
     """Each test opens its caches as a new process would (no shared index from before)."""
-    store._SHARED.clear()
+    as_a_new_process()
     yield
-    store._SHARED.clear()
+    as_a_new_process()
 
 
 def plant_entry(cache: ShardCache, url: str, file: str, size: int, accessed_at: float = 0) -> None:
@@ -95,7 +94,7 @@ def test_a_file_given_as_the_cache_directory_is_refused_and_kept(tmp_path: Path)
 def test_a_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     fill(cache, "s3://bucket/a")
-    store._SHARED.clear()
+    as_a_new_process()
     os.chown(cache.directory, OTHER_UID, OTHER_UID)
     with pytest.raises(CacheDirectoryError) as raised:
         ShardCache(cache.directory, 1000)
@@ -143,7 +142,7 @@ def test_a_sticky_shared_directory_holds_the_cache_in_a_private_one_of_this_user
     assert (private / layout.MARKER).is_file()
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777  # the shared one is left alone
     fill(cache, "s3://b/k.tar")
-    store._SHARED.clear()
+    as_a_new_process()
     assert ShardCache(str(shared), 1000).directory == str(private)
 
 
@@ -201,7 +200,7 @@ def test_a_files_directory_planted_by_another_user_is_refused(tmp_path: Path) ->
     """The attack of the issue: another user's 0777 files/ lets them swap cached bytes."""
     directory = tmp_path / "cache"
     ShardCache(str(directory), 1000)
-    store._SHARED.clear()
+    as_a_new_process()
     files = directory / "files"
     files.rmdir()
     files.mkdir()
@@ -215,7 +214,7 @@ def test_a_files_directory_planted_by_another_user_is_refused(tmp_path: Path) ->
 def test_a_subdirectory_replaced_by_a_symlink_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     ShardCache(str(directory), 1000)
-    store._SHARED.clear()
+    as_a_new_process()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     (directory / "tmp").rmdir()
@@ -228,7 +227,7 @@ def test_a_data_subdirectory_that_is_a_symlink_is_never_followed(tmp_path: Path)
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     url = "s3://bucket/a"
     path = Path(fill(cache, url))
-    store._SHARED.clear()
+    as_a_new_process()
     outside = tmp_path / "outside"
     outside.mkdir(mode=0o700)
     (outside / path.name).write_bytes(payload(url, 100))
@@ -244,7 +243,7 @@ def test_a_data_subdirectory_that_is_a_symlink_is_never_followed(tmp_path: Path)
 
 def test_an_index_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
-    store._SHARED.clear()
+    as_a_new_process()
     os.chown(os.path.join(cache.directory, layout.INDEX), OTHER_UID, OTHER_UID)
     with pytest.raises(CacheDirectoryError, match=layout.INDEX):
         ShardCache(cache.directory, 1000)
@@ -408,7 +407,7 @@ def test_the_first_read_keeps_temp_files_the_cache_did_not_make(tmp_path: Path) 
     ShardCache(str(directory), 1000)
     precious = directory / "tmp" / "precious.part"
     precious.write_bytes(b"mine")
-    store._SHARED.clear()
+    as_a_new_process()
     fill(ShardCache(str(directory), 1000), "s3://bucket/a")
     assert precious.read_bytes() == b"mine"
 
@@ -437,7 +436,7 @@ def test_inspecting_a_cache_reads_it_and_writes_nothing(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     fill(cache, "s3://bucket/a")
     cache.flush()
-    store._SHARED.clear()
+    as_a_new_process()
     before = tree(Path(cache.directory))
     inspected = ShardCache.existing(cache.directory)
     assert [e["url"] for e in inspected.entries()] == ["s3://bucket/a"]
@@ -464,7 +463,7 @@ def test_a_read_only_cache_serves_its_entries_and_streams_misses_with_one_warnin
     writable = fsspec.filesystem("wds", cache_dir=str(tmp_path / "cache"), **options)
     assert writable.cat_file(str(cached)) == payload("cached", 5000)
     writable.shard_cache.flush()
-    store._SHARED.clear()
+    as_a_new_process()
     view = read_only_view(tmp_path / "cache")
     before = tree(tmp_path / "cache")
 
@@ -513,7 +512,7 @@ def test_a_corrupt_index_is_moved_aside_and_the_cache_starts_empty(
 ) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     old = Path(fill(cache, "s3://bucket/a"))
-    store._SHARED.clear()
+    as_a_new_process()
     index = Path(cache.directory) / layout.INDEX
     if damage == "garbage":
         index.write_bytes(b"this is not a database" * 100)
@@ -546,7 +545,7 @@ def test_a_corrupt_index_on_a_read_only_cache_streams_with_a_warning(
 ) -> None:
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     fill(cache, "s3://bucket/a")
-    store._SHARED.clear()
+    as_a_new_process()
     Path(cache.directory, layout.INDEX).write_bytes(b"not a database" * 500)
     view = read_only_view(Path(cache.directory))
     with pytest.warns(CacheWarning) as caught:
@@ -564,7 +563,7 @@ def test_a_read_only_cache_whose_index_was_never_set_up_is_an_empty_one(
     source.write_bytes(payload("a", 2000))
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     os.truncate(os.path.join(cache.directory, layout.INDEX), 0)  # made, killed before set-up
-    store._SHARED.clear()
+    as_a_new_process()
     view = read_only_view(Path(cache.directory))
     fs = fsspec.filesystem(
         "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
@@ -579,7 +578,7 @@ def test_a_read_only_cache_without_an_index_is_an_empty_one(tmp_path: Path, read
     source.write_bytes(payload("a", 2000))
     cache = ShardCache(str(tmp_path / "cache"), 1000)
     os.remove(os.path.join(cache.directory, layout.INDEX))
-    store._SHARED.clear()
+    as_a_new_process()
     view = read_only_view(Path(cache.directory))
     fs = fsspec.filesystem(
         "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
