@@ -20,6 +20,9 @@ thread of it: ``time.process_time``; the servers and the proxy run elsewhere). T
 ``simplecache::`` and ``wds::`` files are read to the end as a streaming consumer reads
 them (``bench_cold.read_through``: 1 MiB at a time into one buffer).
 - ``wds_ranges_<N>``: the same with ``ranges_in_flight=N`` fixed
+- ``<N>_ranges_tool_on_obstore`` (nginx): the same tool, each range received through
+  obstore instead of urllib: what receiving through obstore costs before any cache work,
+  hence the floor under any reader on the obstore transport
 
     python benchmarks/bench_far.py [--rounds 3] [--objects 2] [--mib 64] [--rate 25MB]
                                    [--latency 0.02] [--servers nginx moto] [--ranges 8]
@@ -80,8 +83,11 @@ def one_get(setup: Setup) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def ranges_download(url: str, size: int, path: str, ranges: int, expected: str) -> None:
-    """The hand-written tool: ``ranges`` ranged GETs in flight, pwrite, fsync, sha256."""
+def ranges_download(
+    url: str, size: int, path: str, ranges: int, expected: str, receive: Receive
+) -> None:
+    """The hand-written tool: ``ranges`` ranged GETs in flight, each received by
+    ``receive(url, start, end, buffer, write)``, pwrite, fsync, then sha256 of the file."""
     failures: list[BaseException] = []
     step = -(-size // ranges)
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -89,22 +95,19 @@ def ranges_download(url: str, size: int, path: str, ranges: int, expected: str) 
         os.ftruncate(descriptor, size)
 
         def fetch(start: int, end: int) -> None:
+            position = start
+
+            def write(data) -> None:
+                nonlocal position
+                written = 0
+                while written < len(data):
+                    written += os.pwrite(descriptor, data[written:], position + written)
+                position += len(data)
+
             try:
-                request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
-                buffer = bytearray(PIECE)
-                view = memoryview(buffer)
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    if response.status != 206:
-                        raise OSError(f"status {response.status} for a range of {url}")
-                    position = start
-                    while position < end:
-                        got = response.readinto(view[: min(PIECE, end - position)])
-                        if not got:
-                            raise OSError(f"short body at {position} of {url}")
-                        written = 0
-                        while written < got:
-                            written += os.pwrite(descriptor, view[written:got], position + written)
-                        position += got
+                receive(url, start, end, memoryview(bytearray(PIECE)), write)
+                if position != end:
+                    raise OSError(f"short body at {position} of {url}")
             except BaseException as exc:  # reported by the caller
                 failures.append(exc)
 
@@ -131,12 +134,46 @@ def ranges_download(url: str, size: int, path: str, ranges: int, expected: str) 
         os.close(descriptor)
 
 
-def ranges_tool(ranges: int) -> Reader:
+Receive = Callable[[str, int, int, memoryview, Callable[[object], None]], None]
+
+
+def urllib_receive(url: str, start: int, end: int, view: memoryview, write) -> None:
+    """Bytes ``[start, end)`` of ``url`` by urllib, ``readinto`` one reused buffer."""
+    request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        if response.status != 206:
+            raise OSError(f"status {response.status} for a range of {url}")
+        while got := response.readinto(view[: min(PIECE, end - start)]):
+            write(view[:got])
+            start += got
+
+
+_obstore_stores: dict[str, object] = {}
+
+
+def obstore_receive(url: str, start: int, end: int, view: memoryview, write) -> None:
+    """Bytes ``[start, end)`` of ``url`` by obstore (one ``HTTPStore`` per origin, as the
+    ``wds`` transport keeps one), each piece written as it is handed over."""
+    import obstore
+    from obstore.store import HTTPStore
+
+    origin, name = url.rsplit("/", 1)
+    store = _obstore_stores.get(origin)
+    if store is None:
+        store = HTTPStore.from_url(origin, client_options={"allow_http": True})
+        store = _obstore_stores.setdefault(origin, store)
+    result = obstore.get(store, name, options={"range": (start, end)})
+    for piece in result.stream(min_chunk_size=0):
+        write(piece)
+
+
+def ranges_tool(ranges: int, receive: Receive = urllib_receive) -> Reader:
     def read(setup: Setup) -> None:
         directory = setup.fresh_dir("ranges")
         try:
             for url, (_, _, size, digest) in zip(setup.plain_urls, setup.objects, strict=True):
-                ranges_download(url, size, os.path.join(directory, "part"), ranges, digest)
+                part = os.path.join(directory, "part")
+                ranges_download(url, size, part, ranges, digest, receive)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -168,14 +205,20 @@ def wds_reader(**options: object) -> Reader:
     return read
 
 
-def readers(ranges: int) -> dict[str, Reader]:
-    return {
+def readers(ranges: int, server: str) -> dict[str, Reader]:
+    """The readers compared on ``server``: on nginx also the tool receiving through obstore
+    (the floor of any reader on obstore; S3's presigned URLs are no path for its
+    ``HTTPStore``)."""
+    chosen = {
         "one_get": one_get,
         f"{ranges}_ranges_tool": ranges_tool(ranges),
         "simplecache_cold": bench_cold.simplecache_cold,
         "wds_default": wds_reader(),
         f"wds_ranges_in_flight_{ranges}": wds_reader(ranges_in_flight=ranges),
     }
+    if server == "nginx":
+        chosen[f"{ranges}_ranges_tool_on_obstore"] = ranges_tool(ranges, obstore_receive)
+    return chosen
 
 
 # --------------------------------------------------------------------------- servers
@@ -200,7 +243,9 @@ def far(server: str, objects: int, mib: int, workdir: str, rate, latency) -> Ite
 
 def measure(setup: Setup, rounds: int, chosen: dict[str, Reader], reference: str):
     """Every reader, interleaved round by round in a rotating order: ``{reader: {mb_per_s,
-    vs_<reference>, cpu_s_per_gb}}`` (medians; ratios above 1: faster than the reference)."""
+    vs_<reference>, cpu_s_per_gb, cpu_vs_<reference>}}`` (medians; ``vs_``: above 1 is
+    faster than the reference; ``cpu_vs_``: the reader's CPU over the reference's, above 1
+    is more CPU)."""
     names = list(chosen)
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
@@ -225,6 +270,9 @@ def measure(setup: Setup, rounds: int, chosen: dict[str, Reader], reference: str
                 other / own for other, own in zip(times[reference], times[name], strict=True)
             ),
             "cpu_s_per_gb": statistics.median(cpu[name]) / (total / 1e9),
+            f"cpu_vs_{reference}": statistics.median(
+                own / other for other, own in zip(cpu[reference], cpu[name], strict=True)
+            ),
         }
     return results
 
@@ -240,10 +288,10 @@ def run(
     directory: str | None = None,
 ) -> dict[str, dict[str, float]]:
     """``{"<server> <reader>": {mb_per_s, vs_<N>_ranges_tool, cpu_s_per_gb}}``."""
-    chosen = readers(ranges)
     reference = f"{ranges}_ranges_tool"
     results = {}
     for server in server_names:
+        chosen = readers(ranges, server)
         with tempfile.TemporaryDirectory(prefix="bench-far-", dir=directory) as workdir:
             with far(server, objects, mib, workdir, rate, latency) as setup:
                 for reader, values in measure(setup, rounds, chosen, reference).items():
@@ -253,14 +301,15 @@ def run(
 
 def print_table(results: dict[str, dict[str, float]], title: str) -> None:
     print(f"\n{title}\n")
-    print("| server | reader | MB/s | vs ranges tool | CPU s/GB |")
-    print("|---|---|---:|---:|---:|")
+    print("| server | reader | MB/s | vs ranges tool | CPU s/GB | CPU vs ranges tool |")
+    print("|---|---|---:|---:|---:|---:|")
     for case, values in results.items():
         server, reader = case.split(" ", 1)
         ratio = next(value for key, value in values.items() if key.startswith("vs_"))
+        cpu_ratio = next(value for key, value in values.items() if key.startswith("cpu_vs_"))
         print(
             f"| {server} | {reader} | {values['mb_per_s']:,.1f} | {ratio:.2f}x "
-            f"| {values['cpu_s_per_gb']:.2f} |"
+            f"| {values['cpu_s_per_gb']:.2f} | {cpu_ratio:.2f}x |"
         )
 
 
