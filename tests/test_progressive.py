@@ -214,3 +214,17 @@ def test_a_span_stalled_while_another_failed_asks_no_more(tmp_path):
     with open(tmp_path / "out", "w+b") as out, pytest.raises(PermissionError):
         fill_blocks(target, out, target.stat(), blocks, progress, 2, 2 * BLOCK)
     assert backend.stalled_reads == 1  # its time-out ended it: no retry of a failed fill
+
+
+def test_the_plan_starts_with_a_small_span_and_merges_the_rest_on_request(tmp_path):
+    # 11 blocks, spans of 4 after a first span of 1: [0,1) [1,5) [5,9) [9,11); a fill whose
+    # server ignores Range takes what is left in one request (rest=True).
+    from fsspec_shards.storage.progressive import _Plan
+
+    blocks = _blocks()
+    plan = _Plan(blocks, BlockProgress(blocks, str(tmp_path / "t"), None), 4, 1)
+    assert plan.spans == [(0, 1), (1, 5), (5, 9), (9, 11)]
+    assert plan.take() == (0, 1)
+    assert not plan.empty.is_set()
+    assert plan.take(rest=True) == (1, 11)
+    assert plan.empty.is_set() and plan.take() is None

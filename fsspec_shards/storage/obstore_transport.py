@@ -284,6 +284,9 @@ class ObstoreTransport:
     def __init__(self, protocol: str, spec: StoreSpec) -> None:
         self.protocol = protocol
         self.spec = spec
+        self._ignoring_range: set[str] = set()
+        """Origins that answered a range with the whole object: asked for it at once since
+        (a ranged GET there is a whole answer abandoned at its headers)."""
 
     def __repr__(self) -> str:
         return f"ObstoreTransport({self.spec.shown})"
@@ -427,14 +430,14 @@ class ObstoreTransport:
         error.__suppress_context__ = True
         return error
 
-    def _open(self, path: str, timeout: float | None) -> tuple[Any, str, str | None, str]:
-        """(store, key, version named in the path, URL for messages) for ``path``."""
+    def _open(self, path: str, timeout: float | None) -> tuple[Any, str, str, str | None, str]:
+        """(origin, store, key, version named in the path, URL for messages) for ``path``."""
         origin, key, version = self._locate(path)
         url = self._url(origin, key)
         reason = unavailable_reason()
         if reason is not None:
             raise TransportUnavailable(errno.ENOTSUP, f"{redact_url(url)}: {reason}")
-        return self._store(origin, timeout), key, version, url
+        return origin, self._store(origin, timeout), key, version, url
 
     def _call(self, url: str, action: str, function: Callable[[], Any]) -> Any:
         """``function()`` (one obstore request), its failure translated by :meth:`_error`."""
@@ -474,15 +477,17 @@ class ObstoreTransport:
 
         if start < 0 or (end is not None and end <= start):
             raise ValueError(f"empty or negative range [{start}, {end})")
-        store, key, path_version, url = self._open(path, timeout)
+        origin, store, key, path_version, url = self._open(path, timeout)
         options = _conditions(expect, path_version)
         action = f"GET bytes {start}-{'' if end is None else end - 1} of"
         asked = {"offset": start} if end is None else (start, end)
         ranged = {**options, "range": asked}
-        try:
-            result = self._call(url, action, lambda: obstore.get(store, key, options=ranged))
-        except RangeNotSupported:
-            result = None
+        result = None
+        if origin not in self._ignoring_range:
+            try:
+                result = self._call(url, action, lambda: obstore.get(store, key, options=ranged))
+            except RangeNotSupported:
+                self._ignoring_range.add(origin)
         wanted = None if end is None else end - start
         if result is None:  # the server ignores Range: take the body from its start
             result = self._call(url, "GET", lambda: obstore.get(store, key, options=options))

@@ -10,7 +10,10 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   :data:`~fsspec_shards.storage.download.INTEGRITY_PASSES` downloads raises
   ``IntegrityError`` naming the object and the block. With several ranges in flight, blocks
   complete out of order; the range holding the block a reader of this process waits on is
-  fetched next.
+  fetched next. The first range is small (``range_plan.FIRST_BYTES``) and its answer decides
+  whether more streams start: a server that ignores Range (a 200 to a range request) gets
+  one stream, which asks for all the blocks left in one request, so the object crosses the
+  link about once instead of once per range.
 - Readers (:class:`ProgressiveReader`, behind ``open()``, ``cat_file`` and the tar reader)
   read the temp file, opened read-only, and never past a block that is not verified: they
   wait for it. Nothing unverified is handed out, ever.
@@ -49,7 +52,7 @@ from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
 from fsspec_shards.storage.files import RetryingFile
 from fsspec_shards.storage.filling import preallocate, pwrite_all
-from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream
+from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, link_of, run_stream
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import Target, resume
 from fsspec_shards.storage.versions import VersionMismatch
@@ -572,19 +575,26 @@ class _BadBlock(Exception):
 
 class _Plan:
     """The spans of blocks left to fetch: taken front to back, except that the span holding
-    the block a reader waits on goes first."""
+    the block a reader waits on goes first. The first span holds ``first_blocks`` blocks
+    (a span whose answer decides whether ranges are honoured), the others ``span_blocks``."""
 
-    def __init__(self, blocks: BlockList, progress: BlockProgress, span_blocks: int) -> None:
+    def __init__(
+        self, blocks: BlockList, progress: BlockProgress, span_blocks: int, first_blocks: int
+    ) -> None:
         self.progress = progress
+        starts = [0, *range(first_blocks, len(blocks), span_blocks)]
         self.spans = [
-            (first, min(len(blocks), first + span_blocks))
-            for first in range(0, len(blocks), span_blocks)
+            (first, min(len(blocks), following))
+            for first, following in zip(starts, [*starts[1:], len(blocks)], strict=True)
+            if first < len(blocks)
         ]
         self.empty = threading.Event()
         """Set once every span was taken (or the fill failed)."""
         self._lock = threading.Lock()
 
-    def take(self) -> tuple[int, int] | None:
+    def take(self, rest: bool = False) -> tuple[int, int] | None:
+        """The next span; with ``rest``, merged with the spans that follow it without a gap
+        (one request for them all: a server that ignores Range sends each from byte 0)."""
         with self._lock:
             if not self.spans:
                 self.empty.set()
@@ -595,10 +605,12 @@ class _Plan:
                 chosen = next(
                     (i for i, (first, end) in enumerate(self.spans) if first <= wanted < end), 0
                 )
-            span = self.spans.pop(chosen)
+            first, end = self.spans.pop(chosen)
+            while rest and chosen < len(self.spans) and self.spans[chosen][0] == end:
+                end = self.spans.pop(chosen)[1]
             if not self.spans:
                 self.empty.set()
-            return span
+            return first, end
 
 
 def fill_blocks(
@@ -639,18 +651,29 @@ def fill_blocks(
     workers = max(1, min(ramp.cap, -(-len(blocks) // span_blocks)))
     if workers == 1:
         span_blocks = max(1, len(blocks))
-    plan = _Plan(blocks, progress, span_blocks)
+    # whether worker 0's first span is still to say if the server honours ranges
+    deciding = [workers > 1 and ramp.gated]
+    first_blocks = span_blocks
+    if deciding[0]:
+        first_blocks = min(span_blocks, max(1, -(-FIRST_BYTES // blocks.block_size)))
+    plan = _Plan(blocks, progress, span_blocks, first_blocks)
     stop = threading.Event()
     failures: list[BaseException] = []
 
+    def take() -> tuple[int, int] | None:
+        return plan.take(rest=ramp.cap == 1)  # (ranges ignored: the rest in one request)
+
     def fetch(number: int, span: tuple) -> None:
         moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-        _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
+        status = _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
+        if number == 0 and deciding[0]:
+            deciding[0] = False
+            ramp.ranges_answered(status == 206)
 
     def work(number: int) -> None:
         if number:
             progress.wait_first(_RAMP_SECONDS)  # the reader's first block: the link alone
-        run_stream(ramp, number, plan.take, fetch, stop, failures, plan.empty)
+        run_stream(ramp, number, take, fetch, stop, failures, plan.empty)
 
     try:
         if workers == 1:
@@ -665,9 +688,7 @@ def fill_blocks(
             for thread in threads:
                 thread.start()
             try:
-                progress.wait_first(_RAMP_SECONDS)
-                ramp.ranges_answered(True)
-                ramp.steer(plan.empty)
+                ramp.steer(plan.empty)  # (from the first span's answer on, if it must wait)
                 plan.empty.wait()
             finally:
                 ramp.close()
@@ -750,10 +771,11 @@ def _fill_span(
     stop: threading.Event,
     moved: Callable[[int], None],
     streams: int,
-) -> None:
+) -> int | None:
     """Blocks ``[first, last)`` written at their place and verified one by one; resumed
     from the byte reached after a fault (``transfer.resume``), from a bad block's first byte
-    after a mismatch; one of ``streams`` (its share of the rate floor)."""
+    after a mismatch; one of ``streams`` (its share of the rate floor). Returns the HTTP
+    status of the last answer (206: the range honoured; None: the transport cannot say)."""
     target, blocks = state.target.shared_by(streams), state.blocks
     end = blocks.bounds(last - 1)[1]
     index = first
@@ -788,9 +810,10 @@ def _fill_span(
         if stop.is_set():  # a request that failed after another span did: no retry
             raise Stopped
 
+    status = None
     while index < last:
         try:
-            resume(
+            moved_on = resume(
                 target,
                 position,
                 end,
@@ -799,6 +822,7 @@ def _fill_span(
                 after_fault=after_fault,
                 passthrough=(_BadBlock, Stopped),
             )
+            status = getattr(moved_on.facts, "status", None)
         except _BadBlock as bad:
             state.bad_block(bad.index, bad.actual)
             position, block_end = blocks.bounds(bad.index)
@@ -807,6 +831,7 @@ def _fill_span(
             state.changed(exc)
             position, block_end = blocks.bounds(index)
             hasher = hashlib.sha256()
+    return status
 
 
 # -- cache=False: the block rule on streamed reads -----------------------------------------

@@ -122,8 +122,14 @@ class HostileServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 
-    def url(self, path: str) -> str:
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) it listens on (e.g. for a FaultProxy in front)."""
         host, port = self._httpd.server_address[:2]
+        return host, port
+
+    def url(self, path: str) -> str:
+        host, port = self.address
         return f"http://{host}:{port}/{path.lstrip('/')}"
 
     def put(self, path: str, data: bytes, plan: list | None = None) -> str:

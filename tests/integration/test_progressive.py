@@ -263,3 +263,48 @@ def test_a_filler_killed_at_a_random_instant_leaves_readers_exact_bytes_or_an_er
     assert len(results) == 1
     assert results[0] == DATA or isinstance(results[0], OSError), results[0]
     assert all(copy == DATA for copy in _cached_files(tmp_path / "cache"))
+
+
+def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
+    tmp_path, transport, monkeypatch
+):
+    # A server that answers every range with the whole object (200): spans in flight would
+    # each be sent from byte 0. The first span's answer keeps the fill at one stream, and
+    # the rest of the object is one request.
+    from fsspec_shards.storage import range_plan
+    from tests.integration.fault_proxy import FaultProxy
+    from tests.integration.hostile_http import HostileServer, WholeBody
+
+    block = 1024 * 1024
+    data = random.Random(19).randbytes(40 * block + 5)
+    hasher = BlockHasher(block)
+    hasher.update(data)
+    blocks = hasher.block_list()
+    with HostileServer() as server, FaultProxy(server.address) as proxy:
+        server.put("big.tar", data, plan=[WholeBody()] * 100)
+        sums = format_sums([("big.tar", blocks.checksum)]).encode()
+        server.put("SHA256SUMS", sums)
+        server.put(
+            "SHA256SUMS.blocks", format_block_manifest([("big.tar", blocks)], block).encode()
+        )
+        for ranges_in_flight in ("auto", 4):
+            monkeypatch.setattr(range_plan, "_learned", {})  # a new process: nothing learned
+            proxy.clear_log()
+            fs = fsspec.filesystem(
+                "wds",
+                target_protocol="http",
+                skip_instance_cache=True,
+                cache_dir=str(tmp_path / f"cache-{ranges_in_flight}"),
+                checksums=f"{proxy.url}/SHA256SUMS",
+                transport=transport,
+                ranges_in_flight=ranges_in_flight,
+            )
+            url = f"{proxy.url}/big.tar"
+            assert fs._blocks_of(url) is not None
+            with fs.open(url, "rb") as handle:
+                assert handle.read() == data
+            # the first span's answer is cut short after its 1 MiB, less what was in flight
+            # (loopback's socket buffers hold a few MiB): spans in flight sent 2.5x before
+            sent = proxy.bytes_sent("big.tar")
+            gets = [e.range for e in proxy.requests(method="GET", path="big.tar")]
+            assert sent <= 1.25 * len(data), (ranges_in_flight, sent, gets)
