@@ -140,7 +140,7 @@ def test_a_write_invalidation_on_a_full_disk_evicts_and_bumps_the_generation(
     for number in range(3):
         fill(cache, f"s3://bucket/old-{number}", 256 * 1024)
     cache.flush()
-    os.remove(small_disk.path / "cache" / "tmp" / "index.reserve")  # the hardest case
+    os.remove(small_disk.path / "cache" / "index.reserve")  # the hardest case
     small_disk.fill()
     before = cache.generation(obj("s3://bucket/old-2"))
     cache.discard(obj("s3://bucket/old-2"))

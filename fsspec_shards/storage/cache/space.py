@@ -4,7 +4,7 @@ always use, and the error that surfaces when no room can be made.
 A full disk (``ENOSPC``/``EDQUOT``, SQLite's ``SQLITE_FULL``) is an expected state of a
 cache, not an error path. Every index write and every fill of :class:`~.store.ShardCache`
 goes through :meth:`~.store.ShardCache._with_room`: on a full disk it releases the
-reserve (:data:`RESERVE_BYTES` in ``tmp/``, kept so that the index transaction dropping
+reserve (:data:`RESERVE_BYTES` next to the index, kept so that the index transaction dropping
 entries has journal space), evicts least-recently-used entries until enough is free,
 makes the reserve again where it fits, and retries once; a fill that still finds the
 disk full is streamed uncached (``CacheFullError``, an ``OSError`` with ``errno.ENOSPC``
@@ -22,7 +22,7 @@ from fsspec_shards import exception_chain
 from fsspec_shards.storage.cache import layout
 
 RESERVE_BYTES = 1 << 20
-"""Bytes kept free for the index in ``tmp/`` (:data:`~.layout.RESERVE`): an eviction's
+"""Bytes kept free for the index (:data:`~.layout.RESERVE`, next to it): an eviction's
 journal on a full disk (a batch of :data:`EMERGENCY_BATCH` entries needs far less)."""
 
 EMERGENCY_BATCH = 64
@@ -67,7 +67,7 @@ def free_bytes(directory: str) -> int:
 
 
 def reserve_path(directory: str) -> str:
-    return os.path.join(directory, layout.TMP, layout.RESERVE)
+    return os.path.join(directory, layout.RESERVE)
 
 
 def make_reserve(directory: str, spare: int = RESERVE_BYTES) -> bool:

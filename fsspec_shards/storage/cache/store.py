@@ -834,9 +834,7 @@ def _foreign_names(directory: str) -> list[str]:
     found.extend(
         os.path.join(temp, name)
         for name in layout.list_directory(temp)
-        if layout.parse_temp_name(name) is None
-        and layout.parse_progress_name(name) is None
-        and not name.startswith(layout.RESERVE)
+        if layout.parse_temp_name(name) is None and layout.parse_progress_name(name) is None
     )
     return found
 
