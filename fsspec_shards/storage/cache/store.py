@@ -356,6 +356,11 @@ class ShardCache:
         )
         return result
 
+    def recorded_size_limit(self) -> int | None:
+        """The size limit the directory was last used with by a writable cache (None:
+        never recorded); :attr:`size_limit` is this instance's."""
+        return None if self._index is None else self._index.size_limit()
+
     def flush(self) -> None:
         """Write this process's batched access times and counts to the index now, and wait
         for the background syncs of the files it published."""
