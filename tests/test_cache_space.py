@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -60,7 +61,7 @@ def test_a_cache_directory_first_used_on_a_full_disk_works_once_space_is_freed(
     cache = ShardCache(directory, 100 * MiB)
     assert cache.writable
     path = fill(cache, "s3://bucket/a", 1000)
-    assert open(path, "rb").read() == payload("s3://bucket/a", 1000)
+    assert Path(path).read_bytes() == payload("s3://bucket/a", 1000)
 
 
 def test_a_half_made_directory_of_someone_else_is_still_refused(small_disk: SmallDisk) -> None:
@@ -78,7 +79,7 @@ def test_a_directory_an_earlier_version_left_half_made_is_adopted(tmp_path) -> N
     directory.chmod(0o700)
     cache = ShardCache(str(directory), 100 * MiB)
     assert cache.writable
-    assert open(fill(cache, "s3://bucket/a", 10), "rb").read() == payload("s3://bucket/a", 10)
+    assert Path(fill(cache, "s3://bucket/a", 10)).read_bytes() == payload("s3://bucket/a", 10)
 
 
 def test_a_full_disk_at_first_use_streams_then_the_same_cache_caches_once_space_is_freed(

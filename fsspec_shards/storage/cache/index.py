@@ -67,6 +67,7 @@ from diskcache.core import MODE_RAW, UNKNOWN
 
 from fsspec_shards.storage.cache import layout, space
 from fsspec_shards.storage.cache.notices import warn_once
+from fsspec_shards.storage.deps.diskcache import delete_raw_keys
 from fsspec_shards.storage.identity import KEY_FORMAT
 
 T = TypeVar("T")
@@ -231,8 +232,10 @@ class _Table:
         """``(name, value, size, store_time)`` of the rows named ``prefix...``, least
         recently stored first (value None where diskcache did not keep it inline)."""
         return connection.execute(
+            # +key: the range must not pick the key index, or every row is sorted to
+            # return the first few; diskcache's store_time index gives them in order
             "SELECT key, CASE mode WHEN ? THEN value END, size, store_time FROM Cache "
-            "WHERE key >= ? AND key < ? AND raw = 1 ORDER BY store_time LIMIT ?",
+            "WHERE +key >= ? AND +key < ? AND raw = 1 ORDER BY store_time LIMIT ?",
             (MODE_RAW, *_range(prefix), limit),
         ).fetchall()
 
@@ -639,14 +642,15 @@ class Index:
             # Read under this transaction's write lock: no other writer changes the rows
             # between this SELECT (on the table's connection) and the deletes.
             found = _Table.rows(self._connection(), ENTRY, limit)
-            dropped, freed = [], 0
+            dropped, names, freed = [], [], 0
             for name, value, size, stored in found:
                 if covering is not None and freed >= covering:
                     break
-                store.delete(name)
-                store.delete(PENDING + name[len(ENTRY) :])
-                dropped.append(Row(name[len(ENTRY) :], _record(value), size, stored))
+                key = name[len(ENTRY) :]
+                names += (name, PENDING + key)
+                dropped.append(Row(key, _record(value), size, stored))
                 freed += size
+            delete_raw_keys(store, names)  # one statement per 250 entries, not 3 each
             return dropped
 
         return self._write(delete, [])

@@ -49,7 +49,7 @@ from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.cache import layout, locks, space, trust
-from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError
+from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError, Row
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.usage import Usage
 from fsspec_shards.storage.durability import SYNCER, boot_id, fsync_file_and_directory, matches
@@ -113,6 +113,10 @@ class ShardCache:
         self.size_limit = int(size_limit)
         self._options = (create, read_only)
         self._set_up_again_at: float | None = None
+        self._evicted: list[Row] = []
+        """Rows evicted from the index whose files are still to be deleted (outside the
+        space lock: no index entry names them any more)."""
+        self._evicted_lock = threading.Lock()
         self._uid = os.geteuid()
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
@@ -541,6 +545,8 @@ class ShardCache:
                 written[0] = _size_of(temp)
                 layout.remove_file(temp)
                 raise
+            finally:
+                self._delete_evicted()
 
         return self._with_room(
             attempt,
@@ -590,8 +596,11 @@ class ShardCache:
                     path = os.path.join(self.directory, layout.TMP, name)
                     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
                     os.close(os.open(path, flags, 0o600))
-                    return path
+                    break
+            self._delete_evicted()
             _wait_for_room(room, obj.shown)
+        self._delete_evicted()
+        return path
 
     def _write_and_publish(
         self,
@@ -661,7 +670,9 @@ class ShardCache:
                         if replaced is not None and replaced != relative:
                             self._remove_data_file(key, replaced)
                     break
+            self._delete_evicted()
             _wait_for_room(room, obj.shown)
+        self._delete_evicted()
         if published:
             logger.log(
                 self._log_level,
@@ -702,7 +713,8 @@ class ShardCache:
 
     def _evict(self, limit: int, covering: int | None = None, *, disk_full: bool = False) -> int:
         """Evict up to ``limit`` least-recently-used entries (no more than cover ``covering``
-        bytes) in one index transaction, then delete their files; how many were evicted.
+        bytes) in one index transaction; how many were evicted. Their files are deleted by
+        :meth:`_delete_evicted` once the space lock is released (on a full disk, now).
 
         On a full disk (``disk_full``) where even that transaction finds no room, the
         files go first (the freed space lets the index drop them; a hit meanwhile finds
@@ -716,13 +728,22 @@ class ShardCache:
                 if row.file is not None:
                     self._remove_data_file(row.key, row.file)
             rows = self._index.drop_least_recent(limit, covering)
+        with self._evicted_lock:
+            self._evicted.extend(rows)
+        if disk_full:
+            self._delete_evicted()
+        if rows:
+            self.incr("evictions", len(rows))
+        return len(rows)
+
+    def _delete_evicted(self) -> None:
+        """Delete the files of the rows evicted so far (by any thread of this process)."""
+        with self._evicted_lock:
+            rows, self._evicted = self._evicted, []
         for row in rows:
             if row.file is not None:
                 self._remove_data_file(row.key, row.file)
             logger.log(self._log_level, "evicted %s (%d bytes)", redact_url(row.shown), row.size)
-        if rows:
-            self.incr("evictions", len(rows))
-        return len(rows)
 
     def _free_disk_space(self, needed: int) -> bool:
         """After a full disk: release the index's reserve, evict until ``needed`` bytes
