@@ -41,6 +41,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
@@ -61,7 +62,9 @@ logger = logging.getLogger("fsspec_shards.storage.cache")
 _WAIT_FOR_ROOM_SECONDS = 0.05
 _BETWEEN_BATCHES_SECONDS = 0.001  # the space lock is free this long between eviction batches
 _SETUP_RETRY_SECONDS = 5.0  # a cache directory that could not be set up on a full disk
-EVICTION_BATCH = 2048
+EVICTION_BATCH = 8192
+_PARALLEL_DELETES = 64  # evicted files deleted from threads from this many on
+_DELETING_THREADS = 16
 """Entries one eviction pass drops (one index transaction, the space lock held for it)."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SHARED: dict[tuple[str, bool], tuple[Index, Usage]] = {}
@@ -113,10 +116,6 @@ class ShardCache:
         self.size_limit = int(size_limit)
         self._options = (create, read_only)
         self._set_up_again_at: float | None = None
-        self._evicted: list[Row] = []
-        """Rows evicted from the index whose files are still to be deleted (outside the
-        space lock: no index entry names them any more)."""
-        self._evicted_lock = threading.Lock()
         self._uid = os.geteuid()
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
@@ -545,8 +544,6 @@ class ShardCache:
                 written[0] = _size_of(temp)
                 layout.remove_file(temp)
                 raise
-            finally:
-                self._delete_evicted()
 
         return self._with_room(
             attempt,
@@ -596,11 +593,8 @@ class ShardCache:
                     path = os.path.join(self.directory, layout.TMP, name)
                     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
                     os.close(os.open(path, flags, 0o600))
-                    break
-            self._delete_evicted()
+                    return path
             _wait_for_room(room, obj.shown)
-        self._delete_evicted()
-        return path
 
     def _write_and_publish(
         self,
@@ -670,9 +664,7 @@ class ShardCache:
                         if replaced is not None and replaced != relative:
                             self._remove_data_file(key, replaced)
                     break
-            self._delete_evicted()
             _wait_for_room(room, obj.shown)
-        self._delete_evicted()
         if published:
             logger.log(
                 self._log_level,
@@ -713,8 +705,7 @@ class ShardCache:
 
     def _evict(self, limit: int, covering: int | None = None, *, disk_full: bool = False) -> int:
         """Evict up to ``limit`` least-recently-used entries (no more than cover ``covering``
-        bytes) in one index transaction; how many were evicted. Their files are deleted by
-        :meth:`_delete_evicted` once the space lock is released (on a full disk, now).
+        bytes) in one index transaction, then delete their files; how many were evicted.
 
         On a full disk (``disk_full``) where even that transaction finds no room, the
         files go first (the freed space lets the index drop them; a hit meanwhile finds
@@ -728,22 +719,27 @@ class ShardCache:
                 if row.file is not None:
                     self._remove_data_file(row.key, row.file)
             rows = self._index.drop_least_recent(limit, covering)
-        with self._evicted_lock:
-            self._evicted.extend(rows)
-        if disk_full:
-            self._delete_evicted()
+        self._delete_files(rows)
         if rows:
             self.incr("evictions", len(rows))
         return len(rows)
 
-    def _delete_evicted(self) -> None:
-        """Delete the files of the rows evicted so far (by any thread of this process)."""
-        with self._evicted_lock:
-            rows, self._evicted = self._evicted, []
+    def _delete_files(self, rows: list[Row]) -> None:
+        """Delete the files of evicted rows, still under the space lock (the bytes on disk
+        stay within the limit); many at once from threads, as an unlink waits on the
+        filesystem's journal more than on the CPU."""
         for row in rows:
-            if row.file is not None:
-                self._remove_data_file(row.key, row.file)
             logger.log(self._log_level, "evicted %s (%d bytes)", redact_url(row.shown), row.size)
+        evicted = [row for row in rows if row.file is not None]
+        if len(evicted) < _PARALLEL_DELETES:
+            for row in evicted:
+                self._remove_data_file(row.key, row.file)
+            return
+        with ThreadPoolExecutor(
+            _DELETING_THREADS, thread_name_prefix="fsspec-shards-evict"
+        ) as pool:
+            for _ in pool.map(lambda row: self._remove_data_file(row.key, row.file), evicted):
+                pass
 
     def _free_disk_space(self, needed: int) -> bool:
         """After a full disk: release the index's reserve, evict until ``needed`` bytes
