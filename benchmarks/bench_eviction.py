@@ -54,6 +54,7 @@ def build(directory: str, entries: int) -> int:
         record = {"file": relative, "size": ENTRY_SIZE, "shown": obj.shown, "metadata": {}}
         records.append((obj.key, {**record, "stored_at": now, "validated_at": now}))
     cache._index.adopt(records, {}, {})
+    os.sync()  # the files on disk, as a cache's are: the eviction below is not timing writeback
     return entries * ENTRY_SIZE
 
 
