@@ -112,7 +112,7 @@ def test_manifest_and_counts_lie_beside_the_shards_in_the_formats_readers_take(t
     assert writer.counts_url == str(tmp_path / "sample-counts.json")
     assert load_sample_counts(writer.counts_url) == dict(zip(names, [10, 10, 5], strict=True))
     assert sorted(os.listdir(tmp_path)) == sorted(
-        [*names, "SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+        [*names, "SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"]
     )
     blocks = parse_block_manifest((tmp_path / "SHA256SUMS.blocks").read_text())
     assert list(blocks) == names
@@ -321,7 +321,7 @@ def test_a_killed_writer_leaves_only_complete_shards_and_the_next_writer_its_spo
     assert [s["__key__"] for s in complete] == [f"s{index:04d}" for index in range(50)]
 
 
-MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"]
 
 
 def test_an_aborted_run_over_earlier_shards_leaves_no_manifest_of_the_earlier_run(tmp_path):
@@ -380,7 +380,7 @@ def test_a_pattern_with_a_query_keeps_it_out_of_names_and_off_the_placeholder():
                 writer.write(make_sample(index))
         assert [shard.name for shard in writer.shards] == ["x-0000.tar.gz", "x-0001.tar.gz"]
         assert writer.counts_url == f"memory://signed/out/sample-counts.json{query}"
-        for name in ("SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"):
+        for name in ("SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"):
             assert b"s3cr" not in memory.cat(f"/signed/out/{name}{query}"), name
         assert memory.cat(f"/signed/out/x-0000.tar.gz{query}")[:2] == b"\x1f\x8b"  # gzip
         urls = [f"memory://signed/out/x-{index:04d}.tar.gz{query}" for index in range(2)]
