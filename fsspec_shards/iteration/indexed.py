@@ -166,8 +166,12 @@ class IndexedShardDataset(_DatasetBase):
             if opened.compressed:
                 return self._read_compressed(shard, start)
             blob = opened.fs.cat_file(opened.path, start=start, end=end)
-            members = parse_members(blob, url, start, self.reader.max_member_size)
-            samples = list(group_samples(members, url))
+            try:
+                members = parse_members(blob, url, start, self.reader.max_member_size)
+                samples = list(group_samples(members, url))
+            except ShardFormatError as exc:
+                reason = f"{exc.reason}, reading the range the sample index gives ({start}-{end})"
+                raise ShardFormatError(url, exc.offset, reason) from None
             if len(blob) == end - start and len(samples) == 1 and samples[0].offset == start:
                 return samples[0]
             raise _mismatch(url, start)
