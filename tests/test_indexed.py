@@ -263,3 +263,30 @@ def test_a_url_without_a_sample_index_beside_it_reads_through_a_memory_filesyste
         assert [dataset[n]["txt"] for n in range(len(dataset))] == [b"1", b"2"]
     finally:
         memory.rm("/indexed", recursive=True)
+
+
+def test_forked_workers_do_not_share_the_open_shards_of_the_main_process(tmp_path):
+    # The main process reads first, so its cached copies are open when the workers fork:
+    # sharing their file offsets, two workers would read each other's samples.
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    with ShardWriter(str(tmp_path / "f-%02d.tar"), max_count=50) as out:
+        for number in range(200):
+            out.write({"__key__": f"k{number:03d}", "bin": bytes([number]) * 3000})
+    urls = [f"wds::file://{tmp_path}/f-{shard:02d}.tar" for shard in range(4)]
+    dataset = IndexedShardDataset(urls, {"wds": {"cache_dir": str(tmp_path / "cache")}})
+    assert [dataset[n]["__key__"] for n in (0, 60, 120, 180)] == ["k000", "k060", "k120", "k180"]
+    order = list(range(200)) * 3
+    random.Random(1).shuffle(order)
+    loader = DataLoader(
+        dataset,
+        sampler=order,
+        batch_size=4,
+        num_workers=3,
+        collate_fn=list,
+        multiprocessing_context="fork",
+        generator=torch.Generator().manual_seed(0),
+    )
+    got = [(sample["__key__"], sample["bin"][:1]) for batch in loader for sample in batch]
+    assert got == [(f"k{n:03d}", bytes([n])) for n in order]

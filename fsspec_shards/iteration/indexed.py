@@ -6,14 +6,16 @@ shard's sample offsets come from its index (:mod:`.shard_index`): given, found b
 shards, or built from the tar headers. The dataset holds no position, so any sampler drives
 it (``DistributedSampler`` included) and resuming is the sampler's business.
 
-A sample of a plain tar is one ranged read of its bytes (``cat_file(path, start, end)``).
-Through ``wds::`` with the cache on (``ranged_reads="cache"``, the default), the first read
-of a shard fills the cache with the whole verified shard and every read after that is local;
-``ranged_reads="direct"`` reads just the range from the backend (identity- and
-size-checked, not checksum-verified). A compressed shard (``.tar.gz``, ``.tar.zst``) cannot
-be read at an offset: it is decompressed from its start (through the cache, so downloaded
-once) to the sample, and the decompressed stream is kept open, so that reading the samples of
-one shard in order decompresses it once.
+A sample of a plain tar is one ranged read of its bytes. Through ``wds::`` with the cache on
+(``ranged_reads="cache"``, the default), the first read of a shard fills the cache with the
+whole verified shard, whose cached copy stays open (up to ``OPEN_SHARDS`` per process, the
+least recently read closed first): every later read is a local seek and read, with no cache
+lookup. Otherwise each read is ``cat_file(path, start, end)``: with ``ranged_reads="direct"``
+just the range from the backend (identity- and size-checked, not checksum-verified), and a
+ranged GET on a backend read without ``wds::``. A compressed shard (``.tar.gz``,
+``.tar.zst``) cannot be read at an offset: it is decompressed from its start (through the
+cache, so downloaded once) to the sample, and the decompressed stream is kept open, so that
+reading the samples of one shard in order decompresses it once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import operator
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
@@ -52,17 +55,20 @@ except ImportError:
 logger = logging.getLogger("fsspec_shards.dataset")
 
 INDEX_THREADS = 8
+OPEN_SHARDS = 8
 
 
 class _Shard:
-    """What one process learned of a shard on its first read: filesystem, path, kind."""
+    """What one process learned of a shard on its first read: filesystem, path, kind, and
+    whether its cached copy is worth keeping open (``wds::`` with the cache on)."""
 
-    __slots__ = ("compressed", "fs", "path")
+    __slots__ = ("compressed", "fs", "keep_open", "path")
 
     def __init__(self, fs: Any, path: str, compressed: bool) -> None:
         self.fs = fs
         self.path = path
         self.compressed = compressed
+        self.keep_open = getattr(fs, "ranged_reads", None) == "cache"
 
 
 class IndexedShardDataset(_DatasetBase):
@@ -97,9 +103,7 @@ class IndexedShardDataset(_DatasetBase):
         self.reader = ShardReader(storage_options, max_member_size)
         self.indexes = self._indexes(index)
         self._ends = list(accumulate(entry.samples for entry in self.indexes))
-        self._shards: dict[int, _Shard] = {}
-        self._lock = threading.Lock()
-        self._stream: tuple[int, Iterator[RawSample], int] | None = None
+        self._forget_opened()
 
     def _indexes(self, index: Any) -> list[ShardIndex]:
         """Every shard's index: from ``index``, else found beside the shards, else built."""
@@ -142,19 +146,31 @@ class IndexedShardDataset(_DatasetBase):
             number += total
         if not 0 <= number < total:
             raise IndexError(f"sample index {item} out of range for {total} samples")
+        if self._pid != os.getpid():
+            self._forget_opened()
         shard = bisect.bisect_right(self._ends, number)
         sample = number - (self._ends[shard - 1] if shard else 0)
         return self._prepare(self._read(shard, sample), number)
 
+    def _forget_opened(self) -> None:
+        """Start without what was opened: in a new dataset, and in a process forked from the
+        one that opened it (a forked DataLoader worker), whose file offsets it would share."""
+        self._pid = os.getpid()
+        self._shards: dict[int, _Shard] = {}
+        self._lock = threading.Lock()
+        self._stream: tuple[int, Iterator[RawSample], int] | None = None
+        self._handles: OrderedDict[int, Any] = OrderedDict()
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for DataLoader workers without what one process opened."""
         state = self.__dict__.copy()
-        state["_shards"], state["_lock"], state["_stream"] = {}, None, None
+        for name in ("_pid", "_shards", "_lock", "_stream", "_handles"):
+            del state[name]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._forget_opened()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -165,7 +181,10 @@ class IndexedShardDataset(_DatasetBase):
             opened = self._open(shard)
             if opened.compressed:
                 return self._read_compressed(shard, start)
-            blob = opened.fs.cat_file(opened.path, start=start, end=end)
+            if opened.keep_open:
+                blob = self._read_open(shard, opened, start, end)
+            else:
+                blob = opened.fs.cat_file(opened.path, start=start, end=end)
             try:
                 members = parse_members(blob, url, start, self.reader.max_member_size)
                 samples = list(group_samples(members, url))
@@ -196,6 +215,20 @@ class IndexedShardDataset(_DatasetBase):
                 )
             opened = self._shards[shard] = _Shard(fs, path, is_compressed_file(fs, path))
         return opened
+
+    def _read_open(self, shard: int, opened: _Shard, start: int, end: int) -> bytes:
+        """``[start, end)`` of the shard's cached copy, opened on its first read and kept
+        open among the ``OPEN_SHARDS`` most recently read."""
+        with self._lock:
+            handle = self._handles.get(shard)
+            if handle is None:
+                handle = self._handles[shard] = opened.fs.open(opened.path, "rb")
+                if len(self._handles) > OPEN_SHARDS:
+                    self._handles.popitem(last=False)[1].close()
+            else:
+                self._handles.move_to_end(shard)
+            handle.seek(start)
+            return handle.read(end - start)
 
     def _read_compressed(self, shard: int, start: int) -> RawSample:
         """The sample at ``start`` of a compressed shard: read on from the open stream when it
