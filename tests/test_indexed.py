@@ -290,3 +290,23 @@ def test_forked_workers_do_not_share_the_open_shards_of_the_main_process(tmp_pat
     )
     got = [(sample["__key__"], sample["bin"][:1]) for batch in loader for sample in batch]
     assert got == [(f"k{n:03d}", bytes([n])) for n in order]
+
+
+def test_a_missing_shard_or_a_broken_one_names_it_when_indexed(tmp_path):
+    missing = str(tmp_path / "absent.tar")
+    with pytest.raises(FileNotFoundError, match="absent.tar"):
+        IndexedShardDataset([missing])
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(make_tar([regular("a.txt", b"1" * 2000)])[:1000])
+    with pytest.raises(ShardFormatError, match="broken.tar at byte 0: truncated member"):
+        IndexedShardDataset([str(broken)])
+
+
+def test_errors_never_show_the_signature_of_a_signed_url():
+    url = "memory://indexed-secret/x.tar?X-Amz-Signature=SIGSECRET"
+    with pytest.raises(FileNotFoundError) as caught:
+        IndexedShardDataset([url])
+    assert "x.tar" in str(caught.value) and "SIGSECRET" not in str(caught.value)
+    with pytest.raises(FileNotFoundError, match="no sample index at") as caught:
+        IndexedShardDataset([url], index="memory://indexed-secret/i.json?sig=SIGSECRET")
+    assert "SIGSECRET" not in str(caught.value)

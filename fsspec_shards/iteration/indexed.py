@@ -128,9 +128,13 @@ class IndexedShardDataset(_DatasetBase):
 
     def index_shard(self, url: str) -> ShardIndex:
         """A shard's index, from a scan of its tar headers (payloads are sought over)."""
-        fs, path = self.reader.locate(url)
-        size = int(fs.size(path))
-        return index_of_samples(size, self.reader.samples(url, headers_only=True))
+        try:
+            fs, path = self.reader.locate(url)
+            size = int(fs.size(path))
+            return index_of_samples(size, self.reader.samples(url, headers_only=True))
+        except Exception as exc:
+            error = exc
+        raise clean_error(error, url)
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
