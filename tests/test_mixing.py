@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -501,3 +502,13 @@ def test_a_counted_state_does_not_resume_another_quota(sources):
         make_counted(sources, choose=[5, 6, 5]).load_state_dict(state)
     with pytest.raises(ValueError, match=r"made with choose=\[5, 5, 5\], this mixture has None"):
         make_counted(sources, repeat=[1, 1, 1]).load_state_dict(state)
+
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "mixing.md"
+
+
+def test_the_code_blocks_of_the_mixing_page_run_in_order():
+    namespace: dict = {"__name__": "mixing_page"}
+    for index, block in enumerate(re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)):
+        exec(compile(block, f"{PAGE}:block{index}", "exec"), namespace)
+    assert {"upsampled", "fixed", "batched", "checkpoint"} <= set(namespace)
