@@ -512,3 +512,9 @@ def test_the_code_blocks_of_the_mixing_page_run_in_order():
     for index, block in enumerate(re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)):
         exec(compile(block, f"{PAGE}:block{index}", "exec"), namespace)
     assert {"upsampled", "fixed", "batched", "checkpoint"} <= set(namespace)
+
+
+def test_a_fractional_repeat_takes_the_decimal_share_not_the_float_products(tmp_path):
+    source = ShardDataset(write_shards(tmp_path, 1, 100), count_samples=True)
+    assert 0.29 * 100 < 29  # the float product would floor to 28
+    assert MixedDataset([source], repeat=[0.29]).quotas(0) == [29]

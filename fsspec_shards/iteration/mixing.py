@@ -32,6 +32,7 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 from fsspec_shards.config import is_int
@@ -427,7 +428,7 @@ def quota(
     consumer, parts = _parts(source, epoch, index, name)
     units = [part // unit for part in parts]
     if repeat is not None:
-        rank_units = math.floor(repeat[index] * sum(units) + 1e-9)
+        rank_units = math.floor(Fraction(repr(repeat[index])) * sum(units))  # 0.29 * 100 = 29
     elif batch_size is None:
         rank_units = choose[index] // consumer.world_size + (
             consumer.rank < choose[index] % consumer.world_size
