@@ -111,5 +111,5 @@ def test_the_lightning_example_resumes_exactly_from_mid_epoch_checkpoints(data, 
     whole, fit = namespace["whole"], namespace["fit"]
     assert len(whole) == 2 * 15 and len({key for batch in whole for key in batch}) == 115
     assert whole[:15] != whole[15:]  # each epoch its own order
-    rest = fit(urls, counts, tmp_path / "rest0", ckpt_path=tmp_path / "cut/epoch=0-step=10.ckpt")
+    rest = fit(urls, counts, tmp_path / "cut", ckpt_path=tmp_path / "cut/epoch=0-step=10.ckpt")
     assert namespace["head"][:10] + rest == whole  # from the middle of epoch 0
