@@ -18,7 +18,7 @@ of mixture epoch ``e`` is source epoch ``e + r * ROUND_EPOCH_STRIDE``), so the m
 endless.
 
 With ``repeat=`` or ``choose=`` instead of weights, each consumer's epoch takes a fixed number
-of samples of every source (its quota, :func:`quotas`): the next sample comes from source
+of samples of every source (its quota, :func:`quota`): the next sample comes from source
 ``i`` with chance proportional to what is left of its quota, so the epoch is a uniformly
 random interleaving of the quotas; a source whose stream ends before its quota is done
 restarts on its next round, as with ``"never"``.
@@ -30,6 +30,7 @@ import bisect
 import itertools
 import logging
 import math
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -200,6 +201,11 @@ class MixedDataset(_DatasetBase):
     def epoch(self) -> int:
         return self._epoch.value
 
+    @property
+    def by_count(self) -> bool:
+        """Whether the epoch takes quotas (``repeat``/``choose``; ``stop`` is then None)."""
+        return self.stop is None
+
     @epoch.setter
     def epoch(self, epoch: int) -> None:
         self._epoch.set(epoch)
@@ -208,7 +214,7 @@ class MixedDataset(_DatasetBase):
         """Samples of one epoch of this consumer (in the main process, this rank's): the
         quotas added with ``repeat``/``choose``, the sources' lengths added when every sample
         of every source is delivered (``stop="all_exhausted"``); else TypeError."""
-        if self.stop is None:
+        if self.by_count:
             return sum(self.quotas(self.epoch))
         if self.stop != "all_exhausted":
             raise TypeError(f"len() of a MixedDataset needs stop='all_exhausted', not {self.stop}")
@@ -238,7 +244,7 @@ class MixedDataset(_DatasetBase):
                     f"the MixedDataset state was made with {name}="
                     f"{loaded.fingerprint.get(name)!r}, this mixture has {expected.get(name)!r}"
                 )
-        if self.stop not in ("never", None) and any(loaded.rounds):
+        if not (self.stop == "never" or self.by_count) and any(loaded.rounds):
             raise ValueError("MixedDataset state field 'rounds': restarts happen only with 'never'")
         if self.stop == "first_exhausted" and any(loaded.exhausted) and not loaded.finished:
             raise ValueError(
@@ -256,8 +262,8 @@ class MixedDataset(_DatasetBase):
 
     def quotas(self, epoch: int) -> list[int]:
         """With ``repeat``/``choose``: the samples this consumer takes from each source in
-        ``epoch`` (in the main process, this rank's); see :func:`quotas`."""
-        if self.stop is not None:
+        ``epoch`` (in the main process, this rank's); see :func:`quota`."""
+        if not self.by_count:
             raise TypeError("quotas are those of a mixture made with repeat= or choose=")
         name = "repeat" if self.repeat is not None else "choose"
         return [
@@ -268,7 +274,7 @@ class MixedDataset(_DatasetBase):
     def _fingerprint(self) -> dict[str, Any]:
         rank, world_size, worker, num_workers = _consumer(self.datasets)
         counts = {}
-        if self.stop is None:
+        if self.by_count:
             counts = {"repeat": self.repeat, "choose": self.choose, "batch_size": self.batch_size}
         return {
             **counts,
@@ -312,7 +318,7 @@ class MixedDataset(_DatasetBase):
             None if done else iter(dataset)
             for dataset, done in zip(self.datasets, state.exhausted, strict=True)
         ]
-        if self.stop is None:
+        if self.by_count:
             yield from self._count(state, rng, iterators)
         else:
             yield from self._weigh(state, rng, iterators)
@@ -377,13 +383,13 @@ class MixedDataset(_DatasetBase):
         if self.stop == "first_exhausted":
             state.finished = True
             return None
-        if self.stop in ("never", None) and state.round_delivered[index]:
+        if (self.stop == "never" or self.by_count) and state.round_delivered[index]:
             state.rounds[index] += 1
             state.round_delivered[index] = 0
             dataset = self.datasets[index]
             dataset.set_epoch(source_epoch(state.epoch, state.rounds[index]))
             return iter(dataset)
-        if self.stop in ("never", None):
+        if self.stop == "never" or self.by_count:
             logger.warning("mixture source %d yields no samples: leaving it out", index)
         state.exhausted[index] = True
         state.finished = all(state.exhausted)
@@ -486,7 +492,7 @@ def _per_source(name: str, values: Any, sources: Sequence[Any], check: Any) -> l
 
 
 def _check_repeat(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} values must be numbers, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} values must be finite and >= 0, got {value!r}")
