@@ -171,8 +171,10 @@ class Data:
         return self.ours([f"wds::file://{path}" for path in self.paths], options, workers)
 
     def fill(self, cache_dir: Path) -> None:
-        """Fill a cache with every shard (in this process: no workers to start)."""
-        for _ in self.cached(cache_dir, workers=0).dataset:
+        """Fill a cache with every shard: read in this process, nothing decoded."""
+        options = {"wds": {"cache_dir": str(cache_dir), "checksums": str(self.root / "SHA256SUMS")}}
+        urls = [f"wds::file://{path}" for path in self.paths]
+        for _ in ShardDataset(urls, storage_options=options, shuffle_shards=False):
             pass
 
     def webdataset(self, drop_last: bool = False) -> DataLoader:
