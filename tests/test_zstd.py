@@ -20,6 +20,27 @@ from tests.shardmaker import make_tar, regular, shard_tar
 SHARD = "memory://bucket/shard-0001.tar.zst"
 
 
+@pytest.fixture(params=["zstandard", "stdlib"], autouse=True)
+def binding(request, monkeypatch):
+    """Every test with each binding: zstandard, and Python 3.14's compression.zstd (its
+    backport, the same API, where the standard library has none)."""
+    if request.param == "zstandard":
+        monkeypatch.setattr(zstd, "_STDLIB", None)
+        monkeypatch.setattr(zstd, "_ZSTANDARD", zstandard)
+        errors = (zstd.CorruptZstdError, zstandard.ZstdError)
+    else:
+        try:
+            from compression import zstd as module
+        except ImportError:
+            module = pytest.importorskip("backports.zstd")
+        monkeypatch.setattr(zstd, "_STDLIB", module)
+        monkeypatch.setattr(zstd, "_ZSTANDARD", None)
+        errors = (zstd.CorruptZstdError, module.ZstdError)
+    monkeypatch.setattr(zstd, "ZSTD_ERRORS", errors)
+    monkeypatch.setattr(tar, "COMPRESSED_STREAM_ERRORS", (EOFError, *errors))
+    return request.param
+
+
 def compress(raw: bytes) -> bytes:
     """``raw`` as the writer compresses it: the binding's writer, content checksum on."""
     buffer = io.BytesIO()
@@ -82,7 +103,7 @@ def test_a_stream_cut_inside_its_checksum_is_refused_when_read_to_its_end():
     raw = make_tar([regular("a.txt", b"1")])
     data = compress(raw)[:-2]
     stream = open_shard_stream(io.BytesIO(data), SHARD)
-    with pytest.raises(zstd.ZSTD_ERRORS, match="truncated"):
+    with pytest.raises((EOFError, *zstd.ZSTD_ERRORS), match="truncated|ended before"):
         stream.read()
 
 
