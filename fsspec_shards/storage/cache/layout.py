@@ -9,6 +9,7 @@ Layout (format :data:`FORMAT`)::
     tmp/<key>.progress         how far a download in flight is verified (block manifests)
     tmp/<key>.progress.<token> the next progress record, before its rename over the last
     index.reserve              space kept for the index on a full disk (:mod:`.space`)
+    tmp/evicted.<pid>.<token>  files of a mass eviction still to delete (:mod:`.deletion`)
     locks/<key>.lock           one download per key across processes (0600, kept)
     locks/space.lock           reservation, publication, eviction, clearing
     locks/scan.lock            shared tier: one eviction scan at a time; its mtime is the last

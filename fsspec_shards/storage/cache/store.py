@@ -41,7 +41,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
@@ -49,7 +48,7 @@ from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.cache import layout, locks, space, trust
+from fsspec_shards.storage.cache import deletion, layout, locks, space, trust
 from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError, Row
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.usage import Usage
@@ -63,8 +62,7 @@ _WAIT_FOR_ROOM_SECONDS = 0.05
 _BETWEEN_BATCHES_SECONDS = 0.001  # the space lock is free this long between eviction batches
 _SETUP_RETRY_SECONDS = 5.0  # a cache directory that could not be set up on a full disk
 EVICTION_BATCH = 8192
-_PARALLEL_DELETES = 64  # evicted files deleted from threads from this many on
-_DELETING_THREADS = 16
+_DEFERRED_DELETES = 64  # a batch of this many evictions leaves its files to .deletion
 """Entries one eviction pass drops (one index transaction, the space lock held for it)."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SHARED: dict[tuple[str, bool], tuple[Index, Usage]] = {}
@@ -179,6 +177,7 @@ class ShardCache:
             try:
                 index.record_size_limit(self.size_limit)
                 space.make_reserve(self.directory)
+                deletion.recover(self.directory)
             except (ReadOnlyCacheError, space.DiskFullError, PermissionError):
                 pass  # recorded, and made, by a later use
         self._index, self._usage = index, usage
@@ -369,6 +368,7 @@ class ShardCache:
         for the background syncs of the files it published."""
         self._usage.flush()
         SYNCER.drain()
+        deletion.DELETER.drain()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -705,7 +705,8 @@ class ShardCache:
 
     def _evict(self, limit: int, covering: int | None = None, *, disk_full: bool = False) -> int:
         """Evict up to ``limit`` least-recently-used entries (no more than cover ``covering``
-        bytes) in one index transaction, then delete their files; how many were evicted.
+        bytes) in one index transaction, then delete their files (those of a mass eviction
+        in the background: :mod:`.deletion`); how many were evicted.
 
         On a full disk (``disk_full``) where even that transaction finds no room, the
         files go first (the freed space lets the index drop them; a hit meanwhile finds
@@ -719,27 +720,26 @@ class ShardCache:
                 if row.file is not None:
                     self._remove_data_file(row.key, row.file)
             rows = self._index.drop_least_recent(limit, covering)
-        self._delete_files(rows)
+        for row in rows:
+            logger.log(self._log_level, "evicted %s (%d bytes)", redact_url(row.shown), row.size)
+        evicted = [row for row in rows if row.file is not None]
+        if len(evicted) < _DEFERRED_DELETES or disk_full or not self._defer(evicted):
+            for row in evicted:
+                self._remove_data_file(row.key, row.file)
         if rows:
             self.incr("evictions", len(rows))
         return len(rows)
 
-    def _delete_files(self, rows: list[Row]) -> None:
-        """Delete the files of evicted rows, still under the space lock (the bytes on disk
-        stay within the limit); many at once from threads, as an unlink waits on the
-        filesystem's journal more than on the CPU."""
-        for row in rows:
-            logger.log(self._log_level, "evicted %s (%d bytes)", redact_url(row.shown), row.size)
-        evicted = [row for row in rows if row.file is not None]
-        if len(evicted) < _PARALLEL_DELETES:
-            for row in evicted:
-                self._remove_data_file(row.key, row.file)
-            return
-        with ThreadPoolExecutor(
-            _DELETING_THREADS, thread_name_prefix="fsspec-shards-evict"
-        ) as pool:
-            for _ in pool.map(lambda row: self._remove_data_file(row.key, row.file), evicted):
-                pass
+    def _defer(self, rows: list[Row]) -> bool:
+        """Hand the files of a mass eviction to the deleting thread (:mod:`.deletion`);
+        False where the list cannot be written (the caller deletes them now)."""
+        try:
+            listed = deletion.write_list(self.directory, [row.file for row in rows])
+        except OSError as error:
+            logger.debug("deleting evicted files now: no eviction list (%s)", error)
+            return False
+        deletion.DELETER.submit(self.directory, listed)
+        return True
 
     def _free_disk_space(self, needed: int) -> bool:
         """After a full disk: release the index's reserve, evict until ``needed`` bytes
@@ -856,7 +856,9 @@ def _foreign_names(directory: str) -> list[str]:
     found.extend(
         os.path.join(temp, name)
         for name in layout.list_directory(temp)
-        if layout.parse_temp_name(name) is None and layout.parse_progress_name(name) is None
+        if layout.parse_temp_name(name) is None
+        and layout.parse_progress_name(name) is None
+        and not deletion.is_list_name(name)
     )
     return found
 
