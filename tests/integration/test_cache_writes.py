@@ -5,6 +5,7 @@ flight in other processes; ``invalidate_cache`` drops poisoned copies."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import time
@@ -38,9 +39,13 @@ def read_through_wds(url: str, options: dict, results) -> None:
         results.put(f"error: {error}")
 
 
+@pytest.mark.parametrize("through", ["pipe", "transaction"])
 def test_a_write_during_another_processs_download_is_what_every_later_read_returns(
-    s3_backend: servers.S3Backend, fault_proxy, tmp_path: Path
+    s3_backend: servers.S3Backend, fault_proxy, tmp_path: Path, through: str
 ) -> None:
+    """With ``through="transaction"`` the file is written and closed before the read
+    starts, and committed while it downloads the old version: the commit stops it from
+    publishing."""
     path = "writes/shard-0000.tar"
     old, new = payload("old version", 300_000), payload("new version", 200_000)
     s3_backend.put(path, old)
@@ -48,18 +53,24 @@ def test_a_write_during_another_processs_download_is_what_every_later_read_retur
     proxy.add(Stall(seconds=4, after_bytes=64 * 1024), method="GET", path=path, times=1)
     wds = {"cache_dir": str(tmp_path / "cache"), "cache_size": "16MB", "timeout": 30}
     options = {"wds": wds, "s3": proxied.storage_options}
-    results = SPAWN.Queue()
-    reader = SPAWN.Process(target=read_through_wds, args=(proxied.url(path), options, results))
-    reader.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT
-    while not proxy.requests("GET", path):
-        assert time.monotonic() < deadline and reader.is_alive(), "the download never started"
-        time.sleep(0.02)
-
     writer = fsspec.filesystem(
         "wds", target_protocol="s3", target_options=proxied.storage_options, **wds
     )
-    writer.pipe_file(proxied.url(path), new)  # lands while the reader's download is stalled
+    results = SPAWN.Queue()
+    reader = SPAWN.Process(target=read_through_wds, args=(proxied.url(path), options, results))
+    with contextlib.ExitStack() as transaction:
+        if through == "transaction":
+            transaction.enter_context(writer.transaction)
+            with writer.open(proxied.url(path), "wb") as handle:
+                handle.write(new)
+        reader.start()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while not proxy.requests("GET", path):
+            assert time.monotonic() < deadline and reader.is_alive(), "the download never started"
+            time.sleep(0.02)
+        if through == "pipe":
+            writer.pipe_file(proxied.url(path), new)  # lands while the download is stalled
+    # (a transaction commits here, while the reader's download is stalled)
     first = results.get(timeout=JOIN_TIMEOUT)
     reader.join(JOIN_TIMEOUT)
     assert first in (digest(old), digest(new)) or first.startswith("error: "), first
