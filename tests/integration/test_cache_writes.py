@@ -290,17 +290,29 @@ def test_a_discarded_transaction_leaves_the_old_version_everywhere(
     assert layer.reads(url) == (OLD, OLD)
 
 
+@pytest.mark.parametrize(("name", "method"), [("s3", "setxattr"), ("az", "setxattrs")])
 def test_setting_attributes_drops_the_copy_of_the_version_it_replaced(
-    s3_backend: servers.S3Backend, other_process, tmp_path: Path
+    name: str, method: str, request: pytest.FixtureRequest, other_process, tmp_path: Path
 ) -> None:
-    """S3 sets metadata by copying the object onto itself: a new version of the same bytes."""
-    layer = Layer(s3_backend, tmp_path / "cache", other_process)
-    url = s3_backend.put(WRITTEN, OLD)
+    """S3 sets metadata by copying the object onto itself (a new version of the same
+    bytes); Azure gives the blob a new ETag."""
+    backend = request.getfixturevalue(f"{name}_backend")
+    layer = Layer(backend, tmp_path / "cache", other_process)
+    url = backend.put(WRITTEN, OLD)
     assert layer.reads(url) == (OLD, OLD)
-    layer.fs.setxattr(url, purpose="evaluation")
+    getattr(layer.fs, method)(url, purpose="evaluation")
     assert layer.fs.cache_stats()["cached_files"] == 0
     assert layer.reads(url) == (OLD, OLD)
-    assert s3_backend.filesystem().getxattr(url, "purpose") == "evaluation"
+    assert backend.filesystem().getxattr(url, "purpose") == "evaluation"
+
+
+def test_setting_attributes_on_a_backend_without_them_is_refused_naming_the_path(
+    file_backend: servers.FileBackend, other_process, tmp_path: Path
+) -> None:
+    layer = Layer(file_backend, tmp_path / "cache", other_process)
+    url = file_backend.put(WRITTEN, OLD)
+    with pytest.raises(NotImplementedError, match="file backend has no setxattr.*shard-0000"):
+        layer.fs.setxattr(url, purpose="evaluation")
 
 
 @pytest.mark.parametrize("spelling", ["d/./f.tar", "d//f.tar", "d/e/../f.tar"])
