@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator
@@ -131,27 +132,32 @@ OLD, NEW = b"old version " * 1000, b"new version, longer " * 1000
 def serve_reads(requests, results) -> None:
     """Another process sharing the cache: reads ``wds::<url>`` for each request."""
     while (request := requests.get()) is not None:
-        url, options = request
+        number, url, options = request
         try:
             with fsspec.open(f"wds::{url}", "rb", **options) as handle:
-                results.put(handle.read())
+                results.put((number, handle.read()))
         except FileNotFoundError:
-            results.put(None)
+            results.put((number, None))
         except Exception as error:  # reported to the test, which fails on it
-            results.put(f"error: {error!r}")
+            results.put((number, f"error: {error!r}"))
 
 
 @pytest.fixture(scope="module")
 def other_process() -> Iterator[Callable[[str, dict], bytes | None]]:
     """``read(url, options)`` in one spawned process kept for the module (spawning one per
-    read would cost a second each)."""
+    read would cost a second each); answers to reads a failed test gave up on are skipped."""
     requests, results = SPAWN.Queue(), SPAWN.Queue()
     process = SPAWN.Process(target=serve_reads, args=(requests, results), daemon=True)
     process.start()
+    numbers = itertools.count()
 
     def read(url: str, options: dict) -> bytes | None:
-        requests.put((url, options))
-        return results.get(timeout=JOIN_TIMEOUT)
+        number = next(numbers)
+        requests.put((number, url, options))
+        while True:
+            answered, result = results.get(timeout=JOIN_TIMEOUT)
+            if answered == number:
+                return result
 
     yield read
     requests.put(None)
