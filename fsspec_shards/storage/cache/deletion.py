@@ -29,7 +29,7 @@ from fsspec_shards.storage.cache import layout, locks
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
-DELETING_THREADS = 16
+DELETING_THREADS = 4
 _LIST_NAME = re.compile(r"evicted\.[0-9]+\.[0-9a-f]{8}")
 _DATA_FILE = re.compile(r"files/[0-9a-f]{2}/([0-9a-f]{64})\.[0-9a-f]{8}")
 
