@@ -26,6 +26,7 @@ dataset's identity for the fingerprint.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
@@ -394,7 +395,10 @@ class ConsumerStream:
         urls = [source.urls[segment.shard] for segment in plan.segments]
         prefetcher = ShardPrefetcher(urls, source.reader.locate, source.prefetch)
         progress = source.progress_log(self.consumer, urls)
-        started = time.perf_counter()
+        # Bound here: a generator left alive until interpreter exit is closed after the
+        # modules' globals are cleared, and its ``finally`` must then run without them.
+        clock, finalizing = time.perf_counter, sys.is_finalizing
+        started = clock()
         asked = started
         check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
         padding_from = plan.own_segments
@@ -431,9 +435,10 @@ class ConsumerStream:
                 self._check_overrun()
             state.finished = True
         finally:
-            prefetcher.close()
-            stats.seconds += time.perf_counter() - started
-            source.publish_stats(self.consumer)
+            if not finalizing():  # at interpreter exit there is no one left to tell
+                prefetcher.close()
+                stats.seconds += clock() - started
+                source.publish_stats(self.consumer)
 
 
 def _miscounted(source: ShardSource, url: str, expected: int, held: str) -> SampleCountError:
