@@ -306,15 +306,21 @@ class ConsumerStream:
             while True:
                 failure = None
                 try:
-                    if prefetcher is not None:
+                    # The next shards are prefetched once this one has a sample: their
+                    # fills then never hold the cache's locks or the link before it.
+                    waiting = prefetcher is not None
+                    if waiting:
                         prefetch_error = prefetcher.wait(index)
-                        prefetcher.advance(index)
                         if prefetch_error is not None:
+                            prefetcher.advance(index)
                             raise prefetch_error
                     start, end = source.byte_range(url, segment)
                     position = state.offset or start
                     with closing(source.samples(url, position, headers_only)) as samples:
                         for sample in samples:
+                            if waiting:
+                                prefetcher.advance(index)
+                                waiting = False
                             if end is not None and sample.offset >= end:
                                 break
                             if expected is not None and state.segment_read >= expected:
@@ -324,6 +330,8 @@ class ConsumerStream:
                             state.read += 1
                             state.segment_read += 1
                             yield ref, sample
+                    if waiting:
+                        prefetcher.advance(index)
                     if expected is not None and state.segment_read < expected:
                         raise _miscounted(source, url, expected, f"only {state.segment_read}")
                 except source.shard_errors as exc:
