@@ -141,7 +141,9 @@ def _loaders(system: str, where: dict, cache: str):
         def loader():
             dataset = (
                 webdataset.WebDataset(
-                    where["http_urls"], shardshuffle=False, workersplitter=webdataset.split_by_worker
+                    where["http_urls"],
+                    shardshuffle=False,
+                    workersplitter=webdataset.split_by_worker,
                 )
                 .to_tuple("cls")
                 .map(lambda fields: {"cls": int(fields[0])})
@@ -151,6 +153,11 @@ def _loaders(system: str, where: dict, cache: str):
         return loader, None
     if system == "litdata":
         import litdata
+        from litdata.streaming import downloader
+
+        # litdata's obstore path takes no option for a plain-http endpoint (a local S3
+        # server such as moto): its client options are a module dict, so they allow it here.
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
 
         def dataset():
             return litdata.StreamingDataset(
