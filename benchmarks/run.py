@@ -114,10 +114,22 @@ def first_sample_suite(rounds: int, mib: int) -> Results:
     return bench_first_sample.run(rounds, mib=mib)
 
 
+def random_access_suite(rounds: int, shards: int, per_shard: int) -> Results:
+    import bench_random_access
+
+    return bench_random_access.run(rounds, shards=shards, per_shard=per_shard)
+
+
 def memory_suite(sizes: tuple[int, ...]) -> Results:
     import bench_memory
 
     return bench_memory.run(sizes)
+
+
+def gpu_suite(rounds: int, size: str | None) -> Results:
+    import bench_gpu
+
+    return bench_gpu.run(rounds, size=size)
 
 
 BENCHMARKS = (
@@ -126,7 +138,10 @@ BENCHMARKS = (
         "Tar iteration: ours vs webdataset 1.0.2 vs a tarfile loop",
         "Shards on local disk turned into sample dicts, no decoding: small samples (1 KiB) "
         "and large ones (1 MiB). `ours_vs_X` is X's median time over ours: above 1, ours is "
-        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling.",
+        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling. "
+        "`text_1KiB_plain_gzip_zstd` reads one shard of 1 KiB text-like samples (about 3x "
+        "compressible) plain, gzip (level 6) and zstd (level 3, as `ShardWriter` writes "
+        "`.tar.zst`) with our reader: `zstd_vs_gzip` is gzip's median time over zstd's.",
         lambda: tar_suite(5),
         lambda: tar_suite(1),
     ),
@@ -249,6 +264,20 @@ BENCHMARKS = (
         lambda: first_sample_suite(1, 32),
     ),
     Benchmark(
+        "random_access",
+        "Random reads: IndexedShardDataset vs litdata-style chunk reads by hand",
+        "Every sample read once in a seeded random order, from nginx on loopback: tar shards "
+        "with their sample index through `wds::` (`ours_cold`: into an empty cache, each "
+        "shard's first read filling it with the whole verified shard; `ours_warm`: cached; "
+        '`ours_direct_cold`: `ranged_reads="direct"`, a ranged GET per sample), against the '
+        "same samples as litdata-style chunk files read by hand (a chunk downloaded whole on "
+        "its first read, then a ranged read of the local file per item). `stream_warm` is "
+        "`ShardDataset` iterating the warm shards. `ours_X_vs_litdata_X` is litdata's median "
+        "time over ours: above 1, ours is faster.",
+        lambda: random_access_suite(3, 16, 200),
+        lambda: random_access_suite(1, 4, 100),
+    ),
+    Benchmark(
         "memory",
         "Peak memory against shard size",
         "One shard of 1 MiB samples iterated in a fresh process. `traced_peak_mb` is the "
@@ -257,6 +286,17 @@ BENCHMARKS = (
         "downloading the shard into the cache.",
         lambda: memory_suite((16, 64, 256)),
         lambda: memory_suite((16, 64)),
+    ),
+    Benchmark(
+        "gpu",
+        "Training input: ShardDataset vs webdataset, the loader alone and a training step",
+        "JPEG images (PIL decode + center crop in 12 workers, or 2 in the small size) and 2 KiB "
+        "token rows through a DataLoader: ours over local paths, `wds::` warm and cold (the "
+        "cache filled and verified), webdataset 1.0.2. Then a training epoch (ResNet-50 with "
+        "torchvision on a GPU, else a small conv net) over images/s on synthetic data. Full "
+        "size where CUDA is present, small on CPU; see benchmarks/bench_gpu.py.",
+        lambda: gpu_suite(3, None),
+        lambda: gpu_suite(1, "small"),
     ),
 )
 
