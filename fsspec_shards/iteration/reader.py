@@ -53,16 +53,15 @@ class ShardReader:
         return fsspec.core.url_to_fs(chained, **options)
 
     def warm(self, url: str) -> None:
-        """Pay the one-time costs of reading ``url`` now: its backend's imports, the
-        filesystem and, for ``wds``, its cache directory and index and its checksum
-        manifest. Called where the dataset is made, so DataLoader workers forked later
-        inherit them instead of paying them before their first sample (the manifest is
-        kept by the filesystem instance; the index is opened again per process). An error
-        here is left for the first read to raise."""
+        """Pay the one-time costs of reading ``url`` now: its backend's imports and, for
+        ``wds``, its cache directory and index. Called where the dataset is made, so
+        DataLoader workers forked later inherit the imports and find the index made instead
+        of paying for them before their first sample (fsspec makes a forked child its own
+        filesystem instances, so what an instance holds, such as a loaded checksum
+        manifest, is not inherited). An error here is left for the first read to raise."""
         try:
             fs, _ = self.locate(url)
             getattr(fs, "shard_cache", None)
-            getattr(fs, "manifest", None)  # the checksums, kept by the instance workers inherit
         except Exception:  # noqa: BLE001 - raised again by the read, through the handler
             return
 
