@@ -13,7 +13,6 @@ from fsspec_shards.storage.backends import backend_checksums, object_identity
 from fsspec_shards.storage.integrity import (
     Checksum,
     Manifest,
-    choose_expected,
     load_manifest,
     manifest_from_mapping,
     parse_verify,
@@ -87,17 +86,6 @@ def test_manifest_on_another_protocol_matches_by_trailing_components(tmp_path):
     memory = fsspec.filesystem("memory")
     manifest = load_manifest(f"file://{tmp_path}/MD5SUMS", memory)
     assert manifest.lookup("/bucket/shards/a.tar") == Checksum("md5", MD5)
-
-
-def test_auto_prefers_the_manifest_then_the_strongest_backend_checksum():
-    sha = Checksum("sha256", SHA256)
-    md5 = Checksum("md5", MD5)
-    crc = Checksum("crc32c", "364b3fb7")
-    assert choose_expected(md5, [sha], "auto") == md5
-    assert choose_expected(None, [crc, md5], "auto") == md5
-    assert choose_expected(None, [], "auto") is None
-    assert choose_expected(sha, [md5], "size") is None
-    assert choose_expected(sha, [md5], False) is None
 
 
 @pytest.mark.parametrize(

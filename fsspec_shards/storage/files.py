@@ -21,7 +21,7 @@ from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
 from fsspec_shards.storage.download import Target, read_range
-from fsspec_shards.storage.integrity import StreamingHasher
+from fsspec_shards.storage.verification import WholeHasher
 
 
 class DropCachedOnClose(io.RawIOBase):
@@ -99,9 +99,8 @@ class RetryingFile(AbstractBufferedFile):
     ) -> None:
         self.target = target
         self.version = target.expected_version(info)
-        expected = target.expected_checksum(info)
-        self._expected = expected
-        self._hasher = StreamingHasher(expected.algorithm) if expected else None
+        self._expected = target.expectation(info)
+        self._hasher = WholeHasher(self._expected.algorithms) if self._expected else None
         self._hashed_until = 0
         super().__init__(
             wds,
@@ -133,10 +132,13 @@ class RetryingFile(AbstractBufferedFile):
         self._hasher.update(data)
         self._hashed_until += len(data)
         if self._hashed_until == self.size:
-            actual = self._hasher.checksum()
+            mismatch = self._expected.mismatch(self._hasher.checksums())
             self._hasher = None
-            if actual != self._expected:
+            if mismatch is not None:
                 self.target.incr("integrity_failures")
                 raise IntegrityError(
-                    self.target.shown, str(self._expected), str(actual), "streamed without cache"
+                    self.target.shown,
+                    mismatch.expected,
+                    mismatch.actual,
+                    f"expected by {mismatch.source}; streamed without cache",
                 )

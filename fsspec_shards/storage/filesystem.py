@@ -423,7 +423,7 @@ class WdsFileSystem(ChainedFileSystem):
             obj=self._object(backend_path),
             policy=self.policy,
             verify=self.verify,
-            manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
+            manifest=tuple(manifest.known(backend_path)) if manifest is not None else (),
             count=self._count,
             transport=self.download_transport,
             ranges_in_flight=self.ranges_in_flight,
@@ -618,7 +618,7 @@ class WdsFileSystem(ChainedFileSystem):
                 out,
                 fetch,
                 size=info.get("size"),
-                expected=target.expected_checksum(info),
+                expected=target.expectation(info),
                 identity=identity,
             )
             self._count("shared_hits" if source == "shared" else "shared_misses")
