@@ -20,11 +20,21 @@ import boto3
 import fsspec
 import pytest
 
+from fsspec_shards.storage import download as download_module
+from fsspec_shards.storage import range_plan
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
 from tests.integration.fault_proxy import Cut as CutAfter
 from tests.integration.fault_proxy import Delay
-from tests.integration.hostile_http import Cut, HostileServer, Replace, ShortLabel, WrongStart
+from tests.integration.hostile_http import (
+    Cut,
+    HostileServer,
+    OtherVersion,
+    Replace,
+    Serve,
+    ShortLabel,
+    WrongStart,
+)
 from tests.integration.range_layout import range_starts
 
 MiB = 1024 * 1024
@@ -322,3 +332,55 @@ def test_an_object_replaced_while_its_ranges_are_in_flight_is_read_whole_again(
         range=f"bytes={range_starts(len(old), 4)[-1]}-",
     )
     assert outcome.get("data") == new
+
+
+# -- answers that leave the identity out (a stale replica that ignores If-Match) -----------
+
+
+def _one_version_or_an_error(fs, url) -> bytes | None:
+    try:
+        return fs.cat_file(url)
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def small_objects_in_ranges(monkeypatch):
+    """Objects over 1 MiB are filled by ranges in flight (not only those over 32 MiB), and
+    no store is known yet."""
+    monkeypatch.setattr(download_module, "AUTO_ABOVE", MiB)
+    monkeypatch.setattr(range_plan, "_learned", {})
+
+
+@pytest.mark.parametrize("ranges_in_flight", [1, 8, "auto"])
+@pytest.mark.parametrize("carries", ["nothing", "its Last-Modified"])
+def test_answers_of_another_version_without_its_etag_are_never_spliced(
+    tmp_path, transport, ranges_in_flight, carries, small_objects_in_ranges
+):
+    # HEAD names v1; some GETs answer with v2's bytes (same size), no ETag, If-Match
+    # ignored; with one stream the first GET is cut, so the resume meets them
+    stale = OtherVersion(NEW, modified=carries != "nothing")
+    first = Cut(MiB) if ranges_in_flight == 1 else Serve()
+    with HostileServer() as server:
+        url = server.put("stale.bin", OLD, plan=[first, stale, stale])
+        fs = _wds("http", {}, tmp_path, transport=transport, ranges_in_flight=ranges_in_flight)
+        got = _one_version_or_an_error(fs, url)
+        assert got is None or got in (OLD, NEW), "two versions spliced"
+        if ranges_in_flight == 1 and got is not None:
+            resumed = server.gets("stale.bin")[1]
+            assert resumed.range.startswith(f"bytes={MiB}-")  # the resume met v2: refused
+        assert fs.cat_file(url) in (OLD, NEW)
+
+
+def test_a_download_whose_every_answer_proves_nothing_and_is_cut_fails_clearly(
+    tmp_path, transport
+):
+    # every GET carries no identity and is cut: one request from byte 0 is the one shape
+    # such answers are used in, and it never completes, so the download fails naming why
+    cut = OtherVersion(OLD, cut=MiB)
+    with HostileServer() as server:
+        url = server.put("cut.bin", OLD, plan=[cut] * 40)
+        fs = _wds("http", {}, tmp_path, transport=transport, retries=3)
+        with pytest.raises(OSError, match="no ETag, version or Last-Modified"):
+            fs.cat_file(url)
+        assert fs.cache_stats()["cached_files"] == 0
