@@ -44,7 +44,7 @@ class Serve:
 class Replace:
     """Replace the object with `data` (a new version), then answer this GET."""
 
-    data: bytes
+    data: bytes = dataclasses.field(repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ class OtherVersion:
     `If-Match`; the answer carries that version's ETag only with `etag`, its Last-Modified
     only with `modified`; with `cut`, the connection closes after that many body bytes."""
 
-    data: bytes
+    data: bytes = dataclasses.field(repr=False)
     etag: bool = False
     modified: bool = False
     cut: int | None = None

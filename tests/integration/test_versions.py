@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ from pathlib import Path
 import boto3
 import fsspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fsspec_shards.storage import download as download_module
 from fsspec_shards.storage import range_plan
@@ -372,9 +375,7 @@ def test_answers_of_another_version_without_its_etag_are_never_spliced(
         assert fs.cat_file(url) in (OLD, NEW)
 
 
-def test_a_download_whose_every_answer_proves_nothing_and_is_cut_fails_clearly(
-    tmp_path, transport
-):
+def test_a_download_whose_every_answer_proves_nothing_and_is_cut_fails_clearly(tmp_path, transport):
     # every GET carries no identity and is cut: one request from byte 0 is the one shape
     # such answers are used in, and it never completes, so the download fails naming why
     cut = OtherVersion(OLD, cut=MiB)
@@ -384,3 +385,49 @@ def test_a_download_whose_every_answer_proves_nothing_and_is_cut_fails_clearly(
         with pytest.raises(OSError, match="no ETag, version or Last-Modified"):
             fs.cat_file(url)
         assert fs.cache_stats()["cached_files"] == 0
+
+
+# -- the property: one version or an error, whatever the schedule --------------------------
+
+SMALL = 3 * MiB
+SMALL_OLD, SMALL_NEW = OLD[:SMALL], NEW[:SMALL]
+_cuts = st.integers(0, SMALL // (256 * 1024) - 1).map(lambda n: n * 256 * 1024 + 17)
+_answers = st.one_of(
+    st.just(Serve()),
+    _cuts.map(Cut),
+    st.builds(Replace, st.sampled_from([SMALL_OLD, SMALL_NEW])),  # a real flip (HEAD too)
+    st.builds(  # a stale replica: If-Match ignored, identity headers or not, maybe cut
+        OtherVersion,
+        st.sampled_from([SMALL_OLD, SMALL_NEW]),
+        etag=st.booleans(),
+        modified=st.booleans(),
+        cut=st.none() | _cuts,
+    ),
+)
+
+
+@settings(
+    max_examples=12,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    plan=st.lists(_answers, max_size=6),
+    ranges_in_flight=st.sampled_from([1, 8, "auto"]),
+)
+def test_any_schedule_of_flips_cuts_and_answers_ignoring_if_match_gives_one_version(
+    tmp_path, transport, small_objects_in_ranges, plan, ranges_in_flight
+):
+    with HostileServer() as server:
+        url = server.put("p.bin", SMALL_OLD, plan=plan)
+        fs = _wds(
+            "http",
+            {},
+            Path(tempfile.mkdtemp(dir=tmp_path)),
+            transport=transport,
+            ranges_in_flight=ranges_in_flight,
+            retries=3,
+        )
+        got = _one_version_or_an_error(fs, url)
+        assert got is None or got in (SMALL_OLD, SMALL_NEW), [e.range for e in server.log]
