@@ -15,8 +15,14 @@ Invariants:
 
 - One download is one version: every response is checked against the version ``info()``
   described when the pass began (``versions.py``); another version starts the pass over
-  from byte 0, never splices. Where responses say nothing of their version (backends read
-  through ``cat_file``), ``info()`` is asked again after a fault and at the end.
+  from byte 0, never splices. A response that proves no version (``versions.Unproven``:
+  no ETag, version or Last-Modified while the object has one) to a range or a resume
+  starts the pass over as one request from byte 0, the one shape in which its bytes are
+  used; a cut in that request starts over again (``Unproven`` after ``retries`` of them).
+  Where responses cannot say their version (backends read through ``cat_file``),
+  ``info()`` is asked again after a fault and at the end.
+- What is verified is ``verification.py``'s one rule: the size and every checksum known
+  (manifests' and backend's), hashed on the one pass.
 - An object with no identity beyond its size is read in one request; only a fault splits it.
 - Ranges in flight at once only for an object with an ETag, generation or version id that
   every range response is checked against, after a first ranged request was answered as

@@ -24,6 +24,13 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   filler dies (its lock comes free without a published entry), a follower starts over
   through the cache (becoming the filler, or following the next one); bytes it already had
   stay valid, since the block manifest fixes every byte.
+- A block manifest only checks bytes earlier, never instead of the whole file
+  (``verification.py``): the fill hashes the whole file on the same pass (a worker thread
+  reads back each run of verified blocks as it completes, with every expected algorithm),
+  and the last block is marked verified only when the whole file matched every checksum
+  known for it. A whole-file mismatch is an ``IntegrityError`` naming both manifests;
+  readers never reach the file's end. Answers need not prove their version here
+  (``Version.blocks_checked``): every block is checked against its digest.
 - The cache's own rules stand: the entry is published (fsynced, renamed, indexed) only when
   the whole object is verified; a kill at any instant leaves a temp file and a record, both
   removed by name on the next miss, never a partial entry.
@@ -632,8 +639,10 @@ def fill_blocks(
     same rule as whole-object fills; every block is verified on its own, so ranges need no
     version identity here); all but the first start once the first block is verified (or
     after a moment), so the reader's first block has the link to itself.
-    Raises ``IntegrityError`` when the object's size is not the manifest's or a block stays
-    bad, and the failure that ended a transfer.
+    The whole file is hashed on the same pass and checked against every checksum known
+    (``verification.py``); the last block is marked only then.
+    Raises ``IntegrityError`` when the object's size is not the manifest's, a block stays
+    bad, or the whole file does not match, and the failure that ended a transfer.
     """
     state = _FillState(target, info, blocks, progress)
     if state.expect.size is not None and state.expect.size != blocks.size:
