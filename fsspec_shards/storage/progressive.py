@@ -63,7 +63,7 @@ from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, link_of
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import Target, resume
 from fsspec_shards.storage.verification import Expectation, Known, WholeHasher
-from fsspec_shards.storage.versions import VersionMismatch
+from fsspec_shards.storage.versions import Version, VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.progressive")
 
@@ -685,7 +685,7 @@ def fill_blocks(
     }
 
 
-def _whole_file_expectation(target: Target, info: dict[str, Any], blocks: BlockList) -> Any:
+def _whole_file_expectation(target: Target, info: dict[str, Any], blocks: BlockList) -> Expectation:
     """Every checksum the whole file must have (``verification.py``): the manifests' and
     the backend's, the block manifest's whole-file SHA-256 among them."""
     expected = target.expectation(info)
@@ -778,7 +778,7 @@ class _FillState:
         self.received = 0
         self.lock = threading.Lock()
 
-    def _expected_version(self) -> Any:
+    def _expected_version(self) -> Version:
         expect = self.target.expected_version(self.info)
         expect.blocks_checked = True  # every block is checked: answers need not prove it
         return expect
@@ -933,9 +933,8 @@ class BlockCheckedFile(RetryingFile):
             )
         super().__init__(wds, target, info, max(block_size, blocks.block_size))
         self.version.blocks_checked = True  # every block is checked: answers need no proof
-        if blocks.checksum not in self._expected.checksums:  # read whole: checked too
-            self._expected = _whole_file_expectation(target, info, blocks)
-            self._hasher = WholeHasher(self._expected.algorithms)
+        self._expected = _whole_file_expectation(target, info, blocks)
+        self._hasher = WholeHasher(self._expected.algorithms)
 
     @raising_clean
     def _fetch_range(self, start: int, end: int) -> bytes:
@@ -946,7 +945,9 @@ class BlockCheckedFile(RetryingFile):
         pieces = self._blocks(first, last + 1)
         self._held = {index: pieces[index - first] for index in (first, last)}
         offset = self.blocks.bounds(first)[0]
-        return b"".join(pieces)[start - offset : end - offset]
+        data = b"".join(pieces)[start - offset : end - offset]
+        self._hash(start, data)  # read start to end: the whole file is checked too
+        return data
 
     def _blocks(self, first: int, last: int) -> list[bytes]:
         """Blocks ``[first, last)``, verified: the ones not held read in one request, a bad

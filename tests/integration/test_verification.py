@@ -99,6 +99,10 @@ def test_blocks_of_other_bytes_fail_a_whole_read_without_cache(store, tmp_path):
     fs, path = _filesystem(backend, transport, tmp_path, sums, _lying_blocks(), cache=False)
     with pytest.raises(IntegrityError, match="SHA256SUMS"):
         fs.cat_file(path)
+    with fs.open(path, block_size=BLOCK) as handle:  # streamed, block by block
+        assert handle.read(BLOCK) == B[:BLOCK]
+        with pytest.raises(IntegrityError, match="SHA256SUMS"):
+            handle.read()  # the last read checks the whole file
 
 
 @pytest.mark.parametrize("cache", [True, False])
