@@ -104,8 +104,8 @@ class Version:
 
     Taken from ``info()`` at the start of a download; what that lacks is filled in from the
     first response that says it. ``unconfirmed`` counts responses that carried nothing to
-    compare with the strongest identity known (a backend without facts, or a server that
-    sends no ETag): the caller then checks the version through ``info()``.
+    compare with the strongest identity known (a transport that cannot say, or a whole
+    answer that proved nothing): the caller then checks the version through ``info()``.
     """
 
     def __init__(
