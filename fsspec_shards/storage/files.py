@@ -139,7 +139,7 @@ class RetryingFile(AbstractBufferedFile):
                 self._spool = self._read_whole(exc)
             else:
                 self._handed_out = True
-                if self.version.unproven_whole and self._spool is None:
+                if self.version.unproven_whole and start == 0 and len(data) == self.size:
                     self._spool = io.BytesIO(data)  # one answer, whole: later reads from it
                 self._hash(start, data)
                 return data

@@ -402,6 +402,21 @@ def test_a_download_whose_every_answer_proves_nothing_and_is_cut_fails_clearly(t
         assert fs.cache_stats()["cached_files"] == 0
 
 
+def test_an_uncached_file_whose_answers_prove_nothing_is_read_whole_once(tmp_path, transport):
+    # HEAD names the version, GETs do not: the first read reads the object whole (one
+    # answer), every later read is served from that copy, whatever the server does next
+    with HostileServer(identity_on_get=False) as server:
+        url = server.put("u.bin", OLD)
+        fs = _wds("http", {}, tmp_path, transport=transport, cache=False, block_size=MiB)
+        with fs.open(url) as handle:
+            assert handle.read(MiB) == OLD[:MiB]
+            server.put("u.bin", NEW)
+            assert handle.read() == OLD[MiB:]
+        ranges = [entry.range for entry in server.gets("u.bin")]
+        assert ranges[-1] == "bytes=0-" or ranges[-1].startswith("bytes=0-"), ranges
+        assert len(ranges) == 2  # the refused ranged read, then the whole object once
+
+
 # -- the property: one version or an error, whatever the schedule --------------------------
 
 SMALL = 3 * MiB
