@@ -118,9 +118,12 @@ def test_several_cuts_in_one_object_still_deliver_it_whole(
     with fs.open(path) as handle:
         assert handle.read() == DATA
     exchanges = _data_exchanges(proxy, remote_backend, transport)
-    assert sum(e.fault_applied for e in exchanges) == 4
     if _answers_prove_no_version(remote_backend, transport):
-        return  # each cut starts over from byte 0 (see above)
+        # each cut starts over from byte 0 (see above); a refused resume may take a cut
+        # meant for it before 400 kB flowed
+        assert sum(e.fault_applied for e in exchanges) >= 1
+        return
+    assert sum(e.fault_applied for e in exchanges) == 4
     assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(4)
     starts = [_range_start(e) for e in exchanges]
     assert starts == sorted(starts)
