@@ -44,7 +44,7 @@ from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transpo
 from fsspec_shards.storage.range_plan import parse_ranges_in_flight
 from fsspec_shards.storage.retry import RetryPolicy
 from fsspec_shards.storage.streams import Transport, transport_for
-from fsspec_shards.storage.versions import Version, VersionMismatch
+from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
 
 if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
@@ -426,7 +426,7 @@ class WdsFileSystem(ChainedFileSystem):
             obj=self._object(backend_path),
             policy=self.policy,
             verify=self.verify,
-            manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
+            manifest=tuple(manifest.known(backend_path)) if manifest is not None else (),
             count=self._count,
             transport=self.download_transport,
             ranges_in_flight=self.ranges_in_flight,
@@ -624,7 +624,7 @@ class WdsFileSystem(ChainedFileSystem):
                 out,
                 fetch,
                 size=info.get("size"),
-                expected=target.expected_checksum(info),
+                expected=target.expectation(info),
                 identity=identity,
             )
             self._count("shared_hits" if source == "shared" else "shared_misses")
@@ -729,7 +729,9 @@ class WdsFileSystem(ChainedFileSystem):
     ) -> list[bytes]:
         """Byte ranges straight from the backend, retried and resumed, all of one version of
         the object: identity- and size-checked on every response (no checksum: a range
-        cannot be verified alone). A change of version reads them again from the new one."""
+        cannot be verified alone). A change of version reads them again from the new one;
+        answers that prove no version (``versions.Unproven``) get the object read whole, the
+        one shape in which they are used, and the ranges cut from it."""
         changed: VersionMismatch | None = None
         for _ in range(self.policy.attempts):
             expect = target.expected_version(info)
@@ -737,6 +739,10 @@ class WdsFileSystem(ChainedFileSystem):
                 return [self._read_backend_range(target, *bounds, expect) for bounds in ranges]
             except VersionMismatch as exc:
                 changed = exc
+            except Unproven:  # answers prove no version: the object whole, then the ranges
+                buffer = io.BytesIO()
+                download(target, buffer, info)
+                return [_read_local_range(buffer, *bounds) for bounds in ranges]
             logger.info("%s changed while its ranges were read: reading again", target.shown)
             info = target.stat()
         raise changed
