@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends import object_identity, protocol_of
+from fsspec_shards.storage.backends import object_identity
 from fsspec_shards.storage.filling import OrderedHasher, Writeback, fill_ranges, preallocate
-from fsspec_shards.storage.range_plan import AUTO_ABOVE, link_of, one_request
+from fsspec_shards.storage.range_plan import AUTO_ABOVE, one_request
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
@@ -289,7 +289,7 @@ def _parallel_planned(target: Target, expect: Version, out: BinaryIO) -> int | N
         expect.size is None
         or expect.size <= AUTO_ABOVE
         or not (expect.etag or expect.version)
-        or one_request(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+        or one_request(target.ranges_in_flight, target.link, target.plan_dir)
     ):
         return None
     try:

@@ -43,9 +43,8 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
-from fsspec_shards.storage.backends import protocol_of
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher
-from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream, split_point
+from fsspec_shards.storage.range_plan import Ramp, Stopped, run_stream, split_point
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
@@ -354,7 +353,7 @@ def fill_ranges(
     by ranged GETs, as many at once as ``range_plan.Ramp`` allows for
     ``target.ranges_in_flight``; the hasher reads the file back in order as it fills.
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
-    ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+    ramp = Ramp(target.ranges_in_flight, target.link, target.plan_dir, eager=True)
     stop = threading.Event()
     layout = _Layout(expect.size, ramp)
     if hasher is not None:
@@ -397,9 +396,12 @@ def fill_ranges(
             )
         except _RangeEnds:
             return
+        status = getattr(moved.facts, "status", None)
         if first:
             taken.open_ended = False
-            ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
+            ramp.ranges_answered(status == 206)
+        elif status == 200 and taken.start > 0:  # (an eager fill's added stream)
+            ramp.ranges_answered(False)
 
     running = [ramp.cap]
 

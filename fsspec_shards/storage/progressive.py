@@ -47,12 +47,12 @@ from typing import Any, BinaryIO
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
-from fsspec_shards.storage.backends import object_identity, protocol_of
+from fsspec_shards.storage.backends import object_identity
 from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
 from fsspec_shards.storage.files import RetryingFile
 from fsspec_shards.storage.filling import preallocate, pwrite_all
-from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, link_of, run_stream
+from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import Target, resume
 from fsspec_shards.storage.versions import VersionMismatch
@@ -647,7 +647,7 @@ def fill_blocks(
     out.flush()
     preallocate(descriptor, blocks.size)
     span_blocks = max(1, -(-range_bytes // blocks.block_size))
-    ramp = Ramp(ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+    ramp = Ramp(ranges_in_flight, target.link, target.plan_dir)
     workers = max(1, min(ramp.cap, -(-len(blocks) // span_blocks)))
     if workers == 1:
         span_blocks = max(1, len(blocks))

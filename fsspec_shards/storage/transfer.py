@@ -30,6 +30,7 @@ import fsspec
 from fsspec_shards.storage.backends import backend_checksums, file_info, protocol_of
 from fsspec_shards.storage.identity import ObjectId
 from fsspec_shards.storage.integrity import Checksum, choose_expected
+from fsspec_shards.storage.range_plan import endpoint_of, link_of
 from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, expected_version
@@ -82,6 +83,8 @@ class Target:
     ``"auto"`` (as many as the link rewards: ``range_plan.py``) or a fixed number."""
     min_rate: float = MIN_RATE
     rate_window: float = RATE_WINDOW
+    plan_dir: str | None = None
+    """The cache directory that keeps what each store's ranges settled on (``range_plan``)."""
 
     def __post_init__(self) -> None:
         if self.transport is None:
@@ -91,6 +94,11 @@ class Target:
     def shown(self) -> str:
         """The object's name for messages and logs (redacted)."""
         return self.obj.shown
+
+    @property
+    def link(self) -> str:
+        """The store the object lives on, as ``range_plan`` keys what it learned."""
+        return link_of(protocol_of(self.fs), self.path, endpoint_of(self.fs))
 
     def shared_by(self, streams: int) -> Target:
         """This download as one of ``streams`` streams of a fill: each carries its share of

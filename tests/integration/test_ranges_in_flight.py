@@ -49,6 +49,7 @@ EARLY = 3
 @pytest.fixture(autouse=True)
 def _nothing_learned(monkeypatch):
     monkeypatch.setattr(range_plan, "_learned", {})
+    monkeypatch.setattr(range_plan, "_recalled", set())
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_a_link_that_rewards_ranges_gets_several_in_flight(far, old, tmp_path, t
     starts = _starts(server, "a.bin")
     assert len(starts) >= 4, starts  # the first range, then more as the rate grew
     assert len(set(starts)) == len(starts)  # nothing fetched twice
-    assert starts[:2] == [0, range_plan.FIRST_BYTES]
+    assert starts[0] == 0 and range_plan.FIRST_BYTES not in starts  # asked to the end first
 
 
 def test_a_cut_in_one_range_in_flight_resumes_that_range_alone(far, old, tmp_path, transport):
@@ -172,8 +173,8 @@ def test_where_more_streams_add_nothing_the_fill_settles_at_one_stream(old, tmp_
                 server.put(name, old)
                 url = f"http://{link.host}:{link.port}/{name}"
                 assert _sha(fs.cat_file(url)) == _sha(old)
-        assert _starts(server, "l0.bin")[:2] == [0, range_plan.FIRST_BYTES]  # (the probe)
-        assert _starts(server, "l1.bin") == [0]  # one GET: the store answered ranges before
+        assert len(_starts(server, "l0.bin")) <= 2  # one GET, and at most one probe
+        assert _starts(server, "l1.bin") == [0]  # one GET: the store settled at one stream
 
 
 def test_ranges_whose_answers_do_not_say_their_version_are_never_spliced(
