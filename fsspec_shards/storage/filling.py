@@ -46,7 +46,7 @@ from typing import BinaryIO
 from fsspec_shards.storage.integrity import Checksum, StreamingHasher
 from fsspec_shards.storage.range_plan import Ramp, Stopped, run_stream, split_point
 from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
+from fsspec_shards.storage.transfer import ChunkSizer, FillRate, Target, resume
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
 _READ_BACK = 8 * 1024 * 1024
@@ -360,6 +360,7 @@ def fill_ranges(
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []
     counted = threading.Lock()
+    rate = FillRate()  # (min_rate is the fill's: transfer.py)
 
     def fetch(worker: int, taken: _Range) -> None:
         def sink(data: bytes) -> None:
@@ -384,7 +385,7 @@ def fill_ranges(
         first = taken.open_ended
         try:
             moved = resume(
-                target.shared_by(ramp.allowed),
+                target.in_fill(rate),
                 taken.start,
                 taken.asked,
                 sink,

@@ -54,7 +54,7 @@ from fsspec_shards.storage.files import RetryingFile
 from fsspec_shards.storage.filling import preallocate, pwrite_all
 from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
 from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.transfer import Target, resume
+from fsspec_shards.storage.transfer import FillRate, Target, resume
 from fsspec_shards.storage.versions import VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.progressive")
@@ -665,7 +665,7 @@ def fill_blocks(
 
     def fetch(number: int, span: tuple) -> None:
         moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-        status = _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
+        status = _fill_span(state, descriptor, *span, progress, stop, moved)
         if number == 0 and deciding[0]:
             deciding[0] = False
             ramp.ranges_answered(status == 206)
@@ -719,6 +719,7 @@ class _FillState:
         self.bad: dict[int, int] = {}
         self.changes = 0
         self.received = 0
+        self.rate = FillRate()  # (min_rate is the fill's: transfer.py)
         self.lock = threading.Lock()
 
     def count(self, amount: int) -> None:
@@ -770,13 +771,13 @@ def _fill_span(
     progress: BlockProgress,
     stop: threading.Event,
     moved: Callable[[int], None],
-    streams: int,
 ) -> int | None:
     """Blocks ``[first, last)`` written at their place and verified one by one; resumed
     from the byte reached after a fault (``transfer.resume``), from a bad block's first byte
-    after a mismatch; one of ``streams`` (its share of the rate floor). Returns the HTTP
-    status of the last answer (206: the range honoured; None: the transport cannot say)."""
-    target, blocks = state.target.shared_by(streams), state.blocks
+    after a mismatch; one stream of the fill (the rate floor is the fill's). Returns the
+    HTTP status of the last answer (206: the range honoured; None: the transport cannot
+    say)."""
+    target, blocks = state.target.in_fill(state.rate), state.blocks
     end = blocks.bounds(last - 1)[1]
     index = first
     position = blocks.bounds(first)[0]
