@@ -92,6 +92,14 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def forget() -> None:
+    """Forget what this process learned and read (as a new process starts): for benchmarks
+    and tests of a first fill."""
+    with _lock:
+        _learned.clear()
+        _recalled.clear()
+
+
 def parse_ranges_in_flight(value: int | str) -> int | str:
     """The ``ranges_in_flight`` option: ``"auto"`` or an int >= 1 (also as a string)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
