@@ -192,8 +192,7 @@ def test_what_a_store_settled_on_is_kept_in_the_cache_directory_for_the_next_pro
     ramp.steer(ended)
     kept = json.loads((tmp_path / range_plan.PLAN_FILE).read_text())
     assert kept["s3:http://far:1"][0] == 1
-    range_plan._learned.clear()  # a new process
-    range_plan._recalled.clear()
+    range_plan.forget()  # a new process
     assert range_plan.one_request("auto", "s3:http://far:1", str(tmp_path))  # no probe
     assert not range_plan.one_request("auto", "s3:http://other:1", str(tmp_path))
 
@@ -232,3 +231,23 @@ def test_an_added_stream_answered_with_the_whole_object_settles_the_store_at_one
     assert not ramp.keeps(1)
     assert range_plan._learned["http:x"] == (1, 0)
     assert range_plan.one_request("auto", "http:x")
+
+
+def test_a_fill_that_ends_before_its_second_stream_was_measured_settles_at_one():
+    # moto on a busy machine: the object ends while the probe waits for a second stream's
+    # rate; one stream carried it about as fast as a probe could tell, so the next fill of
+    # the store is one request, not another probe
+    ramp = Ramp("auto", "s3:fast", eager=True)
+    done = threading.Event()
+
+    def worker_0() -> None:
+        ramp.requesting(0)
+        while not done.is_set():
+            ramp.moved(0, 2**20)
+            time.sleep(0.005)
+
+    threading.Thread(target=worker_0, daemon=True).start()
+    threading.Timer(0.25, done.set).start()  # the object ends during the probe
+    ramp.steer(done)
+    assert range_plan._learned["s3:fast"] == (1, 0)
+    assert range_plan.one_request("auto", "s3:fast")

@@ -13,7 +13,9 @@ in the process, and in the cache directory (:data:`PLAN_FILE`), so that the next
 starts there. The next object starts at that level (and probes on from there when the last
 probe was cut short by the fill's end, and every :data:`REPROBE_EVERY` fills); a store
 settled at one stream is filled by one request to the end (:func:`one_request`), probed
-again every :data:`REPROBE_AT_ONE` fills of a process. What the cache directory holds is
+again every :data:`REPROBE_AT_ONE` fills of a process. A fill that ends before its first
+added stream was measured settles the store at one stream too: one stream carried the
+object about as fast as the probe could tell (loopback, moto). What the cache directory holds is
 trusted for :data:`REPROBE_AFTER` seconds; older, the store is probed as a new one.
 
 A fill whose first range is to say whether the store answers ranges at all (a block fill,
@@ -360,7 +362,8 @@ class Ramp:
                 self.allowed = trying
                 self._cond.notify_all()
             rate = self._measure(done, trying)
-            if rate is None:
+            if rate is None:  # the object ended first: from one stream, one was enough
+                decided = self.level == 1
                 break
             if rate < previous * GROWTH or trying > self.cap:  # (cap: ranges ignored)
                 decided = True
