@@ -53,6 +53,7 @@ def readers(setup: bench_cold.Setup, workdir: str) -> dict[str, Reader]:
         while piece := source.read(8 << 20):
             out.write(piece)
     wds_cache = os.path.join(workdir, "wds-cache")
+    wds_file_cache = os.path.join(workdir, "wds-file-cache")
     simple_cache = os.path.join(workdir, "simplecache")
     backend = {"s3": setup.options}
 
@@ -72,7 +73,7 @@ def readers(setup: bench_cold.Setup, workdir: str) -> dict[str, Reader]:
 
     chosen = {
         "plain_open": opened(local),
-        "wds_file": through_fsspec(f"wds::file://{local}", wds={"cache_dir": wds_cache}),
+        "wds_file": through_fsspec(f"wds::file://{local}", wds={"cache_dir": wds_file_cache}),
         "wds_s3": through_fsspec(f"wds::{url}", wds={"cache_dir": wds_cache}, **backend),
         "simplecache_s3": through_fsspec(
             f"simplecache::{url}", simplecache={"cache_storage": simple_cache}, **backend
