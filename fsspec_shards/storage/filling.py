@@ -54,6 +54,9 @@ _PIECES_QUEUED = 64
 """Pieces handed over and not hashed yet before :meth:`OrderedHasher.update` waits: bounds
 the memory held when hashing falls behind the network."""
 _WRITEBACK_EVERY = 8 * 1024 * 1024
+_WRITE_BYTES = 2 * 1024 * 1024
+"""Received pieces are gathered into writes of about this many bytes (:class:`Gathered`)."""
+_PAGE = 4096
 _WRITEBACK_POLL = 0.05
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
 _STOP = object()
@@ -213,6 +216,40 @@ class Writeback:
             self.started = end
 
 
+class Gathered:
+    """Gathers the pieces a download receives (any size, as the socket hands them over,
+    at consecutive offsets) into writes of about ``_WRITE_BYTES`` that end on a page
+    boundary, through ``write(offset, view)``. The kernel caches a file written in large
+    aligned writes in large folios; one written piece by piece at unaligned sizes, in
+    single pages, and reading it back (every cache hit) was 0.79-0.82x as fast here. The
+    bytes are copied once more; the write calls are ~30x fewer."""
+
+    def __init__(self, write: Callable[[int, memoryview], None]) -> None:
+        self._write = write
+        self._buffer = bytearray()
+        self._start = 0
+
+    def add(self, offset: int, data: bytes | memoryview) -> None:
+        """``data`` belongs at ``offset`` (right after what was added before, if any)."""
+        if not self._buffer:
+            self._start = offset
+        self._buffer += data
+        if len(self._buffer) >= _WRITE_BYTES:
+            self._flush(len(self._buffer) - (self._start + len(self._buffer)) % _PAGE)
+
+    def flush(self) -> None:
+        """Write what is gathered."""
+        self._flush(len(self._buffer))
+
+    def _flush(self, length: int) -> None:
+        if length <= 0:
+            return
+        with memoryview(self._buffer) as whole, whole[:length] as part:
+            self._write(self._start, part)
+        del self._buffer[:length]
+        self._start += length
+
+
 def preallocate(descriptor: int, size: int) -> None:
     """Give the file its final size now, so ranges can be written anywhere in it (blocks
     allocated up front where the filesystem can, else a sparse file)."""
@@ -363,13 +400,18 @@ def fill_ranges(
     rate = FillRate()  # (min_rate is the fill's: transfer.py)
 
     def fetch(worker: int, taken: _Range) -> None:
+        def write(at: int, view: memoryview) -> None:
+            pwrite_all(descriptor, view, at)
+            layout.wrote(taken, len(view))
+
+        gathered = Gathered(write)
+
         def sink(data: bytes) -> None:
             if stop.is_set():
                 raise Stopped
             at, length = layout.claim(taken, len(data))
             if length:
-                pwrite_all(descriptor, data if length == len(data) else data[:length], at)
-                layout.wrote(taken, length)
+                gathered.add(at, data if length == len(data) else memoryview(data)[:length])
                 ramp.moved(worker, length)
                 with counted:
                     on_bytes(length)
@@ -397,6 +439,8 @@ def fill_ranges(
             )
         except _RangeEnds:
             return
+        finally:
+            gathered.flush()  # (also after a failure: what was received is in the file)
         status = getattr(moved.facts, "status", None)
         if first:
             taken.open_ended = False
