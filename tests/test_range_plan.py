@@ -251,3 +251,28 @@ def test_a_fill_that_ends_before_its_second_stream_was_measured_settles_at_one()
     ramp.steer(done)
     assert range_plan._learned["s3:fast"] == (1, 0)
     assert range_plan.one_request("auto", "s3:fast")
+
+
+def test_a_store_whose_one_stream_moves_enough_is_not_probed_for_more():
+    # loopback (moto): one stream at hundreds of MB/s; a second request would cost the
+    # server a copy of the whole object, so the store settles at one without trying two
+    ramp = Ramp("auto", "s3:loopback", eager=True)
+    done = threading.Event()
+    per_tick = int(range_plan.ONE_IS_ENOUGH * 2 * 0.005)
+
+    def worker_0() -> None:
+        ramp.requesting(0)
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.005)
+            now = time.monotonic()  # bytes by elapsed time: load does not change the rate
+            ramp.moved(0, int(per_tick * (now - last) / 0.005))
+            last = now
+
+    threading.Thread(target=worker_0, daemon=True).start()
+    try:
+        ramp.steer(done)
+        assert ramp.allowed == 1  # no second stream was let in
+        assert range_plan._learned["s3:loopback"] == (1, 0)
+    finally:
+        done.set()

@@ -14,8 +14,9 @@ starts there. The next object starts at that level (and probes on from there whe
 probe was cut short by the fill's end, and every :data:`REPROBE_EVERY` fills); a store
 settled at one stream is filled by one request to the end (:func:`one_request`), probed
 again every :data:`REPROBE_AT_ONE` fills of a process. A fill that ends before its first
-added stream was measured settles the store at one stream too: one stream carried the
-object about as fast as the probe could tell (loopback, moto). What the cache directory holds is
+added stream was measured, or whose one stream moves :data:`ONE_IS_ENOUGH`, settles the
+store at one stream too: one stream carried the object about as fast as the probe could
+tell (loopback, moto). What the cache directory holds is
 trusted for :data:`REPROBE_AFTER` seconds; older, the store is probed as a new one.
 
 A fill whose first range is to say whether the store answers ranges at all (a block fill,
@@ -68,6 +69,12 @@ request's round trips would cost more than its half saves."""
 SETTLE_MAX = 0.3
 """Longest wait for added streams' first bytes before their rate is measured."""
 WINDOW = 0.15
+ONE_IS_ENOUGH = 256e6
+"""Bytes per second of one stream at which a store is not probed for more: a link that
+carries this much on one connection is loopback or a fast local server (an object store
+far away gives tens of MB/s per connection), and there a second request costs more than
+it can bring (moto copies the whole object for each; the fill's hash and fsync are the
+limit)."""
 REPROBE_EVERY = 4
 REPROBE_AT_ONE = 64
 """A store settled at one stream (a fast link) is probed again only this often: a probe
@@ -354,9 +361,11 @@ class Ramp:
         if not self.probing:
             return
         previous = self._measure(done, self.level)
-        # the fill ended before one window passed: one stream is fast enough here
-        decided = previous is None or self.level == self.cap
-        while previous is not None and self.level < self.cap:
+        # the fill ended before one window passed, or one stream moves ONE_IS_ENOUGH: one
+        # stream is fast enough here
+        enough = previous is not None and self.level == 1 and previous >= ONE_IS_ENOUGH
+        decided = previous is None or self.level == self.cap or enough
+        while previous is not None and self.level < self.cap and not enough:
             trying = min(self.cap, self.level * 2)
             with self._cond:
                 self.allowed = trying
