@@ -120,6 +120,18 @@ def first_sample_suite(rounds: int, mib: int) -> Results:
     return bench_first_sample.run(rounds, mib=mib)
 
 
+def eviction_suite(rounds: int, entries: int) -> Results:
+    import bench_eviction
+
+    return bench_eviction.run(rounds, entries=entries)
+
+
+def random_access_suite(rounds: int, shards: int, per_shard: int) -> Results:
+    import bench_random_access
+
+    return bench_random_access.run(rounds, shards=shards, per_shard=per_shard)
+
+
 def memory_suite(sizes: tuple[int, ...]) -> Results:
     import bench_memory
 
@@ -138,7 +150,10 @@ BENCHMARKS = (
         "Tar iteration: ours vs webdataset 1.0.2 vs a tarfile loop",
         "Shards on local disk turned into sample dicts, no decoding: small samples (1 KiB) "
         "and large ones (1 MiB). `ours_vs_X` is X's median time over ours: above 1, ours is "
-        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling.",
+        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling. "
+        "`text_1KiB_plain_gzip_zstd` reads one shard of 1 KiB text-like samples (about 3x "
+        "compressible) plain, gzip (level 6) and zstd (level 3, as `ShardWriter` writes "
+        "`.tar.zst`) with our reader: `zstd_vs_gzip` is gzip's median time over zstd's.",
         lambda: tar_suite(5),
         lambda: tar_suite(1),
     ),
@@ -270,6 +285,32 @@ BENCHMARKS = (
         "(`manifest --blocks`) as each block verifies. Ratios are over webdataset's times.",
         lambda: first_sample_suite(3, 128),
         lambda: first_sample_suite(1, 32),
+    ),
+    Benchmark(
+        "eviction",
+        "A cache of many small entries: halving its cap, and what other processes wait",
+        "A cache of 1 KiB files (100,000; 5,000 in quick mode) on local disk, then its cap "
+        "halved: `evicting_read_s` is the read whose miss evicts half the entries, "
+        "`concurrent_miss_s` a miss in another process started 50 ms after it, both from "
+        "the evicting read's start. `cache_info_s` and `cache_ls_s` time the commands in a "
+        "fresh process; `open_us_at_N` is a hit's `open` with N entries, "
+        "`open_1000_vs_many` their ratio (1: a hit costs the same in a large cache).",
+        lambda: eviction_suite(1, 100_000),
+        lambda: eviction_suite(1, 5_000),
+    ),
+    Benchmark(
+        "random_access",
+        "Random reads: IndexedShardDataset vs litdata-style chunk reads by hand",
+        "Every sample read once in a seeded random order, from nginx on loopback: tar shards "
+        "with their sample index through `wds::` (`ours_cold`: into an empty cache, each "
+        "shard's first read filling it with the whole verified shard; `ours_warm`: cached; "
+        '`ours_direct_cold`: `ranged_reads="direct"`, a ranged GET per sample), against the '
+        "same samples as litdata-style chunk files read by hand (a chunk downloaded whole on "
+        "its first read, then a ranged read of the local file per item). `stream_warm` is "
+        "`ShardDataset` iterating the warm shards. `ours_X_vs_litdata_X` is litdata's median "
+        "time over ours: above 1, ours is faster.",
+        lambda: random_access_suite(3, 16, 200),
+        lambda: random_access_suite(1, 4, 100),
     ),
     Benchmark(
         "memory",

@@ -3,17 +3,21 @@
 They hold the filesystem as fsspec's base class (``AbstractFileSystem``): the wds filesystem
 imports this module, so this one does not import it back, not even for annotations.
 
-- :class:`CachedFile`: the verified local copy, pickled as "open this path again here".
+- :class:`CachedFile`: the verified local copy (or a spooled uncached one), pickled as
+  "open this path again here", with fsspec's file interface (``size``, ``info()``,
+  ``loc``, ``details``), as :class:`RetryingFile` has from fsspec's base class.
 - :class:`RetryingFile`: ranged reads straight from the backend (``cache=False`` or
   ``ranged_reads="direct"``), each retried and resumed, every one of the version the file
   was opened on; read start to end, it is verified as the last byte arrives.
-- :class:`DropCachedOnClose`: a backend file open for writing; closing it drops the cached
-  copy, so no later read is served the old version.
+- :class:`DropCachedOnClose`: a backend file open for writing; closing it, and committing or
+  discarding it (a transaction's file is written at the commit), drops the cached copy, so
+  no later read is served the old version.
 """
 
 from __future__ import annotations
 
 import io
+import os
 from typing import Any, BinaryIO
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -25,7 +29,8 @@ from fsspec_shards.storage.integrity import StreamingHasher
 
 
 class DropCachedOnClose(io.RawIOBase):
-    """A backend file opened for writing; closing it drops the cached copy of the path."""
+    """A backend file opened for writing; closing, committing or discarding it drops the
+    cached copy of the path."""
 
     def __init__(self, handle: Any, drop: Any) -> None:
         super().__init__()
@@ -65,15 +70,49 @@ class DropCachedOnClose(io.RawIOBase):
             super().close()
             self._drop()
 
+    def commit(self) -> None:
+        """Make the file written with ``autocommit=False`` (in a transaction) what the path
+        holds; what was cached or read meanwhile is dropped after."""
+        try:
+            self._handle.commit()
+        finally:
+            self._drop()
+
+    def discard(self) -> None:
+        """Abandon the file written with ``autocommit=False``."""
+        try:
+            self._handle.discard()
+        finally:
+            self._drop()
+
 
 class CachedFile(io.BufferedReader):
     """The cached copy of a file, open for reading. It pickles as "open this path again at
     this position", as fsspec's own files do (dask ships open files to its workers)."""
 
-    def __init__(self, raw: io.FileIO, wds: AbstractFileSystem, path: str) -> None:
+    def __init__(self, raw: io.RawIOBase, wds: AbstractFileSystem, path: str) -> None:
         super().__init__(raw)
         self.fs = wds
         self.path = path
+
+    @property
+    def size(self) -> int:
+        """The size of the version open (a copy still filling has its final size)."""
+        size = getattr(self.raw, "size", None)
+        return os.fstat(self.raw.fileno()).st_size if size is None else size
+
+    @property
+    def loc(self) -> int:
+        """The position, as fsspec's files name it."""
+        return self.tell()
+
+    def info(self) -> dict[str, Any]:
+        """What fsspec's ``info()`` gives of the version open: name, size and type."""
+        return {"name": self.path, "size": self.size, "type": "file"}
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return self.info()
 
     def __reduce__(self):
         return _reopen, (self.fs, self.path, 0 if self.closed else self.tell())
