@@ -17,7 +17,11 @@ bytes (and to ``simplecache::``). The readers:
 - the fsspec backend's ``open`` + ``read`` (s3fs, fsspec's http); ``simplecache::`` cold
 - ``wds::`` cold (open + read of each object, which fills the cache) through each download
   transport (``transport="fsspec"`` / ``"obstore"``), with ``verify=False`` and with
-  ``verify="auto"`` + SHA256SUMS
+  ``verify="auto"`` + SHA256SUMS, with ``ranges_in_flight=1``
+- ``wds::`` with its defaults (``ranges_in_flight="auto"``, ``verify="auto"`` +
+  SHA256SUMS) through each transport, each round as a new process with a new cache finds
+  the store (nothing learned: the first object probes); "vs one stream" is the ratio to
+  the same transport's ``ranges_in_flight=1`` row
 - the obstore fill with ``verify="auto"`` in three variants, to show what each choice of
   the download path is worth here: ``ranges_in_flight=4`` (16 MiB ranges written with
   ``os.pwrite``), hashing inline instead of on a worker thread, and no early writeback
@@ -25,6 +29,7 @@ bytes (and to ``simplecache::``). The readers:
   the fsync every cached file gets costs
 
     python benchmarks/bench_cold.py [--rounds 5] [--objects 4] [--mib 64] [--servers moto nginx]
+                                    [--quick]
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ if str(ROOT) not in sys.path:
 
 import fsspec  # noqa: E402
 
-from fsspec_shards.storage import download, filling  # noqa: E402
+from fsspec_shards.storage import download, filling, range_plan  # noqa: E402
 from fsspec_shards.storage.filling import OrderedHasher  # noqa: E402
 from fsspec_shards.storage.obstore_transport import ObstoreTransport, choose_transport  # noqa: E402
 from tests.integration import servers  # noqa: E402
@@ -111,7 +116,7 @@ def moto_process(workdir: str) -> Iterator[str]:
 def _objects(objects: int, mib: int) -> Iterator[tuple[str, bytes]]:
     rng = random.Random(7)
     for number in range(objects):
-        yield f"shard-{number:04d}.tar", rng.randbytes(mib * MiB)
+        yield f"shard-{number:04d}.tar", b"".join(rng.randbytes(MiB) for _ in range(mib))
 
 
 def _sums(named: dict[str, str]) -> bytes:
@@ -271,9 +276,16 @@ def _variant(hash_inline: bool = False, no_writeback: bool = False) -> Iterator[
 
 
 def wds_cold(
-    transport: str, verify: str | bool, ranges_in_flight: int = 1, **variant: bool
+    transport: str, verify: str | bool, ranges_in_flight: int | str = 1, **variant: bool
 ) -> Callable[[Setup], None]:
+    """``wds::`` cold into a fresh cache directory. With ``ranges_in_flight="auto"`` (the
+    default) each read also starts with nothing learned about the store
+    (``range_plan.forget``), as a new process with a new cache directory does: every
+    object of the round after the first starts where the first settled."""
+
     def read(setup: Setup) -> None:
+        if ranges_in_flight == "auto":
+            range_plan.forget()
         directory = setup.fresh_dir("wds")
         options = {"verify": verify, "transport": transport, "ranges_in_flight": ranges_in_flight}
         if verify == "auto":
@@ -348,6 +360,8 @@ READERS: dict[str, Callable[[Setup], None]] = {
     "obstore_get": obstore_get,
     "fsspec_open_read": fsspec_read,
     "simplecache_cold": simplecache_cold,
+    "wds_fsspec_default": wds_cold("fsspec", "auto", ranges_in_flight="auto"),
+    "wds_obstore_default": wds_cold("obstore", "auto", ranges_in_flight="auto"),
     "wds_fsspec_verify_off": wds_cold("fsspec", False),
     "wds_fsspec_verify_auto_sha256sums": wds_cold("fsspec", "auto"),
     "wds_obstore_verify_off": wds_cold("obstore", False),
@@ -358,6 +372,15 @@ READERS: dict[str, Callable[[Setup], None]] = {
     "transport_file_sha256_no_fsync": transport_no_fsync,
 }
 SERVERS = ("moto", "nginx")
+QUICK = (
+    "plain_get",
+    "simplecache_cold",
+    "wds_fsspec_default",
+    "wds_fsspec_verify_auto_sha256sums",
+    "wds_obstore_default",
+    "wds_obstore_verify_auto_sha256sums",
+)
+"""``--quick``: the readers of the default-vs-one-stream comparison (issue 29)."""
 
 
 @contextlib.contextmanager
@@ -371,11 +394,14 @@ def serving(server: str, objects: int, mib: int, workdir: str) -> Iterator[Setup
             yield http_setup(service.backend("cold"), objects, mib, workdir)
 
 
-def measure(setup: Setup, rounds: int) -> dict[str, dict[str, float]]:
-    """Every reader, interleaved round by round in a rotating order: ``{reader: {mb_per_s,
-    vs_plain_get, vs_simplecache}}``, median MB/s and medians of the per-round speed
-    ratios (above 1: faster than the plain GET / simplecache)."""
-    names = list(READERS)
+def measure(
+    setup: Setup, rounds: int, names: tuple[str, ...] = tuple(READERS)
+) -> dict[str, dict[str, float]]:
+    """Every reader of ``names``, interleaved round by round in a rotating order: ``{reader:
+    {mb_per_s, vs_plain_get, vs_simplecache, vs_one_stream}}``, median MB/s and medians of
+    the per-round speed ratios (above 1: faster than the plain GET / simplecache / the same
+    transport with ``ranges_in_flight=1``, for the default rows)."""
+    names = list(names)
     times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm-up: imports, connections, the server's first answers
         READERS[name](setup)
@@ -398,6 +424,11 @@ def measure(setup: Setup, rounds: int) -> dict[str, dict[str, float]]:
                 for other, own in zip(times["simplecache_cold"], times[name], strict=True)
             ),
         }
+        one_stream = name.replace("_default", "_verify_auto_sha256sums")
+        if name.endswith("_default") and one_stream in times:
+            results[name]["vs_one_stream"] = statistics.median(
+                other / own for other, own in zip(times[one_stream], times[name], strict=True)
+            )
     return results
 
 
@@ -407,26 +438,29 @@ def run(
     mib: int = 64,
     directory: str | None = None,
     server_names: tuple[str, ...] = SERVERS,
+    names: tuple[str, ...] = tuple(READERS),
 ) -> dict[str, dict[str, float]]:
     """``{"<server> <reader>": {mb_per_s, vs_plain_get, vs_simplecache}}`` for each server."""
     results = {}
     for server in server_names:
         with tempfile.TemporaryDirectory(prefix="bench-cold-", dir=directory) as workdir:
             with serving(server, objects, mib, workdir) as setup:
-                for reader, values in measure(setup, rounds).items():
+                for reader, values in measure(setup, rounds, names).items():
                     results[f"{server} {reader}"] = values
     return results
 
 
 def print_table(results: dict[str, dict[str, float]], objects: int, mib: int) -> None:
     print(f"\ncold reads of {objects} x {mib} MiB on loopback (medians)\n")
-    print("| server | reader | MB/s | vs plain GET | vs simplecache:: |")
-    print("|---|---|---:|---:|---:|")
+    print("| server | reader | MB/s | vs plain GET | vs simplecache:: | vs one stream |")
+    print("|---|---|---:|---:|---:|---:|")
     for case, values in results.items():
         server, reader = case.split(" ", 1)
+        one = values.get("vs_one_stream")
         print(
             f"| {server} | {reader} | {values['mb_per_s']:,.0f} "
-            f"| {values['vs_plain_get']:.2f}x | {values['vs_simplecache']:.2f}x |"
+            f"| {values['vs_plain_get']:.2f}x | {values['vs_simplecache']:.2f}x "
+            f"| {'' if one is None else f'{one:.2f}x'} |"
         )
 
 
@@ -438,9 +472,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument(
         "--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="default: both"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the default-vs-one-stream readers (" + ", ".join(QUICK) + ")",
+    )
     arguments = parser.parse_args(argv)
     results = run(
-        arguments.rounds, arguments.objects, arguments.mib, server_names=tuple(arguments.servers)
+        arguments.rounds,
+        arguments.objects,
+        arguments.mib,
+        server_names=tuple(arguments.servers),
+        names=QUICK if arguments.quick else tuple(READERS),
     )
     print_table(results, arguments.objects, arguments.mib)
     return results

@@ -108,6 +108,12 @@ def far_suite(rounds: int, objects: int, mib: int) -> Results:
     return bench_far.run(rounds, objects=objects, mib=mib)
 
 
+def warm_suite(rounds: int, mib: int) -> Results:
+    import bench_warm
+
+    return bench_warm.run(rounds, mib=mib)
+
+
 def first_sample_suite(rounds: int, mib: int) -> Results:
     import bench_first_sample
 
@@ -257,6 +263,17 @@ BENCHMARKS = (
         "seconds per GB.",
         lambda: far_suite(3, 2, 128),
         lambda: far_suite(1, 1, 32),
+    ),
+    Benchmark(
+        "warm",
+        "Warm cache hits on S3: wds::s3:// vs wds::file:// vs open() vs simplecache::s3://",
+        "One object in moto (loopback) and a local copy; every cache warm, so each round is "
+        "hits only: `fsspec.open` of the URL and a read to the end. `vs_plain_open` is the "
+        "median per-round speed ratio to Python's `open()` of the local copy, "
+        "`vs_simplecache_s3` to `simplecache::s3://`; `cached_copy_open` is `open()` of the "
+        "wds cache's own file (the file, apart from the open path).",
+        lambda: warm_suite(9, 256),
+        lambda: warm_suite(5, 64),
     ),
     Benchmark(
         "first_sample",

@@ -6,6 +6,7 @@ tests/integration/test_ranges_in_flight.py, through a pacing proxy.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,6 +19,7 @@ from fsspec_shards.storage.range_plan import Ramp, link_of, parse_ranges_in_flig
 @pytest.fixture(autouse=True)
 def _fresh_process_state(monkeypatch):
     monkeypatch.setattr(range_plan, "_learned", {})
+    monkeypatch.setattr(range_plan, "_recalled", set())
     monkeypatch.setattr(range_plan, "_slots_taken", 0)
 
 
@@ -173,3 +175,104 @@ def test_the_round_trip_after_the_first_range_is_not_measured_as_the_links_rate(
     ramp.close()
     assert not steering.is_alive()
     assert range_plan._learned["https:https://link"] == (1, 0)  # settled at one stream
+
+
+def test_the_link_is_the_endpoint_without_credentials():
+    assert link_of("s3", "bucket/a", "http://127.0.0.1:9000") == "s3:http://127.0.0.1:9000"
+    assert link_of("s3", "other/b", "http://127.0.0.1:9000") == "s3:http://127.0.0.1:9000"
+    assert link_of("https", "https://user:secret@host:8443/x") == "https:https://host:8443"
+    assert "secret" not in link_of("s3", "b/a", "https://key:secret@minio.example")
+
+
+def test_what_a_store_settled_on_is_kept_in_the_cache_directory_for_the_next_process(tmp_path):
+    # the fill ended within the first measurement at one stream (moto, loopback)
+    ramp = Ramp("auto", "s3:http://far:1", str(tmp_path), eager=True)
+    ended = threading.Event()
+    ended.set()
+    ramp.steer(ended)
+    kept = json.loads((tmp_path / range_plan.PLAN_FILE).read_text())
+    assert kept["s3:http://far:1"][0] == 1
+    range_plan.forget()  # a new process
+    assert range_plan.one_request("auto", "s3:http://far:1", str(tmp_path))  # no probe
+    assert not range_plan.one_request("auto", "s3:http://other:1", str(tmp_path))
+
+
+def test_a_kept_level_older_than_the_reprobe_period_is_probed_again(tmp_path):
+    old = time.time() - range_plan.REPROBE_AFTER - 1
+    (tmp_path / range_plan.PLAN_FILE).write_text(
+        json.dumps({"s3:a": [1, old], "s3:b": [4, time.time()], "s3:c": "junk"})
+    )
+    assert not range_plan.one_request("auto", "s3:a", str(tmp_path))
+    ramp = Ramp("auto", "s3:b", str(tmp_path))
+    assert ramp.level == 4 and not ramp.probing and not ramp.gated
+    assert not range_plan.one_request("auto", "s3:c", str(tmp_path))
+
+
+def test_an_unreadable_plan_file_costs_a_probe_and_nothing_else(tmp_path):
+    (tmp_path / range_plan.PLAN_FILE).write_bytes(b"\xff not json")
+    ramp = Ramp("auto", "s3:x", str(tmp_path), eager=True)
+    assert ramp.probing
+    ramp.ranges_answered(False)
+    assert json.loads((tmp_path / range_plan.PLAN_FILE).read_text())["s3:x"][0] == 1
+
+
+def test_an_eager_fill_asks_its_first_range_to_the_end_and_may_add_streams_at_once():
+    ramp = Ramp("auto", "s3:new", eager=True)
+    assert ramp.probing and not ramp.gated and ramp.answered
+    assert ramp.span(100 * 2**20) == 100 * 2**20  # one request, as ranges_in_flight=1
+
+
+def test_an_added_stream_answered_with_the_whole_object_settles_the_store_at_one():
+    ramp = Ramp("auto", "http:x", eager=True)
+    with ramp._cond:
+        ramp.allowed = 2  # the probe added a stream
+    assert _admitted(ramp, 1) is True
+    ramp.ranges_answered(False)  # its range came back as a 200
+    assert not ramp.keeps(1)
+    assert range_plan._learned["http:x"] == (1, 0)
+    assert range_plan.one_request("auto", "http:x")
+
+
+def test_a_fill_that_ends_before_its_second_stream_was_measured_settles_at_one():
+    # moto on a busy machine: the object ends while the probe waits for a second stream's
+    # rate; one stream carried it about as fast as a probe could tell, so the next fill of
+    # the store is one request, not another probe
+    ramp = Ramp("auto", "s3:fast", eager=True)
+    done = threading.Event()
+
+    def worker_0() -> None:
+        ramp.requesting(0)
+        while not done.is_set():
+            ramp.moved(0, 2**20)
+            time.sleep(0.005)
+
+    threading.Thread(target=worker_0, daemon=True).start()
+    threading.Timer(0.25, done.set).start()  # the object ends during the probe
+    ramp.steer(done)
+    assert range_plan._learned["s3:fast"] == (1, 0)
+    assert range_plan.one_request("auto", "s3:fast")
+
+
+def test_a_store_whose_one_stream_moves_enough_is_not_probed_for_more():
+    # loopback (moto): one stream at hundreds of MB/s; a second request would cost the
+    # server a copy of the whole object, so the store settles at one without trying two
+    ramp = Ramp("auto", "s3:loopback", eager=True)
+    done = threading.Event()
+    per_tick = int(range_plan.ONE_IS_ENOUGH * 2 * 0.005)
+
+    def worker_0() -> None:
+        ramp.requesting(0)
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.005)
+            now = time.monotonic()  # bytes by elapsed time: load does not change the rate
+            ramp.moved(0, int(per_tick * (now - last) / 0.005))
+            last = now
+
+    threading.Thread(target=worker_0, daemon=True).start()
+    try:
+        ramp.steer(done)
+        assert ramp.allowed == 1  # no second stream was let in
+        assert range_plan._learned["s3:loopback"] == (1, 0)
+    finally:
+        done.set()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import threading
 import time
 
 import fsspec
@@ -22,7 +23,7 @@ import pytest
 from fsspec_shards.storage.identity import object_id
 from fsspec_shards.storage.retry import RetriesExhaustedError, RetryPolicy
 from fsspec_shards.storage.streams import CatFileTransport
-from fsspec_shards.storage.transfer import ChunkSizer, Target, TooSlow, resume
+from fsspec_shards.storage.transfer import ChunkSizer, FillRate, Target, TooSlow, resume
 from fsspec_shards.storage.versions import Facts, Version, VersionMismatch
 from tests.planned_faults import PlannedFaultFileSystem
 
@@ -141,6 +142,64 @@ def test_a_request_slower_than_min_rate_over_the_window_is_ended_as_stalled(path
     assert isinstance(raised.value.__cause__, TooSlow)
     offered = [handed for _, _, handed in transport.requests]
     assert len(offered) == 3 and max(offered) <= 2000  # each ended a window in, mid-body
+
+
+class _OtherStream:
+    """Another running request of the same fill, moving ``rate`` bytes per second."""
+
+    def __init__(self, fill: FillRate, rate: float) -> None:
+        self.fill, self.rate = fill, rate
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.fill.started()
+        last = time.monotonic()
+        try:
+            while not self.done.wait(0.005):  # bytes by elapsed time: load does not matter
+                now = time.monotonic()
+                self.fill.passed(int(self.rate * (now - last)))
+                last = now
+        finally:
+            self.fill.ended()
+
+    def __enter__(self) -> _OtherStream:
+        self.thread.start()
+        time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def test_a_slow_stream_is_not_ended_while_its_fill_as_a_whole_moves_min_rate(path):
+    fill = FillRate()
+    transport = _Pieces([Paced(20 * KiB, 0.02)])  # 1 MB/s, below its share of 100 MB/s
+    target = _target(path, transport, min_rate=100e6, rate_window=0.3, fill=fill)
+    with _OtherStream(fill, 1e9):  # the fill carries the floor
+        moved, received = _moved(target)
+    assert b"".join(received) == DATA and moved.requests == 1
+
+
+def test_a_stream_below_its_share_while_the_fill_is_below_min_rate_is_ended(path):
+    fill = FillRate()
+    transport = _Pieces([Paced(1000, 0.02)] * 3)  # 50 kB/s, below its share of 1 MB/s
+    target = _target(path, transport, min_rate=2e6, rate_window=0.05, fill=fill)
+    with _OtherStream(fill, 0), pytest.raises(RetriesExhaustedError, match="floor"):
+        _moved(target)
+
+
+def test_a_stream_left_alone_must_move_min_rate_itself(path):
+    # issue 28 (4): the others ended, so the slow one's floor is min_rate, not its share
+    fill = FillRate()
+    with _OtherStream(fill, 1e9):
+        pass  # it ran and ended: this stream is alone
+    transport = _Pieces([Paced(1000, 0.02)] * 3)
+    target = _target(path, transport, min_rate=100e3, rate_window=0.05, fill=fill)
+    with pytest.raises(RetriesExhaustedError, match="below the minimum rate"):
+        _moved(target)
+    assert fill.streams == 0
 
 
 def test_the_wait_for_the_first_byte_is_the_time_outs_not_the_rate_rules(path):

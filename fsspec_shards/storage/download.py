@@ -42,9 +42,15 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends import object_identity, protocol_of
-from fsspec_shards.storage.filling import OrderedHasher, Writeback, fill_ranges, preallocate
-from fsspec_shards.storage.range_plan import AUTO_ABOVE, link_of, one_request
+from fsspec_shards.storage.backends import object_identity
+from fsspec_shards.storage.filling import (
+    Gathered,
+    OrderedHasher,
+    Writeback,
+    fill_ranges,
+    preallocate,
+)
+from fsspec_shards.storage.range_plan import AUTO_ABOVE, one_request
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
 from fsspec_shards.storage.verification import BACKEND, Mismatch
 from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
@@ -276,15 +282,20 @@ def _fill(
     position = 0
     writeback = Writeback.of(out)
 
+    def write(at: int, view: memoryview) -> None:
+        out.write(view)
+        if writeback is not None:
+            writeback.written(at + len(view))
+
+    gathered = Gathered(write)  # (large page-aligned writes: hits read faster)
+
     def sink(data: bytes) -> None:
         nonlocal position
-        out.write(data)
+        gathered.add(position, data)
         if hasher is not None:
             hasher.update(data)
         position += len(data)
         on_bytes(len(data))
-        if writeback is not None:
-            writeback.written(position)
 
     changed: list[str] = []
 
@@ -306,6 +317,8 @@ def _fill(
         )
     except _Stop:
         return _Changed(changed[0])
+    finally:
+        gathered.flush()
     out.flush()
     if moved.requests > 1 and expect.unconfirmed and _changed(target, expect):
         return _Changed("its info() changed")
@@ -323,7 +336,7 @@ def _parallel_planned(target: Target, expect: Version, out: BinaryIO) -> int | N
         expect.size is None
         or expect.size <= AUTO_ABOVE
         or not (expect.etag or expect.version)
-        or one_request(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+        or one_request(target.ranges_in_flight, target.link, target.plan_dir)
     ):
         return None
     try:

@@ -430,6 +430,7 @@ class WdsFileSystem(ChainedFileSystem):
             count=self._count,
             transport=self.download_transport,
             ranges_in_flight=self.ranges_in_flight,
+            plan_dir=self.cache_dir if self.cache_enabled else None,
             min_rate=self.min_rate,
             rate_window=self.min_rate_window,
         )

@@ -44,10 +44,9 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from fsspec_shards.checksums import Checksum
-from fsspec_shards.storage.backends import protocol_of
-from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream, split_point
+from fsspec_shards.storage.range_plan import Ramp, Stopped, run_stream, split_point
 from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
+from fsspec_shards.storage.transfer import ChunkSizer, FillRate, Target, resume
 from fsspec_shards.storage.verification import WholeHasher
 from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
 
@@ -56,6 +55,8 @@ _PIECES_QUEUED = 64
 """Pieces handed over and not hashed yet before :meth:`OrderedHasher.update` waits: bounds
 the memory held when hashing falls behind the network."""
 _WRITEBACK_EVERY = 8 * 1024 * 1024
+_WRITE_BYTES = 2 * 1024 * 1024
+"""Received pieces are gathered into writes of about this many bytes (:class:`Gathered`)."""
 _WRITEBACK_POLL = 0.05
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
 _STOP = object()
@@ -212,6 +213,41 @@ class Writeback:
             self.started = end
 
 
+class Gathered:
+    """Gathers the pieces a download receives (any size, as the socket hands them over,
+    at consecutive offsets) into writes that end on multiples of ``_WRITE_BYTES`` in the
+    file, through ``write(offset, view)``. The kernel caches a file written in large
+    aligned writes in large folios; one written piece by piece at unaligned sizes, in
+    single pages, and reading it back (every cache hit) was 0.79-0.82x as fast here. The
+    bytes are copied once more; the write calls are ~30x fewer."""
+
+    def __init__(self, write: Callable[[int, memoryview], None]) -> None:
+        self._write = write
+        self._buffer = bytearray()
+        self._start = 0
+
+    def add(self, offset: int, data: bytes | memoryview) -> None:
+        """``data`` belongs at ``offset`` (right after what was added before, if any)."""
+        if not self._buffer:
+            self._start = offset
+        self._buffer += data
+        if len(self._buffer) >= _WRITE_BYTES:
+            end = self._start + len(self._buffer)
+            self._flush(end - end % _WRITE_BYTES - self._start)
+
+    def flush(self) -> None:
+        """Write what is gathered."""
+        self._flush(len(self._buffer))
+
+    def _flush(self, length: int) -> None:
+        if length <= 0:
+            return
+        with memoryview(self._buffer) as whole, whole[:length] as part:
+            self._write(self._start, part)
+        del self._buffer[:length]
+        self._start += length
+
+
 def preallocate(descriptor: int, size: int) -> None:
     """Give the file its final size now, so ranges can be written anywhere in it (blocks
     allocated up front where the filesystem can, else a sparse file)."""
@@ -352,22 +388,28 @@ def fill_ranges(
     by ranged GETs, as many at once as ``range_plan.Ramp`` allows for
     ``target.ranges_in_flight``; the hasher reads the file back in order as it fills.
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
-    ramp = Ramp(target.ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+    ramp = Ramp(target.ranges_in_flight, target.link, target.plan_dir, eager=True)
     stop = threading.Event()
     layout = _Layout(expect.size, ramp)
     if hasher is not None:
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
     failures: list[BaseException] = []
     counted = threading.Lock()
+    rate = FillRate()  # (min_rate is the fill's: transfer.py)
 
     def fetch(worker: int, taken: _Range) -> None:
+        def write(at: int, view: memoryview) -> None:
+            pwrite_all(descriptor, view, at)
+            layout.wrote(taken, len(view))
+
+        gathered = Gathered(write)
+
         def sink(data: bytes) -> None:
             if stop.is_set():
                 raise Stopped
             at, length = layout.claim(taken, len(data))
             if length:
-                pwrite_all(descriptor, data if length == len(data) else data[:length], at)
-                layout.wrote(taken, length)
+                gathered.add(at, data if length == len(data) else memoryview(data)[:length])
                 ramp.moved(worker, length)
                 with counted:
                     on_bytes(length)
@@ -383,7 +425,7 @@ def fill_ranges(
         first = taken.open_ended
         try:
             moved = resume(
-                target.shared_by(ramp.allowed),
+                target.in_fill(rate),
                 taken.start,
                 taken.asked,
                 sink,
@@ -395,9 +437,14 @@ def fill_ranges(
             )
         except _RangeEnds:
             return
+        finally:
+            gathered.flush()  # (also after a failure: what was received is in the file)
+        status = getattr(moved.facts, "status", None)
         if first:
             taken.open_ended = False
-            ramp.ranges_answered(getattr(moved.facts, "status", None) == 206)
+            ramp.ranges_answered(status == 206)
+        elif status == 200 and taken.start > 0:  # (an eager fill's added stream)
+            ramp.ranges_answered(False)
 
     running = [ramp.cap]
 

@@ -54,14 +54,14 @@ from typing import Any, BinaryIO
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
-from fsspec_shards.storage.backends import object_identity, protocol_of
+from fsspec_shards.storage.backends import object_identity
 from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
 from fsspec_shards.storage.files import RetryingFile
 from fsspec_shards.storage.filling import Frontier, OrderedHasher, preallocate, pwrite_all
-from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, link_of, run_stream
+from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
 from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.transfer import Target, resume
+from fsspec_shards.storage.transfer import FillRate, Target, resume
 from fsspec_shards.storage.verification import Expectation, Known, WholeHasher
 from fsspec_shards.storage.versions import Version, VersionMismatch
 
@@ -701,7 +701,7 @@ def _fetch_blocks(
     :func:`fill_blocks`); raises what ended the fill."""
     target, blocks, progress = state.target, state.blocks, state.progress
     span_blocks = max(1, -(-range_bytes // blocks.block_size))
-    ramp = Ramp(ranges_in_flight, link_of(protocol_of(target.fs), target.path))
+    ramp = Ramp(ranges_in_flight, target.link, target.plan_dir)
     workers = max(1, min(ramp.cap, -(-len(blocks) // span_blocks)))
     if workers == 1:
         span_blocks = max(1, len(blocks))
@@ -719,7 +719,7 @@ def _fetch_blocks(
 
     def fetch(number: int, span: tuple) -> None:
         moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-        status = _fill_span(state, descriptor, *span, stop, moved, ramp.allowed)
+        status = _fill_span(state, descriptor, *span, stop, moved)
         if number == 0 and deciding[0]:
             deciding[0] = False
             ramp.ranges_answered(status == 206)
@@ -776,6 +776,7 @@ class _FillState:
         self.bad: dict[int, int] = {}
         self.changes = 0
         self.received = 0
+        self.rate = FillRate()  # (min_rate is the fill's: transfer.py)
         self.lock = threading.Lock()
 
     def _expected_version(self) -> Version:
@@ -846,13 +847,13 @@ def _fill_span(
     last: int,
     stop: threading.Event,
     moved: Callable[[int], None],
-    streams: int,
 ) -> int | None:
     """Blocks ``[first, last)`` written at their place and verified one by one; resumed
     from the byte reached after a fault (``transfer.resume``), from a bad block's first byte
-    after a mismatch; one of ``streams`` (its share of the rate floor). Returns the HTTP
-    status of the last answer (206: the range honoured; None: the transport cannot say)."""
-    target, blocks = state.target.shared_by(streams), state.blocks
+    after a mismatch; one stream of the fill (the rate floor is the fill's). Returns the
+    HTTP status of the last answer (206: the range honoured; None: the transport cannot
+    say)."""
+    target, blocks = state.target.in_fill(state.rate), state.blocks
     end = blocks.bounds(last - 1)[1]
     index = first
     position = blocks.bounds(first)[0]

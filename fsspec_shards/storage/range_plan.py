@@ -3,14 +3,28 @@
 ``ranges_in_flight="auto"`` (the default) starts a fill with one stream and adds streams,
 doubling, while the aggregate rate grows by :data:`GROWTH` or more; when it does not, the
 streams go back to the last level that paid and stay there. One connection to a far store
-carries tens of MB/s, so there several ranges reach the link's rate; on loopback or a fast
-link a second stream adds nothing and the fill stays at one (a single request for the rest
-of the object). The level a link settled on is remembered per process and per store: the
-next object starts there (and probes on from there when the last probe was cut short by
-the fill's end, and every :data:`REPROBE_EVERY` fills). A fill that ended within the
-first measurement at one stream settles the store at one: its next fills are one request
-to the end (:func:`one_request`; probed again every
-:data:`REPROBE_AT_ONE` fills).
+carries tens of MB/s, so there several ranges reach the link's rate; on loopback, a server
+that copies the object for every ranged GET, or a link capped as a whole, a second stream
+adds nothing and the fill stays at one (a single request for the rest of the object).
+
+What a store settled on is remembered per store (:func:`link_of`: the protocol and the
+endpoint's host and port, or the bucket where there is no endpoint; never credentials):
+in the process, and in the cache directory (:data:`PLAN_FILE`), so that the next process
+starts there. The next object starts at that level (and probes on from there when the last
+probe was cut short by the fill's end, and every :data:`REPROBE_EVERY` fills); a store
+settled at one stream is filled by one request to the end (:func:`one_request`), probed
+again every :data:`REPROBE_AT_ONE` fills of a process. A fill that ends before its first
+added stream was measured, or whose one stream moves :data:`ONE_IS_ENOUGH`, settles the
+store at one stream too: one stream carried the object about as fast as the probe could
+tell (loopback, moto). What the cache directory holds is
+trusted for :data:`REPROBE_AFTER` seconds; older, the store is probed as a new one.
+
+A fill whose first range is to say whether the store answers ranges at all (a block fill,
+or an int ``ranges_in_flight``) asks it alone (:data:`FIRST_BYTES`) before more streams
+start; a whole-object fill under auto (``eager``) asks its first range to the end, so a
+store where one stream is the answer costs the one request ``ranges_in_flight=1`` makes,
+and learns from the streams the ramp adds: a range beyond byte 0 answered with the whole
+object (200) settles the store at one stream.
 
 An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
 never all get a slot, so a fill runs at most that many.
@@ -32,6 +46,7 @@ connections may exceed that by idle ones in the clients' pools (docs/transport.m
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -55,15 +70,27 @@ request's round trips would cost more than its half saves."""
 SETTLE_MAX = 0.3
 """Longest wait for added streams' first bytes before their rate is measured."""
 WINDOW = 0.15
+ONE_IS_ENOUGH = 256e6
+"""Bytes per second of one stream at which a store is not probed for more: a link that
+carries this much on one connection is loopback or a fast local server (an object store
+far away gives tens of MB/s per connection), and there a second request costs more than
+it can bring (moto copies the whole object for each; the fill's hash and fsync are the
+limit)."""
 REPROBE_EVERY = 4
 REPROBE_AT_ONE = 64
 """A store settled at one stream (a fast link) is probed again only this often: a probe
 costs it 8 requests instead of one, and some servers copy the object for each."""
+REPROBE_AFTER = 24 * 3600.0
+"""Seconds a level kept in a cache directory is trusted by a new process."""
+PLAN_FILE = "range-plan.json"
+"""In a cache directory: ``{store: [level, unix time it was learned]}``."""
 
 _lock = threading.Lock()
 _slots_taken = 0
 _learned: dict[str, tuple[int, int]] = {}
 """Per store: (the level it settled on, fills since the last probe)."""
+_recalled: set[str] = set()
+"""Cache directories whose :data:`PLAN_FILE` this process read."""
 
 
 def _after_fork() -> None:
@@ -73,6 +100,14 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def forget() -> None:
+    """Forget what this process learned and read (as a new process starts): for benchmarks
+    and tests of a first fill."""
+    with _lock:
+        _learned.clear()
+        _recalled.clear()
 
 
 def parse_ranges_in_flight(value: int | str) -> int | str:
@@ -93,25 +128,89 @@ def parse_ranges_in_flight(value: int | str) -> int | str:
     return number
 
 
-def link_of(protocol: str, path: str) -> str:
-    """The store a path lives on, as the key of what its link settled on."""
-    if "://" in path:
-        parts = urlsplit(path)
-        return f"{protocol}:{parts.scheme}://{parts.netloc}"
+def link_of(protocol: str, path: str, endpoint: str | None = None) -> str:
+    """The store a path lives on, as the key of what its link settled on: the protocol and
+    the host and port requests go to (``endpoint``, or the URL's), else the bucket; never
+    the credentials a URL may carry."""
+    where = endpoint or (path if "://" in path else None)
+    if where:
+        parts = urlsplit(where if "://" in where else f"//{where}")
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return f"{protocol}:{parts.scheme}://{host}{port}"
     return f"{protocol}:{path.lstrip('/').split('/', 1)[0]}"
+
+
+def endpoint_of(fs: Any) -> str | None:
+    """The endpoint a backend filesystem sends requests to, where it names one (s3fs's
+    ``endpoint_url``, also in ``client_kwargs``); None: the store's own."""
+    endpoint = getattr(fs, "endpoint_url", None)
+    if not isinstance(endpoint, str):
+        endpoint = (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+    return endpoint if isinstance(endpoint, str) and endpoint else None
+
+
+def recall(directory: str | None) -> None:
+    """Take what the cache ``directory`` says its stores settled on (once per process; an
+    entry older than :data:`REPROBE_AFTER`, or one this process learned itself, is not)."""
+    if directory is None or directory in _recalled:
+        return
+    try:
+        with open(os.path.join(directory, PLAN_FILE), encoding="utf-8") as handle:
+            kept = json.load(handle)
+    except (OSError, ValueError):
+        kept = {}
+    now = time.time()
+    with _lock:
+        _recalled.add(directory)
+        for link, entry in kept.items() if isinstance(kept, dict) else ():
+            try:
+                level, when = int(entry[0]), float(entry[1])
+            except (TypeError, ValueError, IndexError, KeyError):
+                continue
+            if 1 <= level <= AUTO_MAX and 0 <= now - when < REPROBE_AFTER:
+                _learned.setdefault(link, (level, 0))
+
+
+def _keep(directory: str | None, link: str, level: int) -> None:
+    """Write ``link``'s level into the cache ``directory`` (best effort: a cache directory
+    that cannot take it costs the next process a probe, nothing else)."""
+    if directory is None:
+        return
+    path = os.path.join(directory, PLAN_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            kept = json.load(handle)
+        if not isinstance(kept, dict):
+            kept = {}
+    except (OSError, ValueError):
+        kept = {}
+    kept[link] = [level, time.time()]
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(kept, handle)
+        os.replace(temporary, path)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
 
 
 def _reprobe_every(level: int) -> int:
     return REPROBE_AT_ONE if level == 1 else REPROBE_EVERY
 
 
-def one_request(ranges_in_flight: int | str, link: str) -> bool:
+def one_request(ranges_in_flight: int | str, link: str, directory: str | None = None) -> bool:
     """Whether the fill of an object on ``link`` is one request to its end: ``1``, or auto
-    on a store settled at one stream and not due for a probe (the fill is counted)."""
+    on a store settled at one stream (here or in the cache ``directory``) and not due for a
+    probe (the fill is counted)."""
     if ranges_in_flight == 1:
         return True
     if ranges_in_flight != "auto":
         return False
+    recall(directory)
     with _lock:
         learned, fills = _learned.get(link, (0, 0))
         if learned != 1 or fills >= REPROBE_AT_ONE:
@@ -140,9 +239,19 @@ class Ramp:
     lets it (module docstring). Workers report bytes with :meth:`moved`; the filling
     thread runs :meth:`steer` while they work."""
 
-    def __init__(self, ranges_in_flight: int | str, link: str) -> None:
+    def __init__(
+        self,
+        ranges_in_flight: int | str,
+        link: str,
+        directory: str | None = None,
+        eager: bool = False,
+    ) -> None:
         self.adaptive = ranges_in_flight == "auto"
         self.link = link
+        self.directory = directory
+        """The cache directory that keeps what the store settled on (None: the process)."""
+        if self.adaptive:
+            recall(directory)
         self.cap = AUTO_MAX if self.adaptive else min(int(ranges_in_flight), PROCESS_MAX + 1)
         self.level = self.cap
         self.probing = False
@@ -152,9 +261,11 @@ class Ramp:
                 self.level, self.probing = learned, fills >= _reprobe_every(learned)
                 if not self.probing:
                     _learned[link] = (learned, fills + 1)
-        self.gated = not (self.adaptive and link in _learned)
+        self.gated = not (self.adaptive and (eager or link in _learned))
         """Whether the first range must be answered as a range (206) before more streams
-        start: yes unless this store already answered ranges in this process."""
+        start: yes unless this store already answered ranges, or the fill is ``eager``
+        (module docstring: its first range runs to the end and the added streams' answers
+        tell)."""
         self.allowed = 1 if self.gated else self.level
         self.bytes = 0
         self._started = time.monotonic()
@@ -190,7 +301,8 @@ class Ramp:
 
     def ranges_answered(self, as_ranges: bool) -> None:
         """The first range was answered: as a range (206) opens the gate to more streams;
-        not (200, or a transport that cannot tell) keeps the fill at one."""
+        not (200, or a transport that cannot tell) keeps the fill at one, and under auto
+        settles the store there (also when a later range of an eager fill said so)."""
         with self._cond:
             self._gate_open = True
             if as_ranges:
@@ -199,6 +311,8 @@ class Ramp:
                 self.cap = self.level = self.allowed = 1
                 self.probing = False
             self._cond.notify_all()
+        if not as_ranges and self.adaptive:
+            self._settle(decided=True)
 
     def admit(self, worker: int) -> bool:
         """Wait until worker ``worker`` (>= 1) may run and it got a process slot; False when
@@ -248,27 +362,38 @@ class Ramp:
         if not self.probing:
             return
         previous = self._measure(done, self.level)
-        # the fill ended before one window passed: one stream is fast enough here
-        decided = previous is None or self.level == self.cap
-        while previous is not None and self.level < self.cap:
+        # the fill ended before one window passed, or one stream moves ONE_IS_ENOUGH: one
+        # stream is fast enough here
+        enough = previous is not None and self.level == 1 and previous >= ONE_IS_ENOUGH
+        decided = previous is None or self.level == self.cap or enough
+        while previous is not None and self.level < self.cap and not enough:
             trying = min(self.cap, self.level * 2)
             with self._cond:
                 self.allowed = trying
                 self._cond.notify_all()
             rate = self._measure(done, trying)
-            if rate is None:
+            if rate is None:  # the object ended first: from one stream, one was enough
+                decided = self.level == 1
                 break
-            if rate < previous * GROWTH:
+            if rate < previous * GROWTH or trying > self.cap:  # (cap: ranges ignored)
                 decided = True
                 break
             self.level, previous = trying, rate
             decided = self.level == self.cap
         with self._cond:
+            self.level = min(self.level, self.cap)
             self.allowed = self.level
             self.probing = False
             self._cond.notify_all()
-        with _lock:  # a probe the fill's end cut short goes on with the next fill
+        self._settle(decided)
+
+    def _settle(self, decided: bool) -> None:
+        """Keep the level (here and in the cache directory when ``decided``); a probe the
+        fill's end cut short goes on with the next fill."""
+        with _lock:
             _learned[self.link] = (self.level, 0 if decided else _reprobe_every(self.level))
+        if decided:
+            _keep(self.directory, self.link, self.level)
 
     def close(self) -> None:
         """The fill ended: waiting workers exit."""

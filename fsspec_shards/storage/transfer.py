@@ -11,15 +11,22 @@ transport raises ``TimeoutError``); a request that moves, but slower than ``min_
 bytes per second over a window of ``rate_window`` seconds, is ended too (curl's
 ``--speed-limit``/``--speed-time``). Only a request that moved at ``min_rate`` or better
 starts a new failure chain: a server that sends a few bytes per request and stalls spends
-the chain's attempts like one that sends nothing, so every download ends. The floor is a
-download's: the streams of a fill share it (:meth:`Target.shared_by`), so streams that
-split a slow link between them are not taken for stalls.
+the chain's attempts like one that sends nothing, so every download ends.
+
+The floor is a fill's, not a stream's (:class:`FillRate`): while other streams of the fill
+run, a stream's window passes when the fill as a whole moved ``min_rate`` over it, or the
+stream its share (``min_rate`` / the streams running when its window began); a stream that
+was alone for its whole window must move ``min_rate`` itself. So streams that split a slow
+link are not taken for stalls, and a trickling range cannot outlive the others by more
+than two windows: it is then ended and resumed from its byte (the other streams take the
+second half of its rest while they run, ``range_plan.split_point``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +36,7 @@ import fsspec
 
 from fsspec_shards.storage.backends import backend_checksums, file_info, protocol_of
 from fsspec_shards.storage.identity import ObjectId
+from fsspec_shards.storage.range_plan import endpoint_of, link_of
 from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.verification import Expectation, Known, expected
@@ -89,6 +97,10 @@ class Target:
     ``"auto"`` (as many as the link rewards: ``range_plan.py``) or a fixed number."""
     min_rate: float = MIN_RATE
     rate_window: float = RATE_WINDOW
+    plan_dir: str | None = None
+    """The cache directory that keeps what each store's ranges settled on (``range_plan``)."""
+    fill: FillRate | None = None
+    """The fill this download is one stream of (None: it is the whole download)."""
 
     def __post_init__(self) -> None:
         if self.transport is None:
@@ -99,10 +111,14 @@ class Target:
         """The object's name for messages and logs (redacted)."""
         return self.obj.shown
 
-    def shared_by(self, streams: int) -> Target:
-        """This download as one of ``streams`` streams of a fill: each carries its share of
-        ``min_rate``."""
-        return dataclasses.replace(self, min_rate=self.min_rate / max(1, streams))
+    @property
+    def link(self) -> str:
+        """The store the object lives on, as ``range_plan`` keys what it learned."""
+        return link_of(protocol_of(self.fs), self.path, endpoint_of(self.fs))
+
+    def in_fill(self, fill: FillRate) -> Target:
+        """This download as one stream of ``fill``: ``min_rate`` is the fill's."""
+        return dataclasses.replace(self, fill=fill)
 
     def incr(self, name: str, amount: int = 1) -> None:
         if self.count is not None and amount:
@@ -144,38 +160,91 @@ class TooSlow(TransientError):
     """A request moved slower than ``min_rate`` over ``rate_window``: ended as stalled."""
 
 
-class _RateGuard:
-    """Ends a request (raising :class:`TooSlow` from its sink) that moves slower than
-    ``min_rate`` over a window, and tells whether a finished request moved fast enough to
-    count as progress. Measured from the first byte on: the wait for it is ``timeout``'s."""
+class FillRate:
+    """The requests running for one fill and the bytes they moved: what the floor of each
+    stream's window is measured against (module docstring)."""
 
-    def __init__(self, min_rate: float, window: float) -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.streams = 0
+        self.moved = 0
+        self.alone_since: float | None = None
+        """When the running requests last dropped to one (None: more run, or none)."""
+
+    def started(self) -> None:
+        with self._lock:
+            self.streams += 1
+            self.alone_since = time.monotonic() if self.streams == 1 else None
+
+    def ended(self) -> None:
+        with self._lock:
+            self.streams -= 1
+            self.alone_since = time.monotonic() if self.streams == 1 else None
+
+    def passed(self, amount: int) -> None:
+        with self._lock:
+            self.moved += amount
+
+
+class _RateGuard:
+    """Ends a request (raising :class:`TooSlow` from its sink) that moves slower than its
+    floor over a window, and tells whether a finished request moved fast enough to count
+    as progress. Measured from the first byte on: the wait for it is ``timeout``'s."""
+
+    def __init__(self, min_rate: float, window: float, fill: FillRate | None = None) -> None:
         self.min_rate = min_rate
         self.window = window
+        self.fill = fill
+        self.share = min_rate / max(1, fill.streams) if fill is not None else min_rate
         self.started: float | None = None
         self.window_start = 0.0
         self.moved = self.window_moved = 0
+        self.fill_moved_before = 0
 
     def passed(self, amount: int) -> None:
         now = time.monotonic()
         if self.started is None:
-            self.started = self.window_start = now
+            self.started = now
+            self._new_window(now)
         self.moved += amount
         self.window_moved += amount
+        if self.fill is not None:
+            self.fill.passed(amount)
         if now - self.window_start >= self.window:
-            if self.window_moved < self.min_rate * (now - self.window_start):
+            floor = self._floor(now)
+            if self.window_moved < floor * (now - self.window_start):
                 raise TooSlow(
                     f"below the minimum rate: {self.window_moved} bytes in "
-                    f"{now - self.window_start:.0f}s (min_rate {self.min_rate:g} B/s)"
+                    f"{now - self.window_start:.0f}s (min_rate {self.min_rate:g} B/s"
+                    + (f", this stream's floor {floor:g} B/s)" if floor != self.min_rate else ")")
                 )
-            self.window_start, self.window_moved = now, 0
+            self._new_window(now)
+
+    def _new_window(self, now: float) -> None:
+        self.window_start, self.window_moved = now, 0
+        if self.fill is not None:
+            self.fill_moved_before = self.fill.moved
+            self.share = self.min_rate / max(1, self.fill.streams)
+
+    def _floor(self, now: float) -> float:
+        """What this request must have moved per second over the window now ending."""
+        fill = self.fill
+        if fill is None:
+            return self.min_rate
+        alone = fill.alone_since
+        if alone is not None and alone <= self.window_start:
+            return self.min_rate  # alone for the whole window
+        if fill.moved - self.fill_moved_before >= self.min_rate * (now - self.window_start):
+            return 0.0  # the fill as a whole carries the floor
+        return self.share
 
     def counts_as_progress(self) -> bool:
-        """Whether the request moved at ``min_rate`` or better (or a window's worth)."""
+        """Whether the request moved at its share of ``min_rate`` or better (or a window's
+        worth)."""
         if self.started is None:
             return False
         seconds = time.monotonic() - self.started
-        return self.moved >= self.min_rate * min(seconds, self.window)
+        return self.moved >= self.share * min(seconds, self.window)
 
 
 @dataclass
@@ -233,7 +302,9 @@ def resume(
         if chunks is not None and end is not None:
             stop = min(end, position + chunks.size)
         requests += 1
-        guard = _RateGuard(target.min_rate, target.rate_window)
+        if target.fill is not None:
+            target.fill.started()
+        guard = _RateGuard(target.min_rate, target.rate_window, target.fill)
         error: Exception | None = None
         try:
             facts = target.transport.stream(
@@ -243,6 +314,9 @@ def resume(
             raise
         except Exception as exc:
             error = exc
+        finally:
+            if target.fill is not None:
+                target.fill.ended()
         if position > before and guard.counts_as_progress():
             attempts.progressed()
         if error is None:

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,13 +43,15 @@ _spec.loader.exec_module(pacing_proxy)
 
 RATE = 4e6
 """Bytes per second of each connection: one stream would need 10 s for the object."""
-EARLY = 3
-"""GETs served well before the planned fault: the first range and two more."""
+EARLY = 1
+"""GETs served before the planned fault: the first range (asked to the end), so the fault
+hits the first stream the ramp adds, which every fill of the paced object starts."""
 
 
 @pytest.fixture(autouse=True)
 def _nothing_learned(monkeypatch):
     monkeypatch.setattr(range_plan, "_learned", {})
+    monkeypatch.setattr(range_plan, "_recalled", set())
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +117,9 @@ def test_a_link_that_rewards_ranges_gets_several_in_flight(far, old, tmp_path, t
     assert _sha(got) == _sha(old)
     assert took < 0.7 * len(old) / RATE  # one paced stream cannot: ranges were in flight
     starts = _starts(server, "a.bin")
-    assert len(starts) >= 4, starts  # the first range, then more as the rate grew
+    assert len(starts) >= 3, starts  # the first range, then more as the rate grew
     assert len(set(starts)) == len(starts)  # nothing fetched twice
-    assert starts[:2] == [0, range_plan.FIRST_BYTES]
+    assert starts[0] == 0 and range_plan.FIRST_BYTES not in starts  # asked to the end first
 
 
 def test_a_cut_in_one_range_in_flight_resumes_that_range_alone(far, old, tmp_path, transport):
@@ -172,8 +175,8 @@ def test_where_more_streams_add_nothing_the_fill_settles_at_one_stream(old, tmp_
                 server.put(name, old)
                 url = f"http://{link.host}:{link.port}/{name}"
                 assert _sha(fs.cat_file(url)) == _sha(old)
-        assert _starts(server, "l0.bin")[:2] == [0, range_plan.FIRST_BYTES]  # (the probe)
-        assert _starts(server, "l1.bin") == [0]  # one GET: the store answered ranges before
+        assert len(_starts(server, "l0.bin")) <= 2  # one GET, and at most one probe
+        assert _starts(server, "l1.bin") == [0]  # one GET: the store settled at one stream
 
 
 def test_ranges_whose_answers_do_not_say_their_version_are_never_spliced(
@@ -243,3 +246,27 @@ def test_a_stream_that_ends_early_takes_half_of_a_slow_range(tmp_path, transport
         taken_over = [s for s in starts if s > trickled + 2 * MiB and s != fast_start]
         assert taken_over, starts  # splits of the stalled range's rest
         assert fs.cache_stats()["retries"] == 1  # the stall, resumed once
+
+
+def test_a_range_trickling_below_min_rate_once_the_others_are_done_does_not_stall_the_fill(
+    tmp_path, transport
+):
+    # issue 28 (4): with 8 streams each stream's floor was min_rate / 8; one range at 4 kB/s
+    # kept that floor after the others finished, and the fill ran on for minutes. The floor
+    # is the fill's: alone for a window, the slow range must carry min_rate itself, so it is
+    # ended and resumed from its byte (served at once this time)
+    data = random.Random(29).randbytes(36 * MiB)  # over AUTO_ABOVE: ranges
+    slow = Trickle(400, 0.1, 3000, stall=30)  # 4 kB/s for 300 s
+    with HostileServer() as server:
+        url = server.put("t.bin", data, plan=[Serve()] * 4 + [slow])
+        fs = _wds(tmp_path, transport, ranges_in_flight=8, min_rate="16KiB", min_rate_window=1)
+        got: list[bytes] = []
+        reading = threading.Thread(target=lambda: got.append(fs.cat_file(url)), daemon=True)
+        started = time.monotonic()
+        reading.start()
+        reading.join(90)
+        assert got, "the fill is still waiting on the slow range"
+        assert time.monotonic() - started < 45
+        assert _sha(got[0]) == _sha(data)
+        assert any(isinstance(entry.action, Trickle) for entry in server.gets("t.bin"))
+        assert fs.cache_stats()["retries"] >= 1  # the slow request was ended, then resumed
