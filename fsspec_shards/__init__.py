@@ -3,7 +3,7 @@
 Importing this package is cheap: the storage layer loads with fsspec's entry point, and the
 iteration module (which may import torch) loads on first use of :class:`ShardDataset`,
 :class:`ShardWriter` or :class:`MixedDataset`, and :func:`patch_webdataset` (which changes
-webdataset's opener) only when called.
+webdataset's opener, until :func:`unpatch_webdataset`) only when called.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from fsspec_shards.iteration.mixing import MixedDataset
     from fsspec_shards.iteration.writer import ShardWriter
     from fsspec_shards.storage.filesystem import WdsFileSystem
-    from fsspec_shards.webdataset_patch import patch_webdataset
+    from fsspec_shards.webdataset_patch import patch_webdataset, unpatch_webdataset
 
 __version__ = "0.1.0"
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "WdsFileSystem",
     "__version__",
     "patch_webdataset",
+    "unpatch_webdataset",
 ]
 
 
@@ -49,8 +50,8 @@ def __getattr__(name: str) -> Any:
         from fsspec_shards.storage.filesystem import WdsFileSystem
 
         return WdsFileSystem
-    if name == "patch_webdataset":
-        from fsspec_shards.webdataset_patch import patch_webdataset
+    if name in ("patch_webdataset", "unpatch_webdataset"):
+        from fsspec_shards import webdataset_patch
 
-        return patch_webdataset
+        return getattr(webdataset_patch, name)
     raise AttributeError(f"module 'fsspec_shards' has no attribute {name!r}")
