@@ -67,7 +67,7 @@ def _outcome(read: Callable[[], object]) -> object:
 
 def _patch(tmp_path, **keywords):
     return fsspec_shards.patch_webdataset(
-        {"wds": {"cache_dir": str(tmp_path / "cache")}}, **options
+        {"wds": {"cache_dir": str(tmp_path / "cache")}}, **keywords
     )
 
 
