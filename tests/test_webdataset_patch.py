@@ -394,7 +394,7 @@ def _output(command: list[str]) -> str | None:
 def test_the_patch_holds_on_webdataset_0_2_86(other_webdataset_python):
     env = {**os.environ, "PYTHONPATH": str(ROOT), INSIDE: OTHER_VERSION}
     tests = ["tests/test_webdataset_patch.py", "tests/deps/test_webdataset.py"]
-    command = [str(other_webdataset_python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command = [str(other_webdataset_python), "-m", "pytest", "-p", "no:cacheprovider"]
     run = subprocess.run(
         [*command, "-v", *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=850
     )
