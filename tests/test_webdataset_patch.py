@@ -375,8 +375,12 @@ def other_webdataset_python(request, tmp_path_factory) -> Path:
         check=True,
         timeout=300,
     )
-    pip = [str(python), "-m", "pip", "install", "--no-deps", "-q", f"webdataset=={OTHER_VERSION}"]
-    installed = subprocess.run(pip, capture_output=True, text=True, timeout=600)
+    pip = [str(python), "-m", "pip", "install", "--no-deps", "-q", "--retries", "1"]
+    pip += ["--timeout", "30", f"webdataset=={OTHER_VERSION}"]
+    try:
+        installed = subprocess.run(pip, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"pip could not reach a registry for webdataset=={OTHER_VERSION} in 300 s")
     if installed.returncode != 0:
         lines = (installed.stderr or installed.stdout).strip().splitlines() or ["no output"]
         pytest.skip(f"pip cannot install webdataset=={OTHER_VERSION}: {lines[-1]}")
