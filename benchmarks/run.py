@@ -120,6 +120,12 @@ def memory_suite(sizes: tuple[int, ...]) -> Results:
     return bench_memory.run(sizes)
 
 
+def gpu_suite(rounds: int, size: str | None) -> Results:
+    import bench_gpu
+
+    return bench_gpu.run(rounds, size=size)
+
+
 BENCHMARKS = (
     Benchmark(
         "tar",
@@ -257,6 +263,17 @@ BENCHMARKS = (
         "downloading the shard into the cache.",
         lambda: memory_suite((16, 64, 256)),
         lambda: memory_suite((16, 64)),
+    ),
+    Benchmark(
+        "gpu",
+        "Training input: ShardDataset vs webdataset, the loader alone and a training step",
+        "JPEG images (PIL decode + center crop in 12 workers, or 2 in the small size) and 2 KiB "
+        "token rows through a DataLoader: ours over local paths, `wds::` warm and cold (the "
+        "cache filled and verified), webdataset 1.0.2. Then a training epoch (ResNet-50 with "
+        "torchvision on a GPU, else a small conv net) over images/s on synthetic data. Full "
+        "size where CUDA is present, small on CPU; see benchmarks/bench_gpu.py.",
+        lambda: gpu_suite(3, None),
+        lambda: gpu_suite(1, "small"),
     ),
 )
 

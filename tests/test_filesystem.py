@@ -389,9 +389,10 @@ def test_prefetch_counts_a_miss_when_it_downloads_and_nothing_when_already_cache
     assert fs.prefetch(path) == local
     stats = fs.cache_stats()
     assert (stats["misses"], stats["hits"]) == (1, 0)
-    with fs.open(path) as handle:
-        assert handle.read() == DATA
-    assert fs.cache_stats()["hits"] == 1
+    for hits in (0, 1):  # the read the prefetch was for is no hit of its own; the next one is
+        with fs.open(path) as handle:
+            assert handle.read() == DATA
+        assert fs.cache_stats()["hits"] == hits
 
 
 @pytest.mark.parametrize("cache", [True, False])

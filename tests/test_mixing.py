@@ -1,9 +1,11 @@
-"""MixedDataset: proportions, determinism, stop modes, exact resume, DataLoader workers."""
+"""MixedDataset: proportions, determinism, stop modes, exact resume, DataLoader workers, and
+the repeat=/choose= quotas."""
 
 from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -213,7 +215,7 @@ def test_a_state_that_does_not_fit_the_mixture_is_refused_naming_the_field(
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"datasets": []}, "at least one dataset"),
+        ({"sources": []}, "at least one source"),
         ({"weights": [1, 2]}, "2 values for 3 datasets"),
         ({"weights": [1, 0, 1]}, "positive and finite"),
         ({"weights": [1, float("nan"), 1]}, "positive and finite"),
@@ -222,7 +224,7 @@ def test_a_state_that_does_not_fit_the_mixture_is_refused_naming_the_field(
     ],
 )
 def test_invalid_arguments_are_refused(sources, arguments, message):
-    options = {"datasets": [ShardDataset(urls) for urls in sources], **arguments}
+    options = {"sources": [ShardDataset(urls) for urls in sources], **arguments}
     with pytest.raises(ValueError, match=message):
         MixedDataset(**options)
 
@@ -319,3 +321,200 @@ def test_a_state_with_exhausted_sources_but_not_finished_is_refused(sources, sto
     state.update(exhausted=exhausted, finished=False)
     with pytest.raises(ValueError, match="'finished'"):
         make_mix(sources, stop=stop).load_state_dict(state)
+
+
+# --- repeat= and choose= ---------------------------------------------------------------------
+
+SIZES = {name: sum(counts) for name, counts in SOURCES.items()}
+
+
+def make_counted(sources, seed=0, buffers=(0, 3, 5), batch_size=None, **mode):
+    """A repeat=/choose= mixture of the three sources, their lengths known."""
+    options = mode.pop("source_options", {})
+    datasets = [
+        ShardDataset(
+            urls,
+            seed=10 + index,
+            shuffle_buffer=buffer,
+            count_samples=True,
+            batch_size=batch_size,
+            **options,
+        )
+        for index, (urls, buffer) in enumerate(zip(sources, buffers, strict=True))
+    ]
+    return MixedDataset(datasets, seed=seed, batch_size=batch_size, **mode)
+
+
+def per_source(mixed) -> Counter:
+    return Counter(source for source, _ in mixed)
+
+
+def test_repeat_one_takes_every_sample_of_every_source_once(sources):
+    mix = make_counted(sources, repeat=[1, 1, 1])
+    mixed = take(mix)
+    assert len(mixed) == len(set(mixed)) == len(mix) == sum(SIZES.values())
+
+
+def test_repeat_takes_each_source_r_times_fractions_included(sources):
+    mix = make_counted(sources, repeat=[0.5, 2, 1.5])
+    mixed = take(mix)
+    expected = {"a": SIZES["a"] // 2, "b": 2 * SIZES["b"], "c": int(1.5 * SIZES["c"])}
+    assert per_source(mixed) == expected and len(mix) == len(mixed)
+    from_b = [key for source, key in mixed if source == "b"]
+    first, second = from_b[: SIZES["b"]], from_b[SIZES["b"] :]
+    assert sorted(first) == sorted(second) and first != second  # a second pass, a new order
+    assert len(set(key for source, key in mixed if source == "a")) == SIZES["a"] // 2
+
+
+def test_choose_takes_exactly_n_samples_of_each_source(sources):
+    mix = make_counted(sources, choose=[3, 40, 0])
+    assert per_source(take(mix)) == {"a": 3, "b": 40}
+
+
+def test_choose_is_exact_over_ranks_and_dataloader_workers(sources):
+    choose = [7, 25, 13]
+    seen: list = []
+    for rank in (0, 1):
+        mix = make_counted(sources, choose=choose, source_options={"rank": rank, "world_size": 2})
+        loader = torch_data.DataLoader(mix, batch_size=4, num_workers=2, collate_fn=collate_idents)
+        seen += [item for batch in loader for item in batch]
+    assert per_source(seen) == dict(zip("abc", choose, strict=True))
+    assert len(set(item for item in seen if item[0] == "a")) == 7  # under one pass: no repeats
+
+
+def test_repeat_one_over_workers_takes_each_source_epoch_as_it_is(sources):
+    mix = make_counted(sources, repeat=[1, 1, 1], source_options={"equalize": None})
+    loader = torch_data.DataLoader(mix, batch_size=3, num_workers=2, collate_fn=collate_idents)
+    seen = [item for batch in loader for item in batch]
+    assert len(seen) == len(set(seen)) == sum(SIZES.values())
+    padded = make_counted(sources, repeat=[1, 1, 1])  # equalize="pad": the epochs as padded
+    loader = torch_data.DataLoader(padded, batch_size=3, num_workers=2, collate_fn=collate_idents)
+    alone = [ShardDataset(urls, count_samples=True) for urls in sources]
+    loaders = [torch_data.DataLoader(dataset, num_workers=2, collate_fn=len) for dataset in alone]
+    assert sum(len(batch) for batch in loader) == sum(sum(loader) for loader in loaders) > 56
+
+
+def test_a_counted_mixture_depends_only_on_seed_and_epoch(sources):
+    first = take(make_counted(sources, repeat=[1, 0.5, 2]))
+    assert take(make_counted(sources, repeat=[1, 0.5, 2])) == first
+    assert take(make_counted(sources, repeat=[1, 0.5, 2], seed=1)) != first
+    later = make_counted(sources, repeat=[1, 0.5, 2])
+    later.set_epoch(1)
+    following = take(later)
+    assert following != first and per_source(following) == per_source(first)
+
+
+@RESUME_SETTINGS
+@given(
+    mode=st.sampled_from(
+        [{"repeat": [1, 1, 1]}, {"repeat": [0.5, 2.5, 1]}, {"choose": [20, 3, 31]}]
+    ),
+    cut_fraction=st.floats(0, 1),
+    seed=st.integers(0, 3),
+    buffers=st.tuples(*[st.sampled_from([0, 2, 6])] * 3),
+)
+def test_a_counted_mixture_resumes_exactly_at_any_point(sources, mode, cut_fraction, seed, buffers):
+    def make():
+        return make_counted(sources, seed=seed, buffers=buffers, **mode)
+
+    expected = take(make())
+    cut = int(cut_fraction * len(expected))
+    assert resume_at(make, cut, None) == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 3])
+@pytest.mark.parametrize("mode", [{"repeat": [0.5, 1.5, 1]}, {"choose": [40, 17, 9]}])
+def test_a_counted_mixture_with_batch_size_has_an_exact_loader_length(sources, num_workers, mode):
+    options = {"rank": 1, "world_size": 2}
+    mix = make_counted(sources, batch_size=2, source_options=options, **mode)
+    loader = torch_data.DataLoader(
+        mix, batch_size=2, num_workers=num_workers, collate_fn=collate_idents
+    )
+    batches = list(loader)
+    assert len(loader) == len(batches) == len(mix) // 2 > 0
+    assert {len(batch) for batch in batches} == {2}
+    alone = make_counted(sources, batch_size=2, source_options=options, **mode)
+    assert len(alone) == len(mix)  # the same for any number of workers
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@LOADER_SETTINGS
+@given(
+    cut_fraction=st.floats(0, 1),
+    mode=st.sampled_from([{"repeat": [0.5, 2, 1]}, {"choose": [9, 30, 4]}]),
+)
+def test_stateful_dataloader_resumes_a_counted_mixture_exactly(
+    sources, num_workers, cut_fraction, mode
+):
+    def make():
+        return make_counted(sources, batch_size=2, **mode)
+
+    expected: list = []
+    mix = make()
+    run_loader(mix, stateful_loader(mix, num_workers), 0, expected)
+    cut = max(1, int(cut_fraction * len(expected)))
+    mix = make()
+    loader = stateful_loader(mix, num_workers)
+    seen: list = []
+    epoch = run_loader(mix, loader, 0, seen, stop_after=cut)
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed_mix = make()
+    resumed_mix.set_epoch(epoch)
+    resumed = stateful_loader(resumed_mix, num_workers)
+    resumed.load_state_dict(state)
+    run_loader(resumed_mix, resumed, epoch, seen)
+    assert seen == expected, f"cut after {cut} batches"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"weights": [1, 1, 1], "repeat": [1, 1, 1]}, "one of weights=, repeat=, choose="),
+        ({"repeat": [1, 1, 1], "choose": [1, 1, 1]}, "got repeat and choose"),
+        ({"repeat": [1, 1]}, "repeat has 2 values for 3 sources"),
+        ({"repeat": [1, -1, 1]}, "finite and >= 0"),
+        ({"repeat": [1, float("inf"), 1]}, "finite and >= 0"),
+        ({"repeat": [0, 0, 0]}, "takes no sample of any source"),
+        ({"repeat": "111"}, "one value per source"),
+        ({"choose": [1, 2.5, 1]}, "ints >= 0"),
+        ({"choose": [1, 1, 1], "stop": "never"}, "stop= applies to weights"),
+        ({"choose": [1, 1, 1], "batch_size": 2}, "source 0 has batch_size=None"),
+    ],
+)
+def test_invalid_counted_arguments_are_refused(sources, arguments, message):
+    datasets = [ShardDataset(urls, count_samples=True) for urls in sources]
+    with pytest.raises(ValueError, match=message):
+        MixedDataset(datasets, **arguments)
+
+
+def test_counts_need_the_lengths_of_the_sources(sources):
+    with pytest.raises(ValueError, match="repeat= needs the length of source 1"):
+        MixedDataset(
+            [ShardDataset(sources[0], count_samples=True), ShardDataset(sources[1])], repeat=[1, 1]
+        )
+
+
+def test_a_counted_state_does_not_resume_another_quota(sources):
+    mix = make_counted(sources, choose=[5, 5, 5])
+    take(mix, 4)
+    state = json.loads(json.dumps(mix.state_dict()))
+    with pytest.raises(ValueError, match="made with choose="):
+        make_counted(sources, choose=[5, 6, 5]).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"made with choose=\[5, 5, 5\], this mixture has None"):
+        make_counted(sources, repeat=[1, 1, 1]).load_state_dict(state)
+
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "mixing.md"
+
+
+def test_the_code_blocks_of_the_mixing_page_run_in_order():
+    namespace: dict = {"__name__": "mixing_page"}
+    for index, block in enumerate(re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)):
+        exec(compile(block, f"{PAGE}:block{index}", "exec"), namespace)
+    assert {"upsampled", "fixed", "batched", "checkpoint"} <= set(namespace)
+
+
+def test_a_fractional_repeat_takes_the_decimal_share_not_the_float_products(tmp_path):
+    source = ShardDataset(write_shards(tmp_path, 1, 100), count_samples=True)
+    assert 0.29 * 100 < 29  # the float product would floor to 28
+    assert MixedDataset([source], repeat=[0.29]).quotas(0) == [29]

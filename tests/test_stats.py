@@ -109,3 +109,24 @@ def test_an_epoch_read_again_counts_its_latest_run_only():
         record(1, 0, 1010.0, 100, 0.5),
     ]
     assert summary(records, None)["samples_per_second"] == pytest.approx(400.0)  # was 38
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # whole shards, counts unknown
+        {"count_samples": True},  # split by samples: two workers share a shard
+        {"count_samples": True, "split": "shards"},  # padded to an equal length
+        {"count_samples": True, "batch_size": 4},
+    ],
+)
+def test_shards_done_counts_every_shard_read_once_with_two_workers(tmp_path, options):
+    """Each shard once: the consumer reading its last part counts it, also when its epoch
+    ends right at that part's last sample (equal lengths); padding re-reads count nothing."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    counts = [7, 13, 5, 9, 11, 3, 8, 6, 10, 12]
+    urls = write_shards(tmp_path, len(counts), counts)
+    dataset = ShardDataset(urls, prefetch=0, **options)
+    loader = torch_data.DataLoader(dataset, batch_size=8, num_workers=2, collate_fn=list)
+    assert sum(len(batch) for batch in loader) >= sum(counts)
+    assert dataset.stats()["shards_done"] == len(counts)

@@ -1,13 +1,12 @@
 """The examples of docs/training-loop.md, read from the page and run: DDP over two ranks
 (gloo) with an LR schedule sized by len(loader), a checkpoint and an exact resume; the
-torchdata.nodes loader; the LightningDataModule's hooks in the order Lightning calls them."""
+torchdata.nodes loader; the Lightning example under a real Trainer, resumed from checkpoints
+taken in the middle of epoch 0 and of epoch 1."""
 
 from __future__ import annotations
 
 import re
 import socket
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -105,18 +104,12 @@ def test_the_torchdata_nodes_loader_resumes_mid_epoch(data):
     assert head + [batch["__key__"] for batch in loader] == whole
 
 
-def test_the_datamodule_carries_the_loader_position_through_a_checkpoint(data, monkeypatch):
-    lightning = types.ModuleType("lightning")
-    lightning.LightningDataModule = type("LightningDataModule", (), {})  # Lightning's role
-    monkeypatch.setitem(sys.modules, "lightning", lightning)
-    module = page(0, 3)["ShardDataModule"]
+def test_the_lightning_example_resumes_exactly_from_mid_epoch_checkpoints(data, tmp_path):
+    pytest.importorskip("lightning")
     urls, counts = data
-    whole = [batch["__key__"] for batch in module(urls, counts, workers=0).train_dataloader()]
-    first = module(urls, counts, workers=0)
-    iterator = iter(first.train_dataloader())
-    head = [next(iterator)["__key__"] for _ in range(3)]
-    checkpoint = first.state_dict()
-    restored = module(urls, counts, workers=0)
-    restored.load_state_dict(checkpoint)
-    rest = [batch["__key__"] for batch in restored.train_dataloader()]
-    assert head + rest == whole and len(whole) == 15
+    namespace = page(3, 4, urls=urls, counts=counts, directory=str(tmp_path))  # asserts itself
+    whole, fit = namespace["whole"], namespace["fit"]
+    assert len(whole) == 2 * 15 and len({key for batch in whole for key in batch}) == 115
+    assert whole[:15] != whole[15:]  # each epoch its own order
+    rest = fit(urls, counts, tmp_path / "cut", ckpt_path=tmp_path / "cut/epoch=0-step=10.ckpt")
+    assert namespace["head"][:10] + rest == whole  # from the middle of epoch 0

@@ -2,10 +2,9 @@
 shards came from the cache, retries).
 
 Invariants: the report's cache numbers are per shard of the pass. The cache's own counters
-count lookups: a shard the dataset prefetches ahead is a miss for the prefetcher and then a
-hit for the reader, so "7 hits / 8 misses" can be a pass where no shard was cached. The hit
-rate is therefore the share of the pass's shards that were not downloaded, and the raw
-counters (the growth of each over the pass) are kept for ``--json``.
+count lookups of every process sharing the cache (a shard the dataset prefetches ahead is one
+miss, its read no extra hit); the hit rate is the share of the pass's shards that were not
+downloaded, and the raw counters (the growth of each over the pass) are kept for ``--json``.
 """
 
 from __future__ import annotations

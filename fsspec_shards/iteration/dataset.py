@@ -71,7 +71,8 @@ class ShardDataset(_DatasetBase):
     ``len(ds)`` known, and let consumers share shards by sample ranges (``split="samples"``;
     ``"auto"``, the default, does so when the counts are known, so padding is at most one
     sample per consumer, and reads whole shards otherwise). ``batch_size`` B (needs the
-    counts and ``equalize``) makes every consumer's epoch whole batches, the same number on
+    counts and ``equalize``; the dataset still yields single samples, it does not batch)
+    makes every consumer's epoch whole batches, the same number on
     every rank for any DataLoader worker count, so ``len(DataLoader(ds, batch_size=B))`` is
     the batches it yields (:func:`~fsspec_shards.iteration.plan.batch_quotas`).
     ``rank``/``world_size`` or ``group`` (a process group, or a DeviceMesh dimension)

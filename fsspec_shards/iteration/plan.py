@@ -188,7 +188,7 @@ def plan_epoch(
             raise ValueError("whole batches need the counts, equalize and split='samples'")
         total = sum(counts)
         quotas = batch_quotas(total, consumers // workers, workers, batch_size, equalize)
-        shares = _proportional(total, quotas)
+        shares = proportional_shares(total, quotas)
         mine = _sample_range(pieces, sum(shares[:consumer]), shares[consumer])
         own, length = shares[consumer], quotas[consumer]
         return _equalized(mine, consumer, consumers, own, length, equalize, spare)
@@ -252,7 +252,7 @@ def batch_quotas(total: int, ranks: int, workers: int, batch_size: int, equalize
     return per_rank * ranks
 
 
-def _proportional(total: int, quotas: Sequence[int]) -> list[int]:
+def proportional_shares(total: int, quotas: Sequence[int]) -> list[int]:
     """``total`` cut into shares in proportion to ``quotas`` (largest remainders first; equal
     shares when every quota is 0): each share is at most its quota when ``total`` is at most
     their sum, and at least its quota when it is at least."""

@@ -301,6 +301,12 @@ class ConsumerStream:
             expected = (
                 plan.samples[index % len(plan.segments)] if counted and plan.samples else None
             )
+            # ``shards_done`` counts each shard once: by the consumer that reads its last
+            # part, in the first pass; at the part's count when known (an equal-length epoch
+            # ends right after it), else at its end.
+            finishes = not headers_only and index < plan.own_segments
+            finishes = finishes and segment.end is None and segment.count is None
+            done_at = expected if finishes and expected else None
             retried = False
             while True:
                 failure = None
@@ -322,14 +328,18 @@ class ConsumerStream:
                             state.offset = sample.end
                             state.read += 1
                             state.segment_read += 1
+                            if state.segment_read == done_at:
+                                source.counters().shards_done += 1
                             yield ref, sample
                     if expected is not None and state.segment_read < expected:
                         raise _miscounted(source, url, expected, f"only {state.segment_read}")
                 except source.shard_errors as exc:
                     failure = exc
                 # Handled outside the except block, so that a raised error chains nothing.
+                if done_at is not None and state.segment_read >= done_at and failure is not None:
+                    source.counters().shards_done -= 1  # counted, then found to hold more
                 if failure is None:
-                    if not headers_only:
+                    if finishes and done_at is None:
                         source.counters().shards_done += 1
                 elif isinstance(failure, source.malformed_errors) and not retried:
                     retried = source.drop_cached(url)

@@ -92,6 +92,8 @@ class _ProcessState:
     transport: Transport | None = None
     cache: ShardCache | None = None
     shared: SharedTier | None = None
+    prefetched: set[str] = dataclasses.field(default_factory=set)
+    """Keys a prefetch brought in: their next read counts no hit (the prefetch counted it)."""
 
 
 class WdsFileSystem(ChainedFileSystem):
@@ -486,6 +488,7 @@ class WdsFileSystem(ChainedFileSystem):
         handle = self._open_cached(backend_path, obj)
         if handle is None:
             return None
+        self._process.prefetched.add(obj.key)
         with handle:
             wait = getattr(handle.raw, "wait_until_cached", None)
             if wait is not None:  # still filling (with a block manifest): let it finish
@@ -499,7 +502,9 @@ class WdsFileSystem(ChainedFileSystem):
         if self.check_stale and not self._still_fresh(cache, obj, backend_path):
             cache.discard(obj)
             return None
-        raw = cache.open(obj)
+        prefetched = self._process.prefetched
+        raw = cache.open(obj, count=obj.key not in prefetched)
+        prefetched.discard(obj.key)
         return None if raw is None else CachedFile(raw, self, backend_path)
 
     def _still_fresh(self, cache: Any, obj: ObjectId, backend_path: str) -> bool:

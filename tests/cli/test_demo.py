@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -41,6 +42,11 @@ def test_demo_writes_a_dataset_and_streams_it_cold_then_from_cache(tmp_path, cac
     assert "integrity failures  0" in passes[1]
     assert len(list((tmp_path / "demo").glob("demo-*.tar"))) == 8
     assert (tmp_path / "demo" / "SHA256SUMS").read_text().count("\n") == 8
+    info = run_cli("cache", "info", "--json", cache=cache)
+    counters = json.loads(info.stdout)
+    # Pass 1 filled 8 shards (the reader reading what its prefetch filled is no extra hit),
+    # pass 2 read the 8 from the cache: cache info tells what the demo printed.
+    assert (counters["misses"], counters["hits"]) == (8, 8), counters
 
 
 @pytest.mark.parametrize("variable", ["FSSPEC_SHARDS_CACHE", "WDS_CACHE"])

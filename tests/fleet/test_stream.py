@@ -8,18 +8,20 @@ from fsspec_shards.fleet.stream import PassReport, stream_pass
 ONE_PROCESS = {"split_by_node": False, "split_by_worker": False, "shuffle_shards": False}
 
 
-def test_a_cold_pass_with_prefetch_is_0_percent_though_the_reader_hits_the_cache(dataset, cache):
+def test_a_cold_pass_with_prefetch_is_0_percent_and_counts_no_hit(dataset, cache):
     urls = shard_urls(dataset.pattern, {})
     options = {"wds": {"cache_dir": str(cache)}}
     kwargs = {**ONE_PROCESS, "prefetch": 2}
     cold = stream_pass("cold", urls, options, kwargs)
     assert (cold.samples, cold.shards, cold.downloaded_shards) == (120, 4, 4)
-    assert cold.storage["hits"] > 0, "the reader opens what the prefetcher fetched: a lookup hit"
+    # The reader opening what the prefetcher fetched is the same lookup: no hit of its own.
+    assert (cold.storage["misses"], cold.storage["hits"]) == (4, 0)
     assert cold.hit_fraction() == 0.0
     assert cold.shard_hit_rate() == "0% of shards (0 of 4 cached already)"
     warm = stream_pass("warm", urls, options, kwargs)
     assert (warm.downloaded_shards, warm.hit_fraction()) == (0, 1.0)
     assert warm.shard_hit_rate() == "100% of shards (4 of 4 cached already)"
+    assert (warm.storage["misses"], warm.storage["hits"]) == (0, 4)
     assert warm.downloaded() == "0 B (0 shards)"
 
 
