@@ -26,10 +26,6 @@ from tests.shardmaker import shard_tar, write_shards
 wds = pytest.importorskip("webdataset")
 NEW = not wds.__version__.startswith("0.")
 """1.0.x; else 0.2.x, whose WebDataset has no ``empty_check`` and no security flag."""
-ROOT = Path(__file__).resolve().parent.parent
-OTHER_VERSION = "0.2.86"
-INSIDE = "FSSPEC_SHARDS_WEBDATASET_UNDER_TEST"
-"""Set in the second environment's run: the webdataset version it must have."""
 
 
 @pytest.fixture
@@ -350,7 +346,7 @@ def test_a_pipe_command_under_enforce_security_is_refused_as_webdataset_does(
 
 
 def test_the_webdataset_under_test_is_the_one_asked_for():
-    expected = os.environ.get(INSIDE)
+    expected = os.environ.get(webdataset_state.INSIDE)
     if expected is None:
         pytest.skip("run by test_the_patch_holds_on_webdataset_0_2_86 in its own environment")
     assert wds.__version__ == expected
@@ -358,49 +354,11 @@ def test_the_webdataset_under_test_is_the_one_asked_for():
 
 @pytest.fixture
 def other_webdataset_python(request, tmp_path_factory) -> Path:
-    """A Python with webdataset 0.2.86 over this environment's packages: a venv kept in
-    pytest's cache (made once), or skipped naming why when pip cannot install it."""
-    if os.environ.get(INSIDE):
-        pytest.skip("already the second environment")
-    try:
-        directory = request.config.cache.mkdir(f"webdataset-{OTHER_VERSION}")
-    except AttributeError:  # pytest's cache is off
-        directory = tmp_path_factory.mktemp(f"webdataset-{OTHER_VERSION}")
-    python = directory / "bin" / "python"
-    probe = [str(python), "-c", "import webdataset; print(webdataset.__version__)"]
-    if python.exists() and _output(probe) == OTHER_VERSION:
-        return python
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(directory)],
-        check=True,
-        timeout=300,
-    )
-    pip = [str(python), "-m", "pip", "install", "--no-deps", "-q", "--retries", "1"]
-    pip += ["--timeout", "30", f"webdataset=={OTHER_VERSION}"]
-    try:
-        installed = subprocess.run(pip, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"pip could not reach a registry for webdataset=={OTHER_VERSION} in 300 s")
-    if installed.returncode != 0:
-        lines = (installed.stderr or installed.stdout).strip().splitlines() or ["no output"]
-        pytest.skip(f"pip cannot install webdataset=={OTHER_VERSION}: {lines[-1]}")
-    assert _output(probe) == OTHER_VERSION
-    return python
-
-
-def _output(command: list[str]) -> str | None:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    return done.stdout.strip() if done.returncode == 0 else None
+    return webdataset_state.other_version_python(request, tmp_path_factory)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_patch_holds_on_webdataset_0_2_86(other_webdataset_python):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), INSIDE: OTHER_VERSION}
     tests = ["tests/test_webdataset_patch.py", "tests/deps/test_webdataset.py"]
-    command = [str(other_webdataset_python), "-m", "pytest", "-p", "no:cacheprovider"]
-    run = subprocess.run(
-        [*command, "-v", *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=850
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "test_the_webdataset_under_test_is_the_one_asked_for PASSED" in run.stdout
+    webdataset_state.run_tests(other_webdataset_python, tests)

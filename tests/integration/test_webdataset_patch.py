@@ -28,6 +28,13 @@ def restored_webdataset():
 SHARDS = [shard_tar(shard, samples=4, payload_size=2000) for shard in range(2)]
 
 
+def _dataset(urls):
+    """``WebDataset`` in order, on either series (0.2.x has no ``empty_check``)."""
+    if wds.__version__.startswith("0."):
+        return wds.WebDataset(urls)
+    return wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+
+
 def _keys_and_text(pipeline) -> list[tuple[str, bytes]]:
     return [(sample["__key__"], sample["txt"]) for sample in pipeline]
 
@@ -49,7 +56,7 @@ def _local_samples(tmp_path) -> list[tuple[str, bytes]]:
         path = tmp_path / f"local-{shard}.tar"
         path.write_bytes(data)
         paths.append(str(path))
-    return _keys_and_text(wds.WebDataset(paths, shardshuffle=False, empty_check=False))
+    return _keys_and_text(_dataset(paths))
 
 
 def test_webdataset_reads_every_backend_through_the_layer(
@@ -59,7 +66,7 @@ def test_webdataset_reads_every_backend_through_the_layer(
     cache_dir = tmp_path / "cache"
     fsspec_shards.patch_webdataset(_options(remote_backend, cache_dir))
     expected = _local_samples(tmp_path)
-    first = _keys_and_text(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+    first = _keys_and_text(_dataset(urls))
     assert first == expected
     fs = fsspec.filesystem("wds", target_protocol="file", cache_dir=str(cache_dir))
     downloaded = fs.cache_stats()["bytes_downloaded"]
@@ -77,7 +84,7 @@ def test_a_shard_cut_mid_body_is_resumed_not_failed(
     urls = _put_shards(s3_backend)
     proxy.add(Cut(after_bytes=3000), method="GET", times=1)
     fsspec_shards.patch_webdataset(_options(proxied, tmp_path / "cache"))
-    samples = _keys_and_text(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+    samples = _keys_and_text(_dataset(urls))
     assert samples == _local_samples(tmp_path)
     stats = fsspec.filesystem("wds", target_protocol="file", cache_dir=str(tmp_path / "cache"))
     assert stats.cache_stats()["retries"] >= 1
@@ -100,13 +107,13 @@ def test_pipe_commands_read_through_the_layer_with_one_warning_per_form(
     pipes = [command.format(url=url) for url in urls]
     fsspec_shards.patch_webdataset(_options(backend, tmp_path / "cache"), pipe_commands=True)
     with pytest.warns(UserWarning, match=rf"{form!r} URLs are read through the wds layer"):
-        samples = _keys_and_text(wds.WebDataset(pipes, shardshuffle=False, empty_check=False))
+        samples = _keys_and_text(_dataset(pipes))
     assert samples == _local_samples(tmp_path)
     fs = fsspec.filesystem("wds", target_protocol="file", cache_dir=str(tmp_path / "cache"))
     assert fs.cache_stats()["bytes_downloaded"] == sum(map(len, SHARDS))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per form: the second epoch warns no more
-        assert _keys_and_text(wds.WebDataset(pipes, shardshuffle=False, empty_check=False))
+        assert _keys_and_text(_dataset(pipes))
 
 
 def test_openclip_sizes_json_and_its_pipe_urls(s3_backend, tmp_path, restored_webdataset):
@@ -143,8 +150,21 @@ def test_openclip_sizes_json_and_its_pipe_urls(s3_backend, tmp_path, restored_we
     assert sum(written[posixpath.basename(url)] for url in urls) == 7  # OpenCLIP's reading
 
     fsspec_shards.patch_webdataset(options, pipe_commands=True)
-    plain = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+    plain = [s["__key__"] for s in _dataset(urls)]
     pipes = [f"pipe:aws s3 cp {url} -" for url in urls]
     with pytest.warns(UserWarning, match="aws s3 cp"):
-        piped = [s["__key__"] for s in wds.WebDataset(pipes, shardshuffle=False, empty_check=False)]
+        piped = [s["__key__"] for s in _dataset(pipes)]
     assert piped == plain == [f"k{index:03d}" for index in range(7)]
+
+
+@pytest.fixture
+def other_webdataset_python(request, tmp_path_factory):
+    return webdataset_state.other_version_python(request, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_backend_on_webdataset_0_2_86(other_webdataset_python):
+    webdataset_state.run_tests(
+        other_webdataset_python, ["tests/integration/test_webdataset_patch.py"]
+    )
