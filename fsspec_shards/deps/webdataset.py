@@ -13,7 +13,7 @@ Uses (webdataset 0.2.86 and later 0.2.x, and 1.0.x; :func:`load` refuses any oth
   take the URL's path as written (``%20`` stays). :func:`gopen_file_path` and
   :func:`streaming_file_path` follow each.
 
-:data:`GUARDS` records every check (``if``/``assert`` condition and ``raise``) of the
+:data:`GUARDS` records every check (``if``/``assert`` condition, ``raise`` and call) of the
 openers the patch wraps or re-implements, as the supported versions ship them;
 ``tests/deps/test_webdataset.py`` compares it with the installed webdataset, so a check a
 later webdataset adds, which the patch would not run, fails that test instead of being
@@ -106,17 +106,12 @@ def streaming_file_path(parsed: ParseResult) -> str:
 
 
 def openers(loaded: Webdataset) -> dict[str, Any]:
-    """The functions whose checks the patch runs itself, by name (see :data:`GUARDS`)."""
+    """The functions whose checks the patch runs itself, by name (see :data:`GUARDS`); when
+    patched, the functions its wrappers wrap."""
     found = {"gopen": loaded.gopen.gopen, "gopen_pipe": loaded.gopen.gopen_pipe}
-    original = getattr(found["gopen"], "__wrapped__", None)
-    if original is not None:  # patched: the checks are those of the function it wraps
-        found["gopen"] = original
     if loaded.series == "1.0":
         found["StreamingOpen.__call__"] = loaded.cache.StreamingOpen.__call__
-        found["StreamingOpen.__call__"] = getattr(
-            found["StreamingOpen.__call__"], "__wrapped__", found["StreamingOpen.__call__"]
-        )
-    return found
+    return {name: getattr(function, "__wrapped__", function) for name, function in found.items()}
 
 
 def guards(function: Any) -> list[str]:
