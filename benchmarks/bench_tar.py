@@ -2,7 +2,10 @@
 
 Builds three shards in a temporary directory: small samples (a 1 KiB ``.bin`` plus a short
 ``.cls``), the same gzip-compressed (through the decompression-bomb guard), and large
-samples (a 1 MiB ``.bin`` plus a ``.cls``). Each reader turns a shard into sample dicts
+samples (a 1 MiB ``.bin`` plus a ``.cls``). A fourth case reads a shard of small text-like
+samples (1 KiB of seeded random words each, every sample different: about 3x compressible)
+as a plain tar, gzip (level 6) and zstd (level 3, as ``ShardWriter`` writes ``.tar.zst``)
+with our reader alone (webdataset does not read zstd). Each reader turns a shard into sample dicts
 without decoding. Runs are interleaved (every reader once per round) so
 that machine load hits them alike; the medians are reported with their ratios.
 
@@ -15,6 +18,7 @@ import argparse
 import gzip
 import io
 import os
+import random
 import statistics
 import tarfile
 import tempfile
@@ -23,6 +27,7 @@ from collections.abc import Callable
 
 from report import print_results
 
+from fsspec_shards.iteration import zstd
 from fsspec_shards.iteration.samples import group_samples, to_dict
 from fsspec_shards.iteration.tar import iter_members, open_shard_stream
 
@@ -43,6 +48,19 @@ def write_shard(path: str, samples: int, payload_size: int) -> None:
                 info.size = len(data)
                 info.mtime = 1_700_000_000
                 tar.addfile(info, io.BytesIO(data))
+
+
+def write_text_shard(path: str, samples: int, payload_size: int) -> None:
+    """A shard of ``samples`` samples, each ``payload_size`` bytes of seeded random words."""
+    words = [bytes(random.Random(n).choices(b"etaoinshrdlu", k=1 + n % 9)) for n in range(500)]
+    chooser = random.Random(0)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for index in range(samples):
+            text = b" ".join(chooser.choices(words, k=payload_size // 4))[:payload_size]
+            info = tarfile.TarInfo(f"sample{index:08d}.txt")
+            info.size = len(text)
+            info.mtime = 1_700_000_000
+            tar.addfile(info, io.BytesIO(text))
 
 
 def count_ours(path: str) -> int:
@@ -110,6 +128,29 @@ def measure(path: str, samples: int, rounds: int) -> dict[str, float]:
     return result
 
 
+def measure_compression(paths: dict[str, str], samples: int, rounds: int) -> dict[str, float]:
+    """Median samples/s of our reader over the same tar plain, gzip and zstd, interleaved."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for path in paths.values():  # untimed warm-up
+        count_ours(path)
+    for _ in range(rounds):
+        for name, path in paths.items():
+            elapsed, count = _time(count_ours, path)
+            if count != samples:
+                raise RuntimeError(f"{name} read {count} samples, expected {samples}")
+            times[name].append(elapsed)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    tar_size = os.path.getsize(paths["plain"])
+    result = {f"{name}_samples_per_s": samples / seconds for name, seconds in medians.items()}
+    result.update({f"{name}_tar_mb_per_s": tar_size / s / 1e6 for name, s in medians.items()})
+    for name, path in paths.items():
+        result[f"{name}_file_mb"] = os.path.getsize(path) / 1e6
+    result["zstd_vs_gzip"] = medians["gzip"] / medians["zstd"]
+    result["zstd_vs_plain"] = medians["plain"] / medians["zstd"]
+    result["gzip_vs_plain"] = medians["plain"] / medians["gzip"]
+    return result
+
+
 def run(
     rounds: int = 5,
     directory: str | None = None,
@@ -124,11 +165,21 @@ def run(
         write_shard(small, small_samples, SMALL_SIZE)
         with open(small, "rb") as plain, gzip.open(small_gz, "wb", compresslevel=6) as packed:
             packed.write(plain.read())
+        text = os.path.join(workdir, "text.tar")
+        write_text_shard(text, small_samples, SMALL_SIZE)
+        with open(text, "rb") as plain, gzip.open(text + ".gz", "wb", compresslevel=6) as packed:
+            packed.write(plain.read())
+        with open(text, "rb") as plain, open(text + ".zst", "wb") as target:
+            packed = zstd.open_writer(target)
+            packed.write(plain.read())
+            packed.close()
         write_shard(large, large_samples, LARGE_SIZE)
+        compressed = {"plain": text, "gzip": text + ".gz", "zstd": text + ".zst"}
         return {
             "small_1KiB": measure(small, small_samples, rounds),
             "small_1KiB_gz": measure(small_gz, small_samples, rounds),
             "large_1MiB": measure(large, large_samples, rounds),
+            "text_1KiB_plain_gzip_zstd": measure_compression(compressed, small_samples, rounds),
         }
 
 

@@ -114,6 +114,12 @@ def first_sample_suite(rounds: int, mib: int) -> Results:
     return bench_first_sample.run(rounds, mib=mib)
 
 
+def random_access_suite(rounds: int, shards: int, per_shard: int) -> Results:
+    import bench_random_access
+
+    return bench_random_access.run(rounds, shards=shards, per_shard=per_shard)
+
+
 def memory_suite(sizes: tuple[int, ...]) -> Results:
     import bench_memory
 
@@ -132,7 +138,10 @@ BENCHMARKS = (
         "Tar iteration: ours vs webdataset 1.0.2 vs a tarfile loop",
         "Shards on local disk turned into sample dicts, no decoding: small samples (1 KiB) "
         "and large ones (1 MiB). `ours_vs_X` is X's median time over ours: above 1, ours is "
-        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling.",
+        "faster. `ours_vs_raw_read` compares with plain `read()` of the file, the ceiling. "
+        "`text_1KiB_plain_gzip_zstd` reads one shard of 1 KiB text-like samples (about 3x "
+        "compressible) plain, gzip (level 6) and zstd (level 3, as `ShardWriter` writes "
+        "`.tar.zst`) with our reader: `zstd_vs_gzip` is gzip's median time over zstd's.",
         lambda: tar_suite(5),
         lambda: tar_suite(1),
     ),
@@ -253,6 +262,20 @@ BENCHMARKS = (
         "(`manifest --blocks`) as each block verifies. Ratios are over webdataset's times.",
         lambda: first_sample_suite(3, 128),
         lambda: first_sample_suite(1, 32),
+    ),
+    Benchmark(
+        "random_access",
+        "Random reads: IndexedShardDataset vs litdata-style chunk reads by hand",
+        "Every sample read once in a seeded random order, from nginx on loopback: tar shards "
+        "with their sample index through `wds::` (`ours_cold`: into an empty cache, each "
+        "shard's first read filling it with the whole verified shard; `ours_warm`: cached; "
+        '`ours_direct_cold`: `ranged_reads="direct"`, a ranged GET per sample), against the '
+        "same samples as litdata-style chunk files read by hand (a chunk downloaded whole on "
+        "its first read, then a ranged read of the local file per item). `stream_warm` is "
+        "`ShardDataset` iterating the warm shards. `ours_X_vs_litdata_X` is litdata's median "
+        "time over ours: above 1, ours is faster.",
+        lambda: random_access_suite(3, 16, 200),
+        lambda: random_access_suite(1, 4, 100),
     ),
     Benchmark(
         "memory",

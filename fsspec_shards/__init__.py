@@ -2,8 +2,9 @@
 
 Importing this package is cheap: the storage layer loads with fsspec's entry point, and the
 iteration module (which may import torch) loads on first use of :class:`ShardDataset`,
-:class:`ShardWriter` or :class:`MixedDataset`, and :func:`patch_webdataset` (which changes
-webdataset's opener, until :func:`unpatch_webdataset`) only when called.
+:class:`IndexedShardDataset`, :class:`ShardWriter` or :class:`MixedDataset`, and
+:func:`patch_webdataset` (which changes webdataset's opener, until
+:func:`unpatch_webdataset`) only when called.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fsspec_shards.errors import IntegrityError, ShardFormatError
 
 if TYPE_CHECKING:
     from fsspec_shards.iteration.dataset import ShardDataset
+    from fsspec_shards.iteration.indexed import IndexedShardDataset
     from fsspec_shards.iteration.mixing import MixedDataset
     from fsspec_shards.iteration.writer import ShardWriter
     from fsspec_shards.storage.filesystem import WdsFileSystem
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = [
+    "IndexedShardDataset",
     "IntegrityError",
     "MixedDataset",
     "ShardDataset",
@@ -38,6 +41,10 @@ def __getattr__(name: str) -> Any:
         from fsspec_shards.iteration.dataset import ShardDataset
 
         return ShardDataset
+    if name == "IndexedShardDataset":
+        from fsspec_shards.iteration.indexed import IndexedShardDataset
+
+        return IndexedShardDataset
     if name == "MixedDataset":
         from fsspec_shards.iteration.mixing import MixedDataset
 

@@ -37,20 +37,37 @@ def write_shards(
     samples: int | list[int],
     gz: bool = False,
     payload_size: int = 64,
+    zst: bool = False,
 ) -> list[str]:
     """Write ``shards`` tar files into ``directory``; return their paths in order.
 
-    ``samples`` is the sample count of every shard, or one count per shard.
+    ``samples`` is the sample count of every shard, or one count per shard; ``gz`` / ``zst``
+    compress them (``.tar.gz`` / ``.tar.zst``).
     """
     counts = samples if isinstance(samples, list) else [samples] * shards
     paths = []
     for shard in range(shards):
         data = shard_tar(shard, counts[shard], payload_size)
-        name = f"shard-{shard:04d}.tar" + (".gz" if gz else "")
+        name = f"shard-{shard:04d}.tar" + (".gz" if gz else ".zst" if zst else "")
         path = Path(directory) / name
-        path.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+        if gz:
+            data = gzip.compress(data, mtime=0)
+        elif zst:
+            data = zstd_compress(data)
+        path.write_bytes(data)
         paths.append(str(path))
     return paths
+
+
+def zstd_compress(data: bytes) -> bytes:
+    """``data`` as ``ShardWriter`` compresses a ``.tar.zst`` shard."""
+    from fsspec_shards.iteration import zstd
+
+    buffer = io.BytesIO()
+    writer = zstd.open_writer(buffer)
+    writer.write(data)
+    writer.close()
+    return buffer.getvalue()
 
 
 def keys(samples) -> list[str]:

@@ -137,6 +137,8 @@ def test_an_unreadable_signed_counts_url_never_shows_its_signature():
 def test_count_samples_reads_the_counts_from_the_tar_headers(shards, tmp_path):
     gz = write_shards(tmp_path, 3, [4, 0, 2], gz=True)
     assert ShardDataset(gz, count_samples=True).shard_sizes == [4, 0, 2]
+    zst = write_shards(tmp_path, 3, [4, 0, 2], zst=True)
+    assert ShardDataset(zst, count_samples=True).shard_sizes == [4, 0, 2]
     assert ShardDataset(shards, count_samples=True).shard_sizes == COUNTS
 
 

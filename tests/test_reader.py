@@ -8,14 +8,15 @@ import pytest
 
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.reader import ShardReader
-from tests.shardmaker import shard_tar
+from tests.shardmaker import shard_tar, zstd_compress
 
 
-@pytest.fixture(params=[False, True], ids=["tar", "tar.gz"])
+@pytest.fixture(params=["tar", "tar.gz", "tar.zst"])
 def shard(request, tmp_path) -> str:
     raw = shard_tar(0, 5, payload_size=3000)
-    path = tmp_path / ("s.tar.gz" if request.param else "s.tar")
-    path.write_bytes(gzip.compress(raw, mtime=0) if request.param else raw)
+    path = tmp_path / f"s.{request.param}"
+    compress = {"tar": bytes, "tar.gz": lambda data: gzip.compress(data, mtime=0)}
+    path.write_bytes(compress.get(request.param, zstd_compress)(raw))
     return str(path)
 
 

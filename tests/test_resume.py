@@ -247,9 +247,10 @@ def test_state_from_another_rank_or_world_size_is_refused(shards, monkeypatch):
         ShardDataset(shards).load_state_dict(state)
 
 
+@pytest.mark.parametrize("compression", ["gz", "zst"])
 @pytest.mark.parametrize("shuffle_buffer", [0, 5])
-def test_gzip_shards_resume_exactly(tmp_path, shuffle_buffer):
-    urls = write_shards(tmp_path, 4, 6, gz=True)
+def test_compressed_shards_resume_exactly(tmp_path, shuffle_buffer, compression):
+    urls = write_shards(tmp_path, 4, 6, **{compression: True})
     args = dict(urls=urls, shuffle_buffer=shuffle_buffer, seed=2)
     expected = uninterrupted(args, 1)
     for cut in (1, 7, 13, 23):

@@ -22,10 +22,10 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration import tar
 from fsspec_shards.iteration.tar import (
     TarMember,
-    is_gzip_shard,
     iter_members,
     open_shard_stream,
     parse_members,
+    shard_compression,
 )
 from tests.shardmaker import make_tar, regular, shard_tar, special
 
@@ -232,7 +232,7 @@ def test_members_larger_than_a_read_piece_are_read_in_pieces(monkeypatch):
 def test_gzip_is_detected_by_magic_bytes_whatever_the_name(name):
     raw = make_tar(MIXED_ENTRIES)
     with io.BytesIO(gzip.compress(raw)) as fileobj:
-        assert is_gzip_shard(name, fileobj) and fileobj.tell() == 0
+        assert shard_compression(name, fileobj) == "gzip" and fileobj.tell() == 0
         stream = open_shard_stream(fileobj, name)
         assert as_tuples(list(iter_members(stream, name))) == tarfile_members(raw)
 
@@ -243,7 +243,7 @@ def test_plain_tar_on_a_seekable_file_is_seekable_and_can_be_sought(tmp_path):
     path.write_bytes(raw)
     members = read_all(raw)
     with open(path, "rb", buffering=0) as fileobj:
-        assert not is_gzip_shard(str(path), fileobj)
+        assert shard_compression(str(path), fileobj) is None
         stream = open_shard_stream(fileobj, str(path))
         assert stream.seekable()
         stream.seek(members[3].offset)
@@ -265,8 +265,9 @@ class _NonSeekable(io.RawIOBase):
 
 def test_non_seekable_streams_fall_back_to_the_name_for_gzip():
     raw = make_tar([regular("a.txt", b"1")])
-    assert not is_gzip_shard("x.tar", _NonSeekable(gzip.compress(raw)))
-    assert is_gzip_shard("x.tar.gz?sig=1", _NonSeekable(raw))
+    assert shard_compression("x.tar", _NonSeekable(gzip.compress(raw))) is None
+    assert shard_compression("x.tar.gz?sig=1", _NonSeekable(raw)) == "gzip"
+    assert shard_compression("x.tar.zst?sig=1", _NonSeekable(raw)) == "zstd"
     stream = open_shard_stream(_NonSeekable(gzip.compress(raw)), "x.tar.gz")
     assert [member.name for member in iter_members(stream, "x.tar.gz")] == ["a.txt"]
 
@@ -668,7 +669,7 @@ def zeros_gzip(size: int) -> bytes:
 
 
 def test_a_gzip_bomb_is_refused_after_the_grace_naming_member_and_limit(monkeypatch):
-    monkeypatch.setattr(tar, "GZIP_RATIO_GRACE", 1 << 20)
+    monkeypatch.setattr(tar, "RATIO_GRACE", 1 << 20)
     monkeypatch.setattr(tar, "READ_PIECE_SIZE", 1 << 20)
     bomb = zeros_gzip(40 << 20)
     assert len(bomb) < (40 << 20) // 500
@@ -686,16 +687,16 @@ def test_a_gzip_bomb_is_refused_after_the_grace_naming_member_and_limit(monkeypa
 
 
 def test_the_gzip_ratio_limit_can_be_raised(monkeypatch):
-    monkeypatch.setattr(tar, "GZIP_RATIO_GRACE", 1 << 20)
+    monkeypatch.setattr(tar, "RATIO_GRACE", 1 << 20)
     bomb = zeros_gzip(3 << 20)
     with pytest.raises(ShardFormatError, match="limit of 200x"):
         list(iter_members(open_shard_stream(io.BytesIO(bomb), SHARD), SHARD))
-    stream = open_shard_stream(io.BytesIO(bomb), SHARD, max_gzip_ratio=100_000)
+    stream = open_shard_stream(io.BytesIO(bomb), SHARD, max_ratio=100_000)
     assert [len(member.data) for member in iter_members(stream, SHARD)] == [3 << 20]
 
 
 def test_gzip_within_the_ratio_reads_whole_past_the_grace(monkeypatch):
-    monkeypatch.setattr(tar, "GZIP_RATIO_GRACE", 1 << 16)
+    monkeypatch.setattr(tar, "RATIO_GRACE", 1 << 16)
     payload = bytes(random.Random(0).choices(b"abcdefgh", k=1 << 20))
     raw = make_tar([regular("a.bin", payload), regular("b.txt", b"b")])
     stream = open_shard_stream(io.BytesIO(gzip.compress(raw)), SHARD)

@@ -112,7 +112,7 @@ def test_manifest_and_counts_lie_beside_the_shards_in_the_formats_readers_take(t
     assert writer.counts_url == str(tmp_path / "sample-counts.json")
     assert load_sample_counts(writer.counts_url) == dict(zip(names, [10, 10, 5], strict=True))
     assert sorted(os.listdir(tmp_path)) == sorted(
-        [*names, "SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+        [*names, "SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"]
     )
     blocks = parse_block_manifest((tmp_path / "SHA256SUMS.blocks").read_text())
     assert list(blocks) == names
@@ -321,7 +321,7 @@ def test_a_killed_writer_leaves_only_complete_shards_and_the_next_writer_its_spo
     assert [s["__key__"] for s in complete] == [f"s{index:04d}" for index in range(50)]
 
 
-MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"]
 
 
 def test_an_aborted_run_over_earlier_shards_leaves_no_manifest_of_the_earlier_run(tmp_path):
@@ -380,7 +380,7 @@ def test_a_pattern_with_a_query_keeps_it_out_of_names_and_off_the_placeholder():
                 writer.write(make_sample(index))
         assert [shard.name for shard in writer.shards] == ["x-0000.tar.gz", "x-0001.tar.gz"]
         assert writer.counts_url == f"memory://signed/out/sample-counts.json{query}"
-        for name in ("SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"):
+        for name in ("SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"):
             assert b"s3cr" not in memory.cat(f"/signed/out/{name}{query}"), name
         assert memory.cat(f"/signed/out/x-0000.tar.gz{query}")[:2] == b"\x1f\x8b"  # gzip
         urls = [f"memory://signed/out/x-{index:04d}.tar.gz{query}" for index in range(2)]
@@ -423,3 +423,47 @@ def test_a_question_mark_in_a_local_path_is_part_of_the_names(tmp_path):
         writer.write(make_sample(0))
     assert [shard.name for shard in writer.shards] == ["what?-00.tar"]
     assert (tmp_path / "what?-00.tar").is_file()
+
+
+def test_zstd_shards_read_back_byte_identical_here_and_in_webdatasets_tar_reading(tmp_path):
+    import webdataset
+    import zstandard
+
+    writer = write_samples(str(tmp_path / "z-%03d.tar.zst"), 25, max_count=10)
+    names = [shard.name for shard in writer.shards]
+    assert names == ["z-000.tar.zst", "z-001.tar.zst", "z-002.tar.zst"]
+    expected = [encoded(make_sample(index)) for index in range(25)]
+    pattern = str(tmp_path / "z-{000..002}.tar.zst")
+    assert without_url(ShardDataset(pattern, shuffle_shards=False)) == expected
+    plain = []
+    for name in names:
+        data = (tmp_path / name).read_bytes()
+        assert data[:4] == b"\x28\xb5\x2f\xfd"
+        tar = tmp_path / name.removesuffix(".zst")
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            tar.write_bytes(reader.read())
+        plain.append(str(tar))
+    theirs = webdataset.WebDataset(
+        plain, shardshuffle=False, nodesplitter=None, workersplitter=None
+    )
+    assert [{k: v for k, v in s.items() if k != "__local_path__"} for s in without_url(theirs)] == (
+        expected
+    )
+    plain_writer = write_samples(str(tmp_path / "p-%03d.tar"), 25, max_count=10)
+    for ours, tar in zip(plain_writer.shards, plain, strict=True):  # the same tar, compressed
+        assert Path(ours.url).read_bytes() == Path(tar).read_bytes()
+
+
+def test_the_sample_index_the_writer_leaves_matches_a_header_scan(tmp_path):
+    from fsspec_shards.iteration.reader import ShardReader
+    from fsspec_shards.iteration.shard_index import index_of_samples, load_index
+
+    for suffix in ("tar", "tar.gz", "tar.zst"):
+        directory = tmp_path / suffix
+        writer = write_samples(str(directory / f"s-%02d.{suffix}"), 23, max_count=10)
+        written = load_index(str(directory / "sample-index.json"))
+        assert list(written) == [shard.name for shard in writer.shards]
+        reader = ShardReader()
+        for shard in writer.shards:
+            scanned = reader.samples(shard.url, headers_only=True)
+            assert written[shard.name] == index_of_samples(shard.size, scanned), shard.name

@@ -12,7 +12,7 @@ from fsspec_shards.cli.options import SharedOptions, executor_for, streaming_opt
 from fsspec_shards.cli.report import print_table, progress
 from fsspec_shards.config import parse_size
 from fsspec_shards.fleet.errors import ShardsFailed
-from fsspec_shards.fleet.manifest import make_manifest, manifest_location
+from fsspec_shards.fleet.manifest import index_location, make_manifest, manifest_location
 from fsspec_shards.fleet.shards import shard_urls
 from fsspec_shards.redact import redact_url
 
@@ -37,6 +37,14 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
         "--sample-counts",
         metavar="JSON",
         help="also write {shard name: sample count} to this file",
+    )
+    parser.add_argument(
+        "--index",
+        nargs="?",
+        const="",
+        metavar="JSON",
+        help="also write the sample index (where each sample starts, for IndexedShardDataset) "
+        "to this file; default: sample-index.json beside the manifest",
     )
     parser.add_argument(
         "--blocks",
@@ -78,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                     bar.update,
                     args.sample_counts,
                     args.block_size if args.blocks else None,
+                    args.index,
                 )
     except ShardsFailed as failed:
         print_table(("shard", "problem"), failed.failures)
@@ -90,4 +99,7 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {sum(made.counts.values())} samples in counts to "
             f"{redact_url(args.sample_counts)}"
         )
+    if args.index is not None:
+        where = redact_url(index_location(output, args.index))
+        print(f"wrote the sample index of {len(urls)} shards to {where}")
     return EXIT_OK

@@ -63,7 +63,8 @@ class ShardCheck:
     ``checksums`` maps each algorithm asked for to ``"<algorithm>:<hex>"``; ``storage_check``
     says what the storage layer verified while reading (``size only``, ``backend md5``...);
     ``problem`` describes why the shard is bad (None when it read cleanly); ``blocks`` are
-    its block digests when they were asked for.
+    its block digests when they were asked for; ``starts`` are where its samples start in
+    the uncompressed tar and ``tar_end`` where the last one ends (its sample index).
     """
 
     url: str
@@ -73,6 +74,8 @@ class ShardCheck:
     checksums: dict[str, str] = field(default_factory=dict)
     problem: str | None = None
     blocks: BlockList | None = None
+    starts: list[int] = field(default_factory=list)
+    tar_end: int = 0
 
 
 def check_shard(
@@ -96,7 +99,10 @@ def check_shard(
             raw = HashingReader(source, algorithms, block_size)
             stream = open_shard_stream(io.BufferedReader(raw, HASH_BLOCK_SIZE), name)
             members = iter_members(stream, name, max_member_size=max_member_size)
-            check.samples = sum(1 for _ in group_samples(members, name))
+            for sample in group_samples(members, name):
+                check.starts.append(sample.offset)
+                check.tar_end = sample.end
+            check.samples = len(check.starts)
             while stream.read(HASH_BLOCK_SIZE):
                 pass
             while raw.read(HASH_BLOCK_SIZE):

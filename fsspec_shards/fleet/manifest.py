@@ -29,16 +29,18 @@ from fsspec_shards.fleet.errors import InputError, ShardsFailed
 from fsspec_shards.fleet.executors import Executor
 from fsspec_shards.fleet.report import shown
 from fsspec_shards.fleet.shards import comparable, write_text
+from fsspec_shards.iteration.shard_index import DEFAULT_INDEX, build_index, format_index
 
 
 @dataclass
 class ManifestText:
-    """A manifest ready to write, its block manifest (None when not asked for), and the
-    sample counts of its shards by sidecar key."""
+    """A manifest ready to write, its block manifest (None when not asked for), the
+    sample counts of its shards by sidecar key and their sample index (JSON text)."""
 
     text: str
     counts: dict[str, int]
     blocks: str | None = None
+    index: str = ""
 
 
 def build_manifest(
@@ -79,8 +81,13 @@ def build_manifest(
     if block_size is not None:
         listed = [(name, check.blocks) for name, check in zip(names, checks, strict=True)]
         blocks = format_block_manifest(listed, block_size)
-    counts = {key: check.samples for key, check in zip(count_keys(names), checks, strict=True)}
-    return ManifestText(text, counts, blocks)
+    keys = count_keys(names)
+    counts = {key: check.samples for key, check in zip(keys, checks, strict=True)}
+    index = format_index(
+        (key, build_index(check.size, check.starts, check.tar_end))
+        for key, check in zip(keys, checks, strict=True)
+    )
+    return ManifestText(text, counts, blocks, index)
 
 
 def make_manifest(
@@ -92,10 +99,12 @@ def make_manifest(
     advance: Callable[[int], Any] = lambda count: None,
     sample_counts: str | None = None,
     block_size: int | None = None,
+    index: str | None = None,
 ) -> ManifestText:
     """Hash ``urls`` and write their manifest at ``output`` (a path or URL), with
-    ``block_size`` its block manifest ``<output>.blocks``, and with ``sample_counts`` the
-    ``{shard name: samples}`` sidecar there; returns what was written."""
+    ``block_size`` its block manifest ``<output>.blocks``, with ``sample_counts`` the
+    ``{shard name: samples}`` sidecar there, and with ``index`` the sample index there (``""``:
+    ``sample-index.json`` beside the manifest); returns what was written."""
     output = manifest_location(output)
     made = build_manifest(urls, output, options, executor, max_member_size, advance, block_size)
     write_text(output, made.text, options)
@@ -103,7 +112,14 @@ def make_manifest(
         write_text(block_manifest_name(output), made.blocks, options)
     if sample_counts:
         write_text(sample_counts, json.dumps(made.counts, indent=1) + "\n", options)
+    if index is not None:
+        write_text(index_location(output, index), made.index, options)
     return made
+
+
+def index_location(output: str, index: str) -> str:
+    """Where the sample index goes: ``index``, or ``sample-index.json`` beside the manifest."""
+    return index or f"{output.rsplit('/', 1)[0]}/{DEFAULT_INDEX}"
 
 
 def manifest_location(output: str) -> str:

@@ -2,8 +2,8 @@
 
 Shards are reached only through fsspec (``url_to_fs``, ``open``, ``cat_ranges``), never by
 importing the storage layer. A plain tar on a seekable file is opened and sought to the
-offset (gzip is told by a two-byte ranged read first, so that no block is read from the
-start); a gzip shard cannot seek, so it is decompressed from its start and the bytes before
+offset (compression is told by a four-byte ranged read first, so that no block is read from the
+start); a gzip or zstd shard cannot seek, so it is decompressed from its start and the bytes before
 the offset are dropped. Samples are streamed member by member: a shard is never held whole.
 """
 
@@ -20,7 +20,7 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.samples import RawSample, group_samples
 from fsspec_shards.iteration.tar import (
     COMPRESSED_STREAM_ERRORS,
-    is_gzip_file,
+    is_compressed_file,
     iter_members,
     open_shard_stream,
     parse_members,
@@ -61,7 +61,7 @@ class ShardReader:
         """
         fs, path = self.locate(url)
         with fs.open(path, "rb") as raw:
-            sought = start > 0 and raw.seekable() and not is_gzip_file(fs, path)
+            sought = start > 0 and raw.seekable() and not is_compressed_file(fs, path)
             if sought:
                 if raw.seek(0, io.SEEK_END) < start:
                     raise ShardFormatError(url, start, "shard ends before the saved offset")
@@ -76,13 +76,13 @@ class ShardReader:
     def samples_at(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[RawSample]:
         """The samples at byte ranges ``[offset, end)`` of the shard, in the order given.
 
-        A plain tar is read with one ``cat_ranges`` call; a gzip shard is scanned from its
+        A plain tar is read with one ``cat_ranges`` call; a compressed shard is scanned from its
         start until every range was seen.
         """
         if not ranges:
             return []
         fs, path = self.locate(url)
-        if not is_gzip_file(fs, path):
+        if not is_compressed_file(fs, path):
             starts = [offset for offset, _ in ranges]
             ends = [end for _, end in ranges]
             blobs = fs.cat_ranges([path] * len(ranges), starts, ends)

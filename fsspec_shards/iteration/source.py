@@ -22,7 +22,7 @@ from fsspec_shards.iteration.plan import Segment
 from fsspec_shards.iteration.reader import ShardReader
 from fsspec_shards.iteration.samples import RawSample, group_samples, to_dict
 from fsspec_shards.iteration.stats import ProgressLog, StatsBoard, StreamStats, summary
-from fsspec_shards.iteration.tar import is_gzip_file, iter_members
+from fsspec_shards.iteration.tar import is_compressed_file, iter_members
 from fsspec_shards.redact import clean_error, redact_text, redact_url
 
 logger = logging.getLogger("fsspec_shards.dataset")
@@ -84,7 +84,7 @@ class ShardSource:
             yield from self.reader.samples(url, start)
             return
         fs, path = self.reader.locate(url)
-        if is_gzip_file(fs, path):
+        if is_compressed_file(fs, path):
             yield from self.reader.samples(url, start, headers_only=True)
             return
         with fs.open(path, "rb", block_size=HEADER_SCAN_BLOCK) as raw:
@@ -106,10 +106,10 @@ class ShardSource:
         return count_samples(self.urls, scan, skip_failed=self.handler != "raise")
 
     def plain_size(self, url: str) -> int | None:
-        """The byte size of a plain tar shard; None for a gzip one (its tar size is unknown).
-        Asks for the size and two bytes, never a block of the shard."""
+        """The byte size of a plain tar shard; None for a compressed one (its tar size is unknown).
+        Asks for the size and four bytes, never a block of the shard."""
         fs, path = self.reader.locate(url)
-        return None if is_gzip_file(fs, path) else int(fs.size(path))
+        return None if is_compressed_file(fs, path) else int(fs.size(path))
 
     def shown_url(self, url: str) -> str:
         """``url`` for display: redacted (no query values, no password)."""

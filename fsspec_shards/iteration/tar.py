@@ -9,9 +9,9 @@ silently at a damaged header, every malformation raises
 Memory stays bounded by the member being read: data is read in bounded pieces, so a
 header that claims a huge size on a short stream fails at truncation without allocating it.
 Hostile input is refused before memory is spent: an empty (0-byte) shard, a member larger
-than ``max_member_size`` (default 1 GiB, checked on its header) and a gzip stream that
-inflates more than ``MAX_GZIP_RATIO`` times its compressed size once past its first
-``GZIP_RATIO_GRACE`` bytes (a decompression bomb) all raise ShardFormatError.
+than ``max_member_size`` (default 1 GiB, checked on its header) and a gzip or zstd stream
+that inflates more than ``MAX_RATIO`` times its compressed size once past its first
+``RATIO_GRACE`` bytes (a decompression bomb) all raise ShardFormatError.
 """
 
 from __future__ import annotations
@@ -26,13 +26,20 @@ from typing import Any, BinaryIO, NoReturn
 
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.errors import ShardFormatError
+from fsspec_shards.iteration.zstd import (
+    ZSTD_ERRORS,
+    ZSTD_SUFFIXES,
+    FrameWalk,
+    open_reader,
+    starts_zstd,
+)
 from fsspec_shards.redact import redact_url
 
 logger = logging.getLogger("fsspec_shards.tar")
 
 BLOCK_SIZE = 512
-MAX_GZIP_RATIO = 200
-GZIP_RATIO_GRACE = 64 << 20
+MAX_RATIO = 200
+RATIO_GRACE = 64 << 20
 GUARDED_READ_SIZE = 1 << 20
 STREAM_BUFFER_SIZE = 128 << 10
 READ_PIECE_SIZE = 16 << 20
@@ -49,9 +56,9 @@ _PLAIN_REGULAR_TYPES = frozenset((b"0", b"7"))
 _DATALESS_TYPES = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))
 _PAX_LOCAL_TYPES = frozenset((b"x", b"X"))
 _EXTENDED_TYPES = frozenset((b"L", b"K", b"g")) | _PAX_LOCAL_TYPES
-# What a damaged gzip stream raises while it is read (the reader turns them into
+# What a damaged gzip or zstd stream raises while it is read (the reader turns them into
 # ShardFormatError).
-COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+COMPRESSED_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, *ZSTD_ERRORS)
 
 
 @dataclass(slots=True)
@@ -242,7 +249,7 @@ def iter_members(
                 yield member
     except COMPRESSED_STREAM_ERRORS as exc:
         failure = ShardFormatError(shard, position, f"corrupt compressed stream: {exc}")
-    except GzipBombError as exc:
+    except DecompressionBombError as exc:
         failure = entries.bomb_failure(exc, position, header if parsed == position else None)
     # Only a caught error gets here; raised outside the except block, it carries no chain.
     raise failure
@@ -490,9 +497,9 @@ class _Entries:
         self.plain = self.global_name is None
 
     def bomb_failure(
-        self, bomb: GzipBombError, offset: int, header: bytes | None
+        self, bomb: DecompressionBombError, offset: int, header: bytes | None
     ) -> ShardFormatError:
-        """The error for a gzip bomb hit at ``offset``, naming the member it inflated."""
+        """The error for a decompression bomb hit at ``offset``, naming the member it inflated."""
         if header is not None:
             where = f"in member {self._name(header)!r}"
         else:
@@ -547,9 +554,9 @@ def _peek(fileobj: BinaryIO, count: int) -> bytes | None:
 
 
 def _decompressing(stream: BinaryIO) -> bool:
-    """True for a gzip stream (as :func:`open_shard_stream` makes): seeking decompresses."""
+    """True for a compressed stream (as :func:`open_shard_stream` makes): seeking decompresses."""
     raw = getattr(stream, "raw", stream)
-    return isinstance(raw, _GuardedGzip)
+    return isinstance(raw, _GuardedDecompression)
 
 
 def _seekable(fileobj: BinaryIO) -> bool:
@@ -568,71 +575,89 @@ def _buffered(fileobj: BinaryIO) -> BinaryIO:
         return fileobj
 
 
-def is_gzip_file(fs: Any, path: str) -> bool:
-    """True for a gzip shard on a filesystem, from its first two bytes (a small ranged read,
-    not a block)."""
-    return fs.cat_file(path, start=0, end=len(GZIP_MAGIC)) == GZIP_MAGIC
+def is_compressed_file(fs: Any, path: str) -> bool:
+    """True for a gzip or zstd shard on a filesystem, from its first four bytes (a small
+    ranged read, not a block)."""
+    head = fs.cat_file(path, start=0, end=4)
+    return head.startswith(GZIP_MAGIC) or starts_zstd(head)
 
 
-def is_gzip_shard(shard: str, fileobj: BinaryIO) -> bool:
-    """True when the shard is gzip-compressed: by magic bytes, else by its name."""
-    head = _peek(fileobj, 2)
-    if head is not None and len(head) == 2:
-        return head == GZIP_MAGIC
-    return shard.split("?", 1)[0].lower().endswith(GZIP_SUFFIXES)
+def shard_compression(shard: str, fileobj: BinaryIO) -> str | None:
+    """``"gzip"``, ``"zstd"`` or None (a plain tar): by magic bytes, else by the name."""
+    head = _peek(fileobj, 4)
+    if head is not None and len(head) >= len(GZIP_MAGIC):
+        if head.startswith(GZIP_MAGIC):
+            return "gzip"
+        return "zstd" if starts_zstd(head) else None
+    name = shard.split("?", 1)[0].lower()
+    if name.endswith(GZIP_SUFFIXES):
+        return "gzip"
+    return "zstd" if name.endswith(ZSTD_SUFFIXES) else None
 
 
-def open_shard_stream(
-    fileobj: BinaryIO, shard: str, *, max_gzip_ratio: float = MAX_GZIP_RATIO
-) -> BinaryIO:
+def open_shard_stream(fileobj: BinaryIO, shard: str, *, max_ratio: float = MAX_RATIO) -> BinaryIO:
     """Return a buffered stream of the uncompressed tar in ``fileobj``.
 
-    gzip is detected by its magic bytes (or, when the file cannot be peeked, by a
-    ``.gz``/``.tgz`` name) and decompressed under a guard: past its first
-    ``GZIP_RATIO_GRACE`` bytes, inflating more than ``max_gzip_ratio`` times the compressed
-    bytes read raises :class:`GzipBombError`. A plain tar comes back buffered and as
-    seekable as ``fileobj``.
+    gzip and zstd are told by their magic bytes (or, when the file cannot be peeked, by a
+    ``.gz``/``.tgz``/``.zst`` name) and decompressed under a guard: past its first
+    ``RATIO_GRACE`` bytes, inflating more than ``max_ratio`` times the compressed bytes read
+    raises :class:`DecompressionBombError`. A plain tar comes back buffered and as seekable
+    as ``fileobj``.
     """
     buffered = _buffered(fileobj)
-    if is_gzip_shard(shard, buffered):
-        logger.debug("reading %s as gzip", redact_url(shard))
-        guarded = _GuardedGzip(buffered, shard, max_gzip_ratio)
+    compression = shard_compression(shard, buffered)
+    if compression is not None:
+        logger.debug("reading %s as %s", redact_url(shard), compression)
+        guarded = _GuardedDecompression(buffered, shard, max_ratio, compression)
         return io.BufferedReader(guarded, STREAM_BUFFER_SIZE)
     return buffered
 
 
-class GzipBombError(ShardFormatError):
-    """A gzip stream inflated past its allowed ratio: a decompression bomb, refused."""
+class DecompressionBombError(ShardFormatError):
+    """A compressed stream inflated past its allowed ratio: a decompression bomb, refused."""
 
 
 class _CountingReader:
-    """The compressed source of a guarded gzip stream, counting the bytes gzip takes."""
+    """The compressed source of a guarded stream, counting the bytes the decompressor takes
+    (and showing them to ``walk``, a zstd stream's :class:`FrameWalk`)."""
 
-    __slots__ = ("_read", "consumed")
+    __slots__ = ("_read", "consumed", "walk")
 
-    def __init__(self, fileobj: BinaryIO) -> None:
+    def __init__(self, fileobj: BinaryIO, walk: FrameWalk | None) -> None:
         self._read = fileobj.read
         self.consumed = 0
+        self.walk = walk
 
     def read(self, size: int = -1) -> bytes:
         data = self._read(size)
         self.consumed += len(data)
+        if self.walk is not None:
+            self.walk.feed(data)
         return data
 
+    def readable(self) -> bool:
+        return True
 
-class _GuardedGzip(io.RawIOBase):
-    """gzip decompression that refuses to inflate past ``max_ratio`` times its input.
+
+class _GuardedDecompression(io.RawIOBase):
+    """gzip or zstd decompression that refuses to inflate past ``max_ratio`` times its input.
 
     The ratio is checked after every read of at most ``GUARDED_READ_SIZE`` bytes once
-    ``GZIP_RATIO_GRACE`` bytes came out, so a bomb is stopped with at most that much (plus
+    ``RATIO_GRACE`` bytes came out, so a bomb is stopped with at most that much (plus
     one read) inflated, whatever it claims.
-    The compressed count includes gzip's read-ahead (a few KiB), erring on the safe side.
+    The compressed count includes the decompressor's read-ahead, erring on the safe side.
+    A zstd stream that ends inside a frame raises (its binding may end quietly there).
     """
 
-    def __init__(self, compressed: BinaryIO, shard: str, max_ratio: float) -> None:
+    def __init__(self, compressed: BinaryIO, shard: str, max_ratio: float, kind: str) -> None:
         super().__init__()
-        self._source = _CountingReader(compressed)
-        self._gzip = gzip.GzipFile(fileobj=self._source, mode="rb")
+        walk = FrameWalk() if kind == "zstd" else None
+        self._source = _CountingReader(compressed, walk)
+        if walk is None:
+            self._inner = gzip.GzipFile(fileobj=self._source, mode="rb")
+        else:
+            self._inner = open_reader(self._source)
+        self._kind = kind
         self._shard = shard
         self._max_ratio = max_ratio
         self._inflated = 0
@@ -642,15 +667,17 @@ class _GuardedGzip(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         with memoryview(buffer) as view:
-            count = self._gzip.readinto(view[:GUARDED_READ_SIZE])
+            count = self._inner.readinto(view[:GUARDED_READ_SIZE])
+        if not count and self._source.walk is not None:
+            self._source.walk.check_end()
         self._inflated += count
         inflated = self._inflated
-        if inflated > GZIP_RATIO_GRACE and inflated > self._max_ratio * self._source.consumed:
-            raise GzipBombError(
+        if inflated > RATIO_GRACE and inflated > self._max_ratio * self._source.consumed:
+            raise DecompressionBombError(
                 self._shard,
                 inflated - count,
-                f"gzip stream inflates {inflated} bytes from {self._source.consumed}, past the "
-                f"limit of {self._max_ratio:g}x its compressed size after the first "
-                f"{GZIP_RATIO_GRACE} bytes",
+                f"{self._kind} stream inflates {inflated} bytes from {self._source.consumed}, "
+                f"past the limit of {self._max_ratio:g}x its compressed size after the first "
+                f"{RATIO_GRACE} bytes",
             )
         return count

@@ -19,7 +19,7 @@ from fsspec.archive import AbstractArchiveFileSystem
 
 from fsspec_shards.redact import redact_url
 
-SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst", ".tzst")
 """How the file name of a shard (or of a pattern of shards) ends."""
 _URL_IN_COMMAND = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 

@@ -13,9 +13,11 @@ shard at ``max_count`` samples or before ``max_size`` bytes. Invariants:
   sample is never merged with the one before it: a repeated key in a row is refused.
 - On a clean ``close()``, ``SHA256SUMS`` (GNU ``sha256sum`` format, names relative to the
   shards' directory), its block manifest ``SHA256SUMS.blocks`` (both written by
-  :mod:`fsspec_shards.checksums`, as ``fsspec-shards manifest --blocks`` writes them) and the
+  :mod:`fsspec_shards.checksums`, as ``fsspec-shards manifest --blocks`` writes them), the
   sample-count sidecar ``sample-counts.json`` (``{shard file name: samples}``, as
-  ``ShardDataset(samples_per_shard=...)`` reads it) are written beside the shards, listing
+  ``ShardDataset(samples_per_shard=...)`` reads it) and the sample index
+  ``sample-index.json`` (:mod:`.shard_index`: where each sample starts, for
+  ``IndexedShardDataset``) are written beside the shards, listing
   exactly the shards this writer wrote. Those names are removed when the writer starts, so
   they are present only after a clean close, and then describe exactly the shards that run
   wrote (shards of an earlier run past its last index stay, unlisted).
@@ -52,7 +54,9 @@ from fsspec_shards.checksums import (
     format_sums,
 )
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, is_int, parse_max_member_size, parse_size
+from fsspec_shards.iteration import zstd
 from fsspec_shards.iteration.encoding import encode_sample
+from fsspec_shards.iteration.shard_index import DEFAULT_INDEX, build_index, format_index
 from fsspec_shards.iteration.spool import Spool
 from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import clean_error, redact_url
@@ -69,7 +73,8 @@ _LOCAL_PROTOCOLS = frozenset(("file", "local"))
 
 @dataclass(frozen=True)
 class WrittenShard:
-    """A shard this writer completed: its URL, file name, samples, size, SHA-256 and blocks."""
+    """A shard this writer completed: its URL, file name, samples, size, SHA-256, blocks and
+    where each sample starts in the tar (``starts``) and the last one ends (``tar_end``)."""
 
     url: str
     name: str
@@ -77,6 +82,8 @@ class WrittenShard:
     size: int
     sha256: str
     blocks: BlockList
+    starts: tuple[int, ...] = ()
+    tar_end: int = 0
 
 
 class _HashingFile:
@@ -117,18 +124,28 @@ class _OpenShard:
     """The shard being filled: its temporary file, tar stream and counts."""
 
     def __init__(
-        self, url: str, name: str, handle: BinaryIO, spool: str, compress: bool, block_size: int
+        self,
+        url: str,
+        name: str,
+        handle: BinaryIO,
+        spool: str,
+        compression: str | None,
+        block_size: int,
     ) -> None:
         self.url = url
         self.name = name
         self.handle = handle
         self.spool = spool  # the temporary file, in the writer's spool directory
         self.hashing = _HashingFile(handle, block_size)
-        self.output = (
-            gzip.GzipFile(fileobj=self.hashing, mode="wb", mtime=0) if compress else self.hashing
-        )
+        if compression == "gzip":
+            self.output = gzip.GzipFile(fileobj=self.hashing, mode="wb", mtime=0)
+        elif compression == "zstd":
+            self.output = zstd.open_writer(self.hashing)
+        else:
+            self.output = self.hashing
         self.samples = 0
         self.tar_size = 0  # uncompressed tar bytes written, before the end-of-archive blocks
+        self.starts: list[int] = []  # where each sample starts in the uncompressed tar
         self.last_key: str | None = None
 
 
@@ -137,13 +154,14 @@ class ShardWriter:
 
     ``pattern`` is any fsspec URL or local path with one integer placeholder in its file name
     (``"s3://bucket/out/train-%06d.tar"``, ``"wds::gs://b/x-%04d.tar.gz"``: ``.gz``/``.tgz``
-    shards are gzip-compressed); a query (``?sv=...&sig=...``) is no part of the names: it
-    is added to the URL of every file written, manifests included. A shard holds at most
-    ``max_count`` samples and, unless one sample alone is larger, at most ``max_size`` bytes
-    of uncompressed tar (an int or a size such as ``"1GB"``). ``storage_options`` go to
-    fsspec as for ``ShardDataset``.
-    ``manifest`` and ``counts`` name the checksum manifest and the sample-count sidecar
-    written beside the shards on close (``None``: not written); the block manifest
+    shards are gzip-compressed, ``.zst`` ones zstd-compressed); a query (``?sv=...&sig=...``)
+    is no part of the names: it is added to the URL of every file written, manifests included.
+    A shard holds at most ``max_count`` samples and, unless one sample alone is larger, at
+    most ``max_size`` bytes of uncompressed tar (an int or a size such as ``"1GB"``).
+    ``storage_options`` go to fsspec as for ``ShardDataset``.
+    ``manifest``, ``counts`` and ``index`` name the checksum manifest, the sample-count
+    sidecar and the sample index (``IndexedShardDataset`` finds it there) written beside the
+    shards on close (``None``: not written); the block manifest
     ``<manifest>.blocks`` lists a SHA-256 per ``manifest_block_size`` bytes of each shard
     (``None``: not written). ``mtime`` is every member's
     modification time (fixed by default, so equal samples make byte-identical shards).
@@ -165,6 +183,7 @@ class ShardWriter:
         start_shard: int = 0,
         manifest: str | None = DEFAULT_MANIFEST,
         counts: str | None = DEFAULT_COUNTS,
+        index: str | None = DEFAULT_INDEX,
         manifest_block_size: int | None = DEFAULT_BLOCK_SIZE,
         mtime: float = 0,
         spool_dir: str | None = None,
@@ -182,7 +201,7 @@ class ShardWriter:
             raise ValueError(f"max_size must be positive, got {max_size!r}")
         if not is_int(start_shard) or start_shard < 0:
             raise ValueError(f"start_shard must be a non-negative int, got {start_shard!r}")
-        for option, name in (("manifest", manifest), ("counts", counts)):
+        for option, name in (("manifest", manifest), ("counts", counts), ("index", index)):
             if name is not None and (not name or "/" in name or name.startswith(".")):
                 raise ValueError(f"{option} must be a file name beside the shards, got {name!r}")
         if manifest_block_size is not None:
@@ -199,13 +218,16 @@ class ShardWriter:
         self.storage_options = dict(storage_options or {})
         self.manifest = manifest
         self.counts = counts
+        self.index = index
         self.manifest_block_size = manifest_block_size
         self.mtime = mtime
         self.spool_dir = spool_dir
         self.directory_url = directory
         chained, options = fsspec_arguments(directory, self.storage_options)  # as the reader
         self._fs, self._directory = fsspec.core.url_to_fs(chained, **options)
-        self._compress = self._name_pattern.lower().endswith(_GZIP_SUFFIXES)
+        self._compression = _compression(self._name_pattern)
+        if self._compression == "zstd":
+            zstd.require()
         self._next_index = start_shard
         self._shard: _OpenShard | None = None
         self._closed = False
@@ -250,6 +272,7 @@ class ShardWriter:
         except BaseException:
             self.abort()  # the shard holds part of a sample: it must never be published
             raise
+        shard.starts.append(shard.tar_size)
         shard.tar_size += size
         shard.samples += 1
         shard.last_key = key
@@ -281,6 +304,12 @@ class ShardWriter:
         if self.counts is not None:
             counts = {shard.name: shard.samples for shard in self.shards}
             self._publish_bytes(self.counts, (json.dumps(counts, indent=1) + "\n").encode())
+        if self.index is not None:
+            indexes = (
+                (shard.name, build_index(shard.size, shard.starts, shard.tar_end))
+                for shard in self.shards
+            )
+            self._publish_bytes(self.index, format_index(indexes).encode())
 
     @_cleaned
     def abort(self) -> None:
@@ -332,7 +361,7 @@ class ShardWriter:
     def _remove_manifests(self) -> None:
         """Remove the manifests and counts of an earlier run: beside shards this run may
         overwrite, they would describe other bytes unless this run closes cleanly."""
-        names = [self.manifest, self.counts]
+        names = [self.manifest, self.counts, self.index]
         if self.manifest is not None:
             names.append(block_manifest_name(self.manifest))
         for path in [self._final(name) for name in names if name is not None]:
@@ -346,7 +375,7 @@ class ShardWriter:
         spool = self._spool.path(name)
         handle = open(spool, "wb")  # noqa: SIM115 - closed by _finish_shard or abort
         block_size = self.manifest_block_size or DEFAULT_BLOCK_SIZE
-        return _OpenShard(url, name, handle, spool, self._compress, block_size)
+        return _OpenShard(url, name, handle, spool, self._compression, block_size)
 
     def _finish_shard(self) -> None:
         """End the tar, then move or upload it under its final name."""
@@ -370,7 +399,14 @@ class ShardWriter:
             raise
         blocks = shard.hashing.hasher.block_list()
         written = WrittenShard(
-            shard.url, shard.name, shard.samples, blocks.size, blocks.sha256, blocks
+            shard.url,
+            shard.name,
+            shard.samples,
+            blocks.size,
+            blocks.sha256,
+            blocks,
+            tuple(shard.starts),
+            shard.tar_size,
         )
         self.shards.append(written)
         logger.info(
@@ -392,6 +428,14 @@ class ShardWriter:
             self._fs.mv(spool, final)
         else:
             self._fs.pipe_file(final, data)
+
+
+def _compression(name_pattern: str) -> str | None:
+    """How shards named by ``name_pattern`` are compressed: ``"gzip"``, ``"zstd"`` or None."""
+    name = name_pattern.lower()
+    if name.endswith(_GZIP_SUFFIXES):
+        return "gzip"
+    return "zstd" if name.endswith(zstd.ZSTD_SUFFIXES) else None
 
 
 def _padded(size: int) -> int:

@@ -89,3 +89,39 @@ def test_manifest_without_blocks_writes_no_block_manifest_and_a_bad_size_is_a_us
     )
     assert bad.returncode == 2
     assert "--block-size" in bad.stderr and "at least 4096" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("suffix", "dask"),
+    [("tar", False), ("tar.zst", False), ("tar.zst", True)],
+    ids=["tar", "zst", "zst-dask"],
+)
+def test_manifest_index_writes_the_writers_sample_index_bytes(tmp_path, cache, suffix, dask):
+    with ShardWriter(str(tmp_path / f"w-%03d.{suffix}"), max_count=5) as writer:
+        for index in range(12):
+            writer.write({"__key__": f"s{index:04d}", "bin": bytes([index]) * (300 * index)})
+    pattern = str(tmp_path / f"w-{{000..002}}.{suffix}")
+    written = (tmp_path / "sample-index.json").read_bytes()
+    elsewhere = tmp_path / "index.json"
+    extra = ["--dask", "local:1"] if dask else []
+    args = ["manifest", pattern, "-o", str(tmp_path / "S.cli"), "--index", str(elsewhere), "-q"]
+    result = run_cli(*args, *extra, cache=cache)
+    assert result.returncode == 0, result.stderr
+    assert elsewhere.read_bytes() == written
+    assert "wrote the sample index of 3 shards" in result.stdout
+    (tmp_path / "sample-index.json").unlink()
+    beside = run_cli("manifest", pattern, "-o", str(tmp_path / "S.cli"), "--index", cache=cache)
+    assert beside.returncode == 0, beside.stderr
+    assert (tmp_path / "sample-index.json").read_bytes() == written
+    counts = tmp_path / "counts.json"
+    args = ["manifest", pattern, "-o", str(tmp_path / "S"), "--sample-counts", str(counts), "-q"]
+    assert run_cli(*args, cache=cache).returncode == 0
+    assert json.loads(counts.read_text()) == {
+        f"w-{n:03d}.{suffix}": c for n, c in enumerate([5, 5, 2])
+    }
+    verified = run_cli("verify", pattern, "--manifest", str(tmp_path / "SHA256SUMS"), cache=cache)
+    assert verified.returncode == 0, verified.stderr
+    shard = tmp_path / f"w-001.{suffix}"
+    shard.write_bytes(shard.read_bytes()[:-40])  # cut short: verify names it
+    broken = run_cli("verify", pattern, "--manifest", str(tmp_path / "SHA256SUMS"), cache=cache)
+    assert broken.returncode == 1 and shard.name in broken.stdout

@@ -59,6 +59,7 @@ def test_shards_written_to_s3_read_back_exactly_and_appear_only_whole(
         "SHA256SUMS",
         "SHA256SUMS.blocks",
         "sample-counts.json",
+        "sample-index.json",
         "train-000000.tar",
         "train-000001.tar",
         "train-000002.tar",
@@ -155,13 +156,14 @@ def test_shards_round_trip_on_the_other_object_stores(request, protocol, tmp_pat
         "SHA256SUMS",
         "SHA256SUMS.blocks",
         "sample-counts.json",
+        "sample-index.json",
         "train-000000.tar",
         "train-000001.tar",
         "train-000002.tar",
     ]
 
 
-MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json"]
+MANIFESTS = ["SHA256SUMS", "SHA256SUMS.blocks", "sample-counts.json", "sample-index.json"]
 
 
 def names_in(s3_backend) -> list[str]:
