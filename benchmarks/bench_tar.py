@@ -6,7 +6,8 @@ samples (a 1 MiB ``.bin`` plus a ``.cls``). A fourth case reads a shard of small
 samples (1 KiB of seeded random words each, every sample different: about 3x compressible)
 as a plain tar, gzip (level 6) and zstd (level 3, as ``ShardWriter`` writes ``.tar.zst``)
 with our reader alone (webdataset does not read zstd). Each reader turns a shard into sample dicts
-without decoding. Runs are interleaved (every reader once per round) so
+without decoding; ``dataset`` is the whole epoch path, ``ShardDataset`` over ``wds::file://``
+with a warm cache (verification on). Runs are interleaved (every reader once per round) so
 that machine load hits them alike; the medians are reported with their ratios.
 
     python benchmarks/bench_tar.py [--rounds 5]
@@ -69,6 +70,16 @@ def count_ours(path: str) -> int:
         return sum(1 for _ in map(to_dict, group_samples(iter_members(stream, path), path)))
 
 
+def count_dataset(path: str) -> int:
+    """The whole epoch path: ``ShardDataset`` over ``wds::file://`` with a warm cache
+    (verification on), one shard, no shuffle buffer."""
+    from fsspec_shards import ShardDataset
+
+    options = {"wds": {"cache_dir": os.path.join(os.path.dirname(path), "cache")}}
+    dataset = ShardDataset(f"wds::file://{path}", storage_options=options, prefetch=0)
+    return sum(1 for _ in dataset)
+
+
 def count_webdataset(path: str) -> int:
     from webdataset.tariterators import group_by_keys, tar_file_expander
 
@@ -102,7 +113,12 @@ def _time(function: Callable[[str], int], path: str) -> tuple[float, int]:
 
 def measure(path: str, samples: int, rounds: int) -> dict[str, float]:
     """Median samples/s of each reader on one shard, interleaved over ``rounds`` rounds."""
-    readers = {"ours": count_ours, "webdataset": count_webdataset, "tarfile": count_tarfile}
+    readers = {
+        "ours": count_ours,
+        "dataset": count_dataset,
+        "webdataset": count_webdataset,
+        "tarfile": count_tarfile,
+    }
     times: dict[str, list[float]] = {name: [] for name in [*readers, "raw_read"]}
     size = os.path.getsize(path)
     read_raw(path)
@@ -125,6 +141,7 @@ def measure(path: str, samples: int, rounds: int) -> dict[str, float]:
     result["ours_vs_webdataset"] = medians["webdataset"] / medians["ours"]
     result["ours_vs_tarfile"] = medians["tarfile"] / medians["ours"]
     result["ours_vs_raw_read"] = medians["raw_read"] / medians["ours"]
+    result["dataset_vs_raw_read"] = medians["raw_read"] / medians["dataset"]
     return result
 
 

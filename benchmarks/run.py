@@ -114,6 +114,12 @@ def first_sample_suite(rounds: int, mib: int) -> Results:
     return bench_first_sample.run(rounds, mib=mib)
 
 
+def eviction_suite(rounds: int, entries: int) -> Results:
+    import bench_eviction
+
+    return bench_eviction.run(rounds, entries=entries)
+
+
 def random_access_suite(rounds: int, shards: int, per_shard: int) -> Results:
     import bench_random_access
 
@@ -262,6 +268,18 @@ BENCHMARKS = (
         "(`manifest --blocks`) as each block verifies. Ratios are over webdataset's times.",
         lambda: first_sample_suite(3, 128),
         lambda: first_sample_suite(1, 32),
+    ),
+    Benchmark(
+        "eviction",
+        "A cache of many small entries: halving its cap, and what other processes wait",
+        "A cache of 1 KiB files (100,000; 5,000 in quick mode) on local disk, then its cap "
+        "halved: `evicting_read_s` is the read whose miss evicts half the entries, "
+        "`concurrent_miss_s` a miss in another process started 50 ms after it, both from "
+        "the evicting read's start. `cache_info_s` and `cache_ls_s` time the commands in a "
+        "fresh process; `open_us_at_N` is a hit's `open` with N entries, "
+        "`open_1000_vs_many` their ratio (1: a hit costs the same in a large cache).",
+        lambda: eviction_suite(1, 100_000),
+        lambda: eviction_suite(1, 5_000),
     ),
     Benchmark(
         "random_access",

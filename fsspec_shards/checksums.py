@@ -118,6 +118,18 @@ class StreamingHasher:
 # -- sums files (sha256sum format) ---------------------------------------------------------
 
 
+def decode_text(data: bytes, kind: str, source: str) -> str:
+    """The UTF-8 text of a manifest file read as ``data``; a ValueError naming the file
+    (``kind`` and ``source``, redacted) and the line of the first undecodable byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{kind} {redact_url(source)} line {line}: not UTF-8 text (byte {exc.start})"
+        ) from None
+
+
 def normalize_name(name: str) -> str:
     """A manifest name as written, tidied: ``./a/../b.tar`` -> ``b.tar``; URLs stay as they are."""
     name = name.strip()

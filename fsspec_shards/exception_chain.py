@@ -2,7 +2,7 @@
 
 Retry classification (:mod:`fsspec_shards.storage.retry`), secret scrubbing
 (:mod:`fsspec_shards.redact`) and the cache's disk-full test
-(:mod:`fsspec_shards.storage.cache.store`) all ask "does any exception this one was raised
+(:mod:`fsspec_shards.storage.cache.space`) all ask "does any exception this one was raised
 from say X?". Neutral (imports nothing of the package), so storage and the top-level
 modules can share it.
 """

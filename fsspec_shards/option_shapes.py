@@ -22,6 +22,7 @@ from typing import Any
 
 import fsspec
 from fsspec.core import split_protocol
+from fsspec.registry import known_implementations, registry
 
 logger = logging.getLogger("fsspec_shards.option_shapes")
 
@@ -32,14 +33,21 @@ CHAIN_KEYS = ("target_protocol", "target_options", "fo")
 
 @functools.lru_cache(maxsize=256)
 def protocol_aliases(protocol: str) -> tuple[str, ...]:
-    """Every name of ``protocol``'s filesystem (``gs`` -> ``("gs", "gcs")``); just the name
-    when fsspec cannot load its implementation."""
-    try:
-        names = fsspec.get_filesystem_class(protocol).protocol
-    except (ImportError, ValueError):
-        return (protocol,)
-    names = (names,) if isinstance(names, str) else tuple(names)
-    return names if protocol in names else (protocol, *names)
+    """Every name of ``protocol``'s filesystem (``gs`` -> ``("gs", "gcs")``), ``protocol``
+    first; just the name when fsspec does not know it. Read from fsspec's registry without
+    importing the backend: ``import s3fs`` alone takes 0.3-0.7 s, and a reader that goes
+    through obstore never needs it."""
+    loaded = registry.get(protocol)
+    if loaded is not None:
+        names = loaded.protocol
+        names = (names,) if isinstance(names, str) else tuple(names)
+    else:
+        known = known_implementations
+        target = known.get(protocol, {}).get("class")
+        if target is None:
+            return (protocol,)
+        names = tuple(name for name, spec in known.items() if spec.get("class") == target)
+    return (protocol, *(name for name in names if name != protocol))
 
 
 def is_protocol(name: Any) -> bool:

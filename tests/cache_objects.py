@@ -137,3 +137,62 @@ def tree(directory: Path) -> dict[str, bytes | None]:
         str(p.relative_to(directory)): (None if p.is_dir() else p.read_bytes())
         for p in sorted(directory.rglob("*"))
     }
+
+
+# -- a real small filesystem ---------------------------------------------------------------
+
+
+class SmallDisk:
+    """A size-limited tmpfs mounted for one test: ``fill()`` takes every free byte (a file
+    the test may ``release()``), so the cache meets a 100%-full disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ballast = path / "ballast"
+
+    def free_bytes(self) -> int:
+        usage = os.statvfs(self.path)
+        return usage.f_bavail * usage.f_frsize
+
+    def fill(self) -> None:
+        """Write until the disk refuses one more byte."""
+        with open(self._ballast, "ab") as file:
+            chunk = b"\0" * 65536
+            while True:
+                try:
+                    file.write(chunk)
+                    file.flush()
+                except OSError:
+                    break
+            file.seek(0, os.SEEK_END)
+            try:
+                while True:
+                    os.write(file.fileno(), b"\0")
+            except OSError:
+                pass
+        assert self.free_bytes() == 0
+
+    def release(self) -> None:
+        """Give back what :meth:`fill` took."""
+        if self._ballast.exists():
+            self._ballast.unlink()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 4 MiB tmpfs (skips, saying why, where one cannot be mounted); unmounted after."""
+    target = tmp_path / "small-disk"
+    target.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(target)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield SmallDisk(target)
+    finally:
+        SYNCER.drain()
+        store._SHARED.clear()
+        subprocess.run(["umount", "-l", str(target)], check=False)

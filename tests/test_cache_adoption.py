@@ -59,7 +59,7 @@ def old_index_rows(directory: Path) -> list[tuple]:
     return [
         row
         for row in cache_objects.index_query(str(directory), "SELECT key FROM Cache")
-        if not row[0].startswith(("entry:", "generation:", "counter:", "key_format"))
+        if not row[0].startswith(("entry:", "generation:", "counter:", "key_format", "size_limit"))
     ]
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from fsspec_shards.checksums import BlockHasher, Checksum, format_block_manifest, format_sums
+from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.cache import CacheDirectoryError, CacheWarning, ShardCache, layout, locks
 from fsspec_shards.storage.cache import shared as shared_module
 from fsspec_shards.storage.cache.shared import SharedTier
@@ -387,3 +389,24 @@ def test_refusals_in_the_shared_tier_name_its_own_option(tmp_path: Path, source:
     with pytest.raises(CacheDirectoryError, match="set shared_cache_dir") as raised:
         wds(tmp_path, "three", shared).cat_file(str(path))
     assert "set cache_dir" not in str(raised.value)
+
+
+def test_a_file_failing_any_known_checksum_reaches_neither_tier(
+    tmp_path: Path, source: Path
+) -> None:
+    # the sums file gives the shard in md5 form (of other bytes), the block manifest its
+    # honest blocks: every block matches, the md5 does not; nothing is published anywhere
+    path = source / "shard-0.tar"
+    hasher = BlockHasher(4096)
+    hasher.update(path.read_bytes())
+    wrong = Checksum("md5", hashlib.md5(b"other bytes").hexdigest())
+    (source / "SHA256SUMS").write_text(format_sums([("shard-0.tar", wrong)]))
+    (source / "SHA256SUMS.blocks").write_text(
+        format_block_manifest([("shard-0.tar", hasher.block_list())], 4096)
+    )
+    shared = tmp_path / "shared"
+    one = wds(tmp_path, "one", shared, checksums=str(source / "SHA256SUMS"))
+    with pytest.raises(IntegrityError, match=str(wrong)):
+        one.cat_file(str(path))
+    assert shared_files(shared) == {}
+    assert one.cache_stats()["cached_files"] == 0

@@ -16,6 +16,7 @@ from fsspec_shards.storage.download import ChunkSizer, Target, download, read_ra
 from fsspec_shards.storage.identity import object_id
 from fsspec_shards.storage.integrity import Checksum
 from fsspec_shards.storage.retry import RetriesExhaustedError, RetryPolicy
+from fsspec_shards.storage.verification import Known
 from tests.planned_faults import (
     Flip,
     PlannedFaultFileSystem,
@@ -47,7 +48,8 @@ def _setup(size: int = 300 * KiB, plan: list | None = None, seed: int = 0):
 
 
 def _target(fs, path, count, policy=FAST, verify="auto", checksum=None) -> Target:
-    return Target(fs, path, object_id(fs, path), policy, verify, checksum, count)
+    manifest = (Known(checksum, "manifest"),) if checksum is not None else ()
+    return Target(fs, path, object_id(fs, path), policy, verify, manifest, count)
 
 
 def _small_chunks() -> ChunkSizer:

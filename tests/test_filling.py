@@ -37,20 +37,22 @@ def test_the_hash_covers_pieces_and_file_ranges_in_the_order_handed_over(tmp_pat
     path.write_bytes(DATA)
     descriptor = os.open(path, os.O_RDONLY)
     try:
-        hasher = OrderedHasher("sha256", threaded=threaded)
+        hasher = OrderedHasher(("sha256", "md5"), threaded=threaded)
         hasher.update(DATA[:1000])
         hasher.update(DATA[1000:5000])
         written = Frontier(5000)
         hasher.update_from_file(descriptor, 5000, len(DATA), written)
         for step in (10_000, 2_000_000, len(DATA)):  # the file fills: hashed as far as written
             written.advance(step)
-        assert hasher.checksum().hexdigest == hashlib.sha256(DATA).hexdigest()
+        sha, md5 = hasher.checksums()  # every algorithm on the one pass
+        assert sha.hexdigest == hashlib.sha256(DATA).hexdigest()
+        assert md5.hexdigest == hashlib.md5(DATA).hexdigest()
     finally:
         os.close(descriptor)
 
 
 def test_a_range_that_never_arrives_does_not_keep_an_abandoned_hasher_waiting(tmp_path):
-    hasher = OrderedHasher("sha256")
+    hasher = OrderedHasher(("sha256",))
     hasher.update(b"x" * 100)
     hasher.update_from_file(0, 0, 10, Frontier(0))  # its range fails: never written
     hasher.abandon()
@@ -63,14 +65,14 @@ def test_a_failed_read_back_is_raised_by_checksum_and_later_pieces_do_not_block(
     path.write_bytes(b"only ten b")
     descriptor = os.open(path, os.O_RDONLY)
     try:
-        hasher = OrderedHasher("md5")
+        hasher = OrderedHasher(("md5",))
         written = Frontier(0)
         written.advance(100)
         hasher.update_from_file(descriptor, 0, 100, written)
         for _ in range(200):
             hasher.update(b"y" * 100)
         with pytest.raises(OSError, match="ends at byte 10, expected 100"):
-            hasher.checksum()
+            hasher.checksums()
     finally:
         os.close(descriptor)
 

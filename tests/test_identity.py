@@ -111,3 +111,16 @@ def test_keys_carry_their_format_version():
     assert KEY_FORMAT.endswith("-v3")
     memory = fsspec.filesystem("memory")
     assert len(object_id(memory, "/x").key) == 64
+
+
+def test_every_spelling_of_a_local_file_is_one_key_and_object_store_paths_stay_as_given(tmp_path):
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "f").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    local = fsspec.filesystem("file")
+    spellings = ["d/f", "d/./f", "d//f", "d/e/../f", "link/f"]
+    keys = {object_id(local, f"{tmp_path}/{spelling}").key for spelling in spellings}
+    assert len(keys) == 1
+    assert object_id(local, f"{tmp_path}/d/./f").shown == f"file://{tmp_path}/d/./f"
+    s3 = _s3(client_kwargs={"endpoint_url": "http://127.0.0.1:9000"})
+    assert len({object_id(s3, path).key for path in ("bkt/d/f", "bkt/d/./f", "bkt/d//f")}) == 3

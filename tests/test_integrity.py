@@ -13,7 +13,6 @@ from fsspec_shards.storage.backends import backend_checksums, object_identity
 from fsspec_shards.storage.integrity import (
     Checksum,
     Manifest,
-    choose_expected,
     load_manifest,
     manifest_from_mapping,
     parse_verify,
@@ -87,17 +86,6 @@ def test_manifest_on_another_protocol_matches_by_trailing_components(tmp_path):
     memory = fsspec.filesystem("memory")
     manifest = load_manifest(f"file://{tmp_path}/MD5SUMS", memory)
     assert manifest.lookup("/bucket/shards/a.tar") == Checksum("md5", MD5)
-
-
-def test_auto_prefers_the_manifest_then_the_strongest_backend_checksum():
-    sha = Checksum("sha256", SHA256)
-    md5 = Checksum("md5", MD5)
-    crc = Checksum("crc32c", "364b3fb7")
-    assert choose_expected(md5, [sha], "auto") == md5
-    assert choose_expected(None, [crc, md5], "auto") == md5
-    assert choose_expected(None, [], "auto") is None
-    assert choose_expected(sha, [md5], "size") is None
-    assert choose_expected(sha, [md5], False) is None
 
 
 @pytest.mark.parametrize(
@@ -177,4 +165,26 @@ def test_a_stale_block_manifest_is_an_error_naming_both_files(tmp_path):
     write_pair(tmp_path, DATA)
     (tmp_path / "SHA256SUMS").write_text(format_sums([("a.tar", Checksum("sha256", "0" * 64))]))
     with pytest.raises(ValueError, match=r"SHA256SUMS.blocks lists a.tar .* stale"):
+        load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))
+
+
+def test_every_checksum_the_manifests_give_is_known_with_its_source(tmp_path):
+    write_pair(tmp_path, DATA)
+    md5 = Checksum("md5", MD5)
+    (tmp_path / "SHA256SUMS").write_text(format_sums([("a.tar", md5)]))  # a line in md5 form
+    manifest = load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))
+    known = manifest.known(f"{tmp_path}/a.tar")
+    assert [k.checksum for k in known] == [md5, Checksum("sha256", SHA256)]  # both, not one
+    assert known[0].source.endswith("SHA256SUMS") and known[1].source.endswith(".blocks")
+    assert manifest.known(f"{tmp_path}/b.tar") == []
+
+
+@pytest.mark.parametrize("name", ["SHA256SUMS", "SHA256SUMS.blocks"])
+def test_a_manifest_that_is_not_utf8_is_an_error_naming_the_file_and_line(tmp_path, name):
+    write_pair(tmp_path, DATA)
+    path = tmp_path / name
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[-1] = lines[-1].replace(b"a.tar", b"\xff\xfe.tar")
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(ValueError, match=rf"{name} line {len(lines)}: not UTF-8 text"):
         load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))

@@ -111,3 +111,29 @@ def test_flat_options_for_a_plain_path_are_the_backends(tmp_path):
     path.write_bytes(shard_tar(0, 2))
     fs, _ = ShardReader({"auto_mkdir": False}).locate(str(path))
     assert fs.protocol != "wds"
+
+
+def test_warm_makes_the_cache_where_the_dataset_is_made(tmp_path):
+    """The one-time costs (the backend, the cache directory and its index) are paid when
+    the dataset is made, before a DataLoader forks its workers: they find them done."""
+    from fsspec_shards import ShardDataset
+
+    path = tmp_path / "shard.tar"
+    path.write_bytes(shard_tar(0, 3))
+    cache = tmp_path / "cache"
+    dataset = ShardDataset(f"wds::file://{path}", storage_options={"wds": {"cache_dir": cache}})
+    assert cache.is_dir() and any(cache.iterdir())
+    assert len(list(dataset)) == 3
+
+
+def test_warm_leaves_an_error_to_the_read(tmp_path):
+    """A shard that cannot be read fails where reads fail, through the handler, not when
+    the dataset is made."""
+    from fsspec_shards import ShardDataset
+
+    missing = f"wds::file://{tmp_path}/missing.tar"
+    dataset = ShardDataset(missing, storage_options={"wds": {"cache_dir": tmp_path / "c"}})
+    with pytest.raises(FileNotFoundError, match="missing.tar"):
+        list(dataset)
+    assert list(ShardDataset(missing, handler="skip")) == []
+    ShardReader().warm("nosuchprotocol://x/y.tar")  # an unknown protocol: left to the read

@@ -166,3 +166,58 @@ def test_a_consumer_left_with_no_sample_warns_naming_itself(tmp_path, caplog):
         caplog.text
     )
     assert "steps" in caplog.text  # says what it does to a distributed run
+
+
+EXIT_SCRIPT = """
+import sys
+
+import fsspec_shards
+
+urls, cache, mode = sys.argv[1].split(","), *sys.argv[2:]
+options = {"wds": {"cache_dir": cache}}
+# The main module outlives the first collection at exit (as when anything refers to it):
+# its globals, these iterators among them, go after the globals of the modules it imported.
+sys.main_module = sys.modules[__name__]
+kept = []
+for buffer in (0, 8):
+    dataset = fsspec_shards.ShardDataset(
+        urls, storage_options=options, shuffle_buffer=buffer, prefetch=2
+    )
+    iterator = iter(dataset)
+    next(iterator)
+    kept.append(iterator)
+if mode == "workers":
+    from torch.utils.data import DataLoader
+
+    loader = iter(DataLoader(dataset, batch_size=2, num_workers=2))
+    next(loader)
+    kept.append(loader)
+"""
+
+
+@pytest.mark.parametrize("mode", ["main", "workers"])
+def test_exit_is_silent_with_unfinished_iterators(tmp_path, mode):
+    """Iterators alive at interpreter exit (closed once the modules' globals are gone) and
+    DataLoader workers mid-epoch: nothing on stderr."""
+    import subprocess
+    import sys
+
+    if mode == "workers":
+        pytest.importorskip("torch")
+    shards = write_shards(tmp_path, 3, 12)
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            ",".join(f"wds::file://{path}" for path in shards),
+            str(tmp_path / "cache"),
+            mode,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""

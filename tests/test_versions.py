@@ -9,6 +9,7 @@ import pytest
 from fsspec_shards.storage.retry import TransientError, is_transient
 from fsspec_shards.storage.versions import (
     Facts,
+    Unproven,
     Version,
     VersionMismatch,
     check_response,
@@ -63,15 +64,38 @@ def test_what_the_start_lacks_the_first_response_fills_in_and_later_ones_must_ma
     version.check(Facts(206, 0, 100, etag='"e1"'))
     assert (version.size, version.etag, version.identified) == (100, '"e1"', True)
     with pytest.raises(VersionMismatch, match="size 120, expected 100"):
-        version.check(Facts(206, 50, 120))
+        version.check(Facts(206, 50, 120, etag='"e1"'), 50)
 
 
-def test_responses_that_say_nothing_of_their_version_are_counted_unconfirmed():
+def test_an_answer_that_proves_no_version_is_used_only_whole_and_nothing_is_spliced_on():
+    partial = Facts(206, 0, 100, stop=50)
+    with pytest.raises(Unproven, match='no ETag, version or Last-Modified .* ETag "abc"'):
+        check_response(partial, 0, Version(100, '"abc"'))
     version = Version(100, '"abc"')
-    version.check(Facts(206, 0, 100, etag='"abc"'))
-    assert version.unconfirmed == 0
-    version.check(Facts(206, 0, 100))
-    assert version.unconfirmed == 1
+    check_response(Facts(206, 0, 100, stop=100), 0, version)  # the whole object, one answer
+    with pytest.raises(Unproven, match="nothing may be spliced onto it"):
+        check_response(Facts(206, 60, 100, stop=100, etag='"abc"'), 60, version)  # a resume
+    check_response(Facts(200, None, 100), 0, Version(100, '"abc"'))  # a 200 from byte 0
+    with pytest.raises(Unproven):
+        check_response(Facts(200, None, 100), 10, Version(100, '"abc"'))  # its tail: spliced
+
+
+def test_without_the_etag_every_identity_field_an_answer_carries_is_compared():
+    # the answer leaves the ETag out: its Last-Modified is compared (and then suffices)
+    with pytest.raises(VersionMismatch, match="Last-Modified differs"):
+        Version(100, '"abc"', None, 1000.0).check(Facts(206, 10, 100, modified=1001.0), 10)
+    Version(100, '"abc"', None, 1000.0).check(Facts(206, 10, 100, modified=1000.0), 10)
+    with pytest.raises(VersionMismatch, match="size 90"):
+        Version(100, '"abc"', None, 1000.0).check(Facts(206, 10, 90, modified=1000.0), 10)
+
+
+def test_a_block_checked_read_and_a_transport_that_cannot_say_take_answers_without_proof():
+    blocks = Version(100, '"abc"')
+    blocks.blocks_checked = True  # every block is checked against its digest
+    check_response(Facts(206, 10, 100, stop=20), 10, blocks)
+    cat_file = Version(100, '"abc"')  # cat_file results carry nothing: info() is asked
+    check_response(Facts(206, 10, says_version=False), 10, cat_file)
+    assert cat_file.unconfirmed == 1
     sizeless = Version(100)
     sizeless.check(Facts(206, 0, 100))
     assert sizeless.unconfirmed == 0  # without identity the size is what there is to compare

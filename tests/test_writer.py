@@ -134,6 +134,14 @@ def test_block_size_of_the_block_manifest_is_a_parameter_and_none_writes_none(tm
         ShardWriter(str(tmp_path / "c-%02d.tar"), manifest_block_size=100)
 
 
+def test_a_misspelt_keyword_is_named_and_a_signed_pattern_stays_secret(tmp_path):
+    with pytest.raises(TypeError, match="maxcount"):
+        ShardWriter(str(tmp_path / "s-%02d.tar"), maxcount=3)
+    with pytest.raises(TypeError, match="maxcount") as raised:
+        ShardWriter("s3://bucket/s-%02d.tar?X-Amz-Signature=abc123secret", maxcount=3)
+    assert "abc123secret" not in str(raised.value)
+
+
 def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, FSSPEC_SHARDS_CACHE=str(cache))
     command = [sys.executable, "-m", "fsspec_shards", *args]

@@ -69,6 +69,14 @@ def run_info(args: argparse.Namespace) -> int:
     cache = open_cache(args)
     stats = cache.stats() if cache is not None else {}
     numbers = {key: int(stats.get(key, 0)) for key in INFO_KEYS}
+    recorded = cache.recorded_size_limit() if cache is not None else None
+    if recorded is not None:  # the limit the cache is used with, not this command's default
+        numbers["size_limit"] = recorded
+        given = size_argument(args.cache_size) if args.cache_size else None
+        if given is not None and given != recorded:
+            items = list(numbers.items())
+            items.insert(list(numbers).index("size_limit") + 1, ("size_limit_given", given))
+            numbers = dict(items)
     if args.json:
         report = {"command": "cache info", "directory": cache_directory(args)}
         print_json({**report, "exists": cache is not None, **numbers})
@@ -78,7 +86,9 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"{'cached files':<19} 0 (no cache yet)")
         return EXIT_OK
     for key, value in numbers.items():
-        shown = format_bytes(value) if key.endswith(("_bytes", "_limit", "_downloaded")) else value
+        shown = value
+        if key.endswith(("_bytes", "_limit", "_downloaded", "_given")):
+            shown = format_bytes(value)
         print(f"{key.replace('_', ' '):<19} {shown}")
     return EXIT_OK
 

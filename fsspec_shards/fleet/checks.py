@@ -117,10 +117,10 @@ def check_shard(
 
 
 def storage_check(fs: Any, path: str) -> str:
-    """What the ``wds`` layer verifies when it reads ``path`` without a manifest: the
-    strongest checksum the backend gives, else only the size (local files, most HTTP)."""
+    """What the ``wds`` layer verifies when it reads ``path`` without a manifest: every
+    checksum the backend gives, else only the size (local files, most HTTP)."""
     from fsspec_shards.storage.backends import backend_checksums, protocol_of
-    from fsspec_shards.storage.integrity import choose_expected
+    from fsspec_shards.storage.verification import expected as expectation
 
     mode = getattr(fs, "verify", None)
     if mode is None:
@@ -128,8 +128,8 @@ def storage_check(fs: Any, path: str) -> str:
     if mode is False:
         return "none (verify off)"
     found = backend_checksums(protocol_of(fs.fs), fs.info(path))
-    expected = choose_expected(None, found, mode)
-    return f"backend {expected.algorithm}" if expected is not None else "size only"
+    expected = expectation((), found, mode)
+    return f"backend {', '.join(expected.algorithms)}" if expected else "size only"
 
 
 def check_shards(

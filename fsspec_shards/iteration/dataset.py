@@ -155,6 +155,7 @@ class ShardDataset(_DatasetBase):
         )
         self.resumption = Resumption(self.streams)
         self._epoch = EpochNumber()
+        reader.warm(expanded[0])  # before a DataLoader forks its workers: they inherit it
 
     urls = _of("source", "urls")
     reader = _of("source", "reader")

@@ -52,6 +52,19 @@ class ShardReader:
         chained, options = fsspec_arguments(url, self.storage_options)
         return fsspec.core.url_to_fs(chained, **options)
 
+    def warm(self, url: str) -> None:
+        """Pay the one-time costs of reading ``url`` now: its backend's imports and, for
+        ``wds``, its cache directory and index. Called where the dataset is made, so
+        DataLoader workers forked later inherit the imports and find the index made instead
+        of paying for them before their first sample (fsspec makes a forked child its own
+        filesystem instances, so what an instance holds, such as a loaded checksum
+        manifest, is not inherited). An error here is left for the first read to raise."""
+        try:
+            fs, _ = self.locate(url)
+            getattr(fs, "shard_cache", None)
+        except Exception:  # noqa: BLE001 - raised again by the read, through the handler
+            return
+
     def samples(self, url: str, start: int = 0, headers_only: bool = False) -> Iterator[RawSample]:
         """Samples of the shard from uncompressed byte offset ``start`` (a sample boundary).
 

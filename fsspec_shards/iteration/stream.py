@@ -26,6 +26,7 @@ dataset's identity for the fingerprint.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
@@ -311,15 +312,21 @@ class ConsumerStream:
             while True:
                 failure = None
                 try:
-                    if prefetcher is not None:
+                    # The next shards are prefetched once this one has a sample: their
+                    # fills then never hold the cache's locks or the link before it.
+                    waiting = prefetcher is not None
+                    if waiting:
                         prefetch_error = prefetcher.wait(index)
-                        prefetcher.advance(index)
                         if prefetch_error is not None:
+                            prefetcher.advance(index)
                             raise prefetch_error
                     start, end = source.byte_range(url, segment)
                     position = state.offset or start
                     with closing(source.samples(url, position, headers_only)) as samples:
                         for sample in samples:
+                            if waiting:
+                                prefetcher.advance(index)
+                                waiting = False
                             if end is not None and sample.offset >= end:
                                 break
                             if expected is not None and state.segment_read >= expected:
@@ -331,6 +338,8 @@ class ConsumerStream:
                             if state.segment_read == done_at:
                                 source.counters().shards_done += 1
                             yield ref, sample
+                    if waiting:
+                        prefetcher.advance(index)
                     if expected is not None and state.segment_read < expected:
                         raise _miscounted(source, url, expected, f"only {state.segment_read}")
                 except source.shard_errors as exc:
@@ -404,7 +413,10 @@ class ConsumerStream:
         urls = [source.urls[segment.shard] for segment in plan.segments]
         prefetcher = ShardPrefetcher(urls, source.reader.locate, source.prefetch)
         progress = source.progress_log(self.consumer, urls)
-        started = time.perf_counter()
+        # Bound here: a generator left alive until interpreter exit is closed after the
+        # modules' globals are cleared, and its ``finally`` must then run without them.
+        clock, finalizing = time.perf_counter, sys.is_finalizing
+        started = clock()
         asked = started
         check_at = started + min(FLUSH_SECONDS, progress.interval or FLUSH_SECONDS)
         padding_from = plan.own_segments
@@ -441,9 +453,10 @@ class ConsumerStream:
                 self._check_overrun()
             state.finished = True
         finally:
-            prefetcher.close()
-            stats.seconds += time.perf_counter() - started
-            source.publish_stats(self.consumer)
+            if not finalizing():  # at interpreter exit there is no one left to tell
+                prefetcher.close()
+                stats.seconds += clock() - started
+                source.publish_stats(self.consumer)
 
 
 def _miscounted(source: ShardSource, url: str, expected: int, held: str) -> SampleCountError:

@@ -247,6 +247,8 @@ def iter_members(
             plain = entries.plain
             if member is not None:
                 yield member
+    except GeneratorExit:  # first: at interpreter exit the names below may be gone
+        raise
     except COMPRESSED_STREAM_ERRORS as exc:
         failure = ShardFormatError(shard, position, f"corrupt compressed stream: {exc}")
     except DecompressionBombError as exc:

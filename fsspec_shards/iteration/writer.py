@@ -115,7 +115,10 @@ def _cleaned(method: Callable) -> Callable:
             return method(self, *args, **kwargs)
         except Exception as exc:
             error = exc
-        raise clean_error(error, self.pattern)
+        # __init__ can fail before it sets `pattern` (a misspelt keyword): clean with the
+        # pattern it was given
+        pattern = getattr(self, "pattern", None) or (args[0] if args else kwargs.get("pattern"))
+        raise clean_error(error, *([pattern] if isinstance(pattern, str) else []))
 
     return wrapper
 

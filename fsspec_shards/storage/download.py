@@ -15,8 +15,14 @@ Invariants:
 
 - One download is one version: every response is checked against the version ``info()``
   described when the pass began (``versions.py``); another version starts the pass over
-  from byte 0, never splices. Where responses say nothing of their version (backends read
-  through ``cat_file``), ``info()`` is asked again after a fault and at the end.
+  from byte 0, never splices. A response that proves no version (``versions.Unproven``:
+  no ETag, version or Last-Modified while the object has one) to a range or a resume
+  starts the pass over as one request from byte 0, the one shape in which its bytes are
+  used; a cut in that request starts over again (``Unproven`` after ``retries`` of them).
+  Where responses cannot say their version (backends read through ``cat_file``),
+  ``info()`` is asked again after a fault and at the end.
+- What is verified is ``verification.py``'s one rule: the size and every checksum known
+  (manifests' and backend's), hashed on the one pass.
 - An object with no identity beyond its size is read in one request; only a fault splits it.
 - Ranges in flight at once only for an object with an ETag, generation or version id that
   every range response is checked against, after a first ranged request was answered as
@@ -40,7 +46,8 @@ from fsspec_shards.storage.backends import object_identity, protocol_of
 from fsspec_shards.storage.filling import OrderedHasher, Writeback, fill_ranges, preallocate
 from fsspec_shards.storage.range_plan import AUTO_ABOVE, link_of, one_request
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
-from fsspec_shards.storage.versions import Version, VersionMismatch
+from fsspec_shards.storage.verification import BACKEND, Mismatch
+from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.download")
 
@@ -93,16 +100,16 @@ def read_range(
 
 
 @dataclass
-class _Mismatch:
-    """A pass delivered bytes that failed verification."""
+class _Changed:
+    """The object was replaced while a pass read it: start over."""
 
-    expected: str
-    actual: str
+    reason: str
 
 
 @dataclass
-class _Changed:
-    """The object was replaced while a pass read it: start over."""
+class _OneStream:
+    """An answer proved no version (``versions.Unproven``): start over as one request from
+    byte 0, the one shape in which such an answer's bytes are used (nothing spliced)."""
 
     reason: str
 
@@ -133,10 +140,27 @@ def download(
     try:
         failed_passes = 0
         changes = 0
+        unproven = 0
         while True:
-            result = _download_once(target, out, info, chunks, count_bytes)
+            one_stream = unproven > 0
+            result = _download_once(target, out, info, chunks, count_bytes, one_stream)
             if isinstance(result, dict):
                 return result
+            if isinstance(result, _OneStream):
+                unproven += 1
+                if unproven > target.policy.attempts:
+                    raise Unproven(
+                        errno.ESTALE,
+                        f"{target.shown}: {result.reason}; the one request from byte 0 that "
+                        f"may use such answers was cut {unproven - 1} times (no resume: it "
+                        "could splice two versions)",
+                    )
+                logger.warning(
+                    "%s: %s; reading it again as one request from byte 0",
+                    target.shown,
+                    result.reason,
+                )
+                continue
             if isinstance(result, _Changed):
                 changes += 1
                 logger.warning(
@@ -156,7 +180,10 @@ def download(
             out.truncate()
             if failed_passes >= INTEGRITY_PASSES:
                 raise IntegrityError(
-                    target.shown, result.expected, result.actual, f"after {failed_passes} downloads"
+                    target.shown,
+                    result.expected,
+                    result.actual,
+                    f"expected by {result.source}; after {failed_passes} downloads",
                 )
             logger.warning(
                 "integrity check failed for %s: expected %s, got %s; downloading once more",
@@ -175,7 +202,8 @@ def _download_once(
     info: dict[str, Any],
     chunks: ChunkSizer,
     on_bytes: Callable[[int], None],
-) -> dict[str, Any] | _Mismatch | _Changed:
+    one_stream: bool = False,
+) -> dict[str, Any] | Mismatch | _Changed | _OneStream:
     """One pass over one version of the object, resuming after each broken-off read.
 
     Every response is checked against the version ``info`` describes. The object is read
@@ -190,32 +218,36 @@ def _download_once(
     out.truncate()
     expect = target.expected_version(info)
     identity = object_identity(info)
-    expected = target.expected_checksum(info)
+    expected = target.expectation(info)
     hasher = None
-    if expected is not None:
+    if expected:
         large = expect.size is None or expect.size > HASH_ON_A_THREAD_ABOVE
-        hasher = OrderedHasher(expected.algorithm, threaded=large)
+        hasher = OrderedHasher(expected.algorithms, threaded=large)
     try:
-        position = _fill(target, out, expect, chunks, hasher, on_bytes)
+        position = _fill(target, out, expect, chunks, hasher, on_bytes, one_stream)
     except VersionMismatch as exc:
         position = _Changed(exc.strerror or str(exc))
+    except Unproven as exc:
+        position = _OneStream(exc.strerror or str(exc))
     except BaseException:
         if hasher is not None:
             hasher.abandon()
         raise
-    if isinstance(position, _Changed):
+    if isinstance(position, _Changed | _OneStream):
         if hasher is not None:
             hasher.abandon()
         return position
-    actual = hasher.checksum() if hasher is not None else None
+    computed = hasher.checksums() if hasher is not None else []
     if expect.size is not None and position != expect.size:
-        return _Mismatch(f"{expect.size} bytes", f"{position} bytes")
-    if actual is not None and actual != expected:
-        return _Mismatch(str(expected), str(actual))
+        return Mismatch(f"{expect.size} bytes", f"{position} bytes", BACKEND)
+    mismatch = expected.mismatch(computed)
+    if mismatch is not None:
+        return mismatch
+    strongest = expected.strongest()
     return {
         "size": position,
         "identity": identity,
-        "checksum": str(actual) if actual is not None else None,
+        "checksum": str(strongest) if strongest is not None else None,
     }
 
 
@@ -226,10 +258,12 @@ def _fill(
     chunks: ChunkSizer,
     hasher: OrderedHasher | None,
     on_bytes: Callable[[int], None],
+    one_stream: bool,
 ) -> int | _Changed:
     """Write the object into ``out`` from byte 0; the bytes written (``VersionMismatch``
-    or :class:`_Changed` when another version turned up)."""
-    descriptor = _parallel_planned(target, expect, out)
+    or :class:`_Changed` when another version turned up, ``Unproven`` when an answer proved
+    none). ``one_stream``: one request to the end, whatever the object."""
+    descriptor = None if one_stream else _parallel_planned(target, expect, out)
     if descriptor is not None:
         out.flush()
         preallocate(descriptor, expect.size)
@@ -238,7 +272,7 @@ def _fill(
         if expect.unconfirmed and _changed(target, expect):  # a range said not its version
             return _Changed("its info() changed")
         return expect.size
-    whole = expect.size is None or not expect.identified
+    whole = one_stream or expect.size is None or not expect.identified
     position = 0
     writeback = Writeback.of(out)
 

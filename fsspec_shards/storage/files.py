@@ -3,29 +3,41 @@
 They hold the filesystem as fsspec's base class (``AbstractFileSystem``): the wds filesystem
 imports this module, so this one does not import it back, not even for annotations.
 
-- :class:`CachedFile`: the verified local copy, pickled as "open this path again here".
+- :class:`CachedFile`: the verified local copy (or a spooled uncached one), pickled as
+  "open this path again here", with fsspec's file interface (``size``, ``info()``,
+  ``loc``, ``details``), as :class:`RetryingFile` has from fsspec's base class.
 - :class:`RetryingFile`: ranged reads straight from the backend (``cache=False`` or
   ``ranged_reads="direct"``), each retried and resumed, every one of the version the file
-  was opened on; read start to end, it is verified as the last byte arrives.
-- :class:`DropCachedOnClose`: a backend file open for writing; closing it drops the cached
-  copy, so no later read is served the old version.
+  was opened on; read start to end, it is verified as the last byte arrives. A server whose
+  answers prove no version (``versions.Unproven``) gets the object read whole once, into a
+  temporary file the reads are then served from; if bytes were handed out before, the read
+  fails instead.
+- :class:`DropCachedOnClose`: a backend file open for writing; closing it, and committing or
+  discarding it (a transaction's file is written at the commit), drops the cached copy, so
+  no later read is served the old version.
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import os
+import tempfile
 from typing import Any, BinaryIO
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
-from fsspec_shards.storage.download import Target, read_range
-from fsspec_shards.storage.integrity import StreamingHasher
+from fsspec_shards.storage.backends import object_identity
+from fsspec_shards.storage.download import Target, download, read_range
+from fsspec_shards.storage.verification import WholeHasher
+from fsspec_shards.storage.versions import Unproven, VersionMismatch
 
 
 class DropCachedOnClose(io.RawIOBase):
-    """A backend file opened for writing; closing it drops the cached copy of the path."""
+    """A backend file opened for writing; closing, committing or discarding it drops the
+    cached copy of the path."""
 
     def __init__(self, handle: Any, drop: Any) -> None:
         super().__init__()
@@ -65,15 +77,49 @@ class DropCachedOnClose(io.RawIOBase):
             super().close()
             self._drop()
 
+    def commit(self) -> None:
+        """Make the file written with ``autocommit=False`` (in a transaction) what the path
+        holds; what was cached or read meanwhile is dropped after."""
+        try:
+            self._handle.commit()
+        finally:
+            self._drop()
+
+    def discard(self) -> None:
+        """Abandon the file written with ``autocommit=False``."""
+        try:
+            self._handle.discard()
+        finally:
+            self._drop()
+
 
 class CachedFile(io.BufferedReader):
     """The cached copy of a file, open for reading. It pickles as "open this path again at
     this position", as fsspec's own files do (dask ships open files to its workers)."""
 
-    def __init__(self, raw: io.FileIO, wds: AbstractFileSystem, path: str) -> None:
+    def __init__(self, raw: io.RawIOBase, wds: AbstractFileSystem, path: str) -> None:
         super().__init__(raw)
         self.fs = wds
         self.path = path
+
+    @property
+    def size(self) -> int:
+        """The size of the version open (a copy still filling has its final size)."""
+        size = getattr(self.raw, "size", None)
+        return os.fstat(self.raw.fileno()).st_size if size is None else size
+
+    @property
+    def loc(self) -> int:
+        """The position, as fsspec's files name it."""
+        return self.tell()
+
+    def info(self) -> dict[str, Any]:
+        """What fsspec's ``info()`` gives of the version open: name, size and type."""
+        return {"name": self.path, "size": self.size, "type": "file"}
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return self.info()
 
     def __reduce__(self):
         return _reopen, (self.fs, self.path, 0 if self.closed else self.tell())
@@ -99,10 +145,12 @@ class RetryingFile(AbstractBufferedFile):
     ) -> None:
         self.target = target
         self.version = target.expected_version(info)
-        expected = target.expected_checksum(info)
-        self._expected = expected
-        self._hasher = StreamingHasher(expected.algorithm) if expected else None
+        self._expected = target.expectation(info)
+        self._hasher = WholeHasher(self._expected.algorithms) if self._expected else None
         self._hashed_until = 0
+        self._info = info
+        self._spool: BinaryIO | None = None  # the whole object, when answers prove nothing
+        self._handed_out = False
         super().__init__(
             wds,
             target.path,
@@ -117,15 +165,54 @@ class RetryingFile(AbstractBufferedFile):
         end = min(end, self.size)
         if start >= end:
             return b""
-        data = read_range(
-            self.target,
-            start,
-            end,
-            self.version,
-            lambda n: self.target.incr("bytes_downloaded", n),
-        )
-        self._hash(start, data)
-        return data
+        if self._spool is None:
+            try:
+                data = read_range(
+                    self.target,
+                    start,
+                    end,
+                    self.version,
+                    lambda n: self.target.incr("bytes_downloaded", n),
+                )
+            except Unproven as exc:
+                self._spool = self._read_whole(exc)
+            else:
+                self._handed_out = True
+                if self.version.unproven_whole and start == 0 and len(data) == self.size:
+                    self._spool = io.BytesIO(data)  # one answer, whole: later reads from it
+                self._hash(start, data)
+                return data
+        self._spool.seek(start)
+        return self._spool.read(end - start)
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+        super().close()
+
+    def _read_whole(self, unproven: Unproven) -> BinaryIO:
+        """The object read whole (and verified) into a temporary file: the one shape in
+        which answers that prove no version are used. Refused once bytes were handed out
+        (they could be another version's than the whole read gives)."""
+        shown = self.target.shown
+        if self._handed_out:
+            raise Unproven(
+                errno.ESTALE,
+                f"{shown}: {unproven.strerror}; parts of it were read already, so it cannot "
+                "be read whole now",
+            ) from None
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the file's reads
+        try:
+            result = download(self.target, spool, self._info)
+        except BaseException:
+            spool.close()
+            raise
+        if result["identity"] != object_identity(self._info):
+            spool.close()
+            raise VersionMismatch(errno.ESTALE, f"{shown} changed while it was read")
+        self._hasher = None  # verified whole by the download
+        return spool
 
     def _hash(self, start: int, data: bytes) -> None:
         if self._hasher is None or start != self._hashed_until:
@@ -133,10 +220,13 @@ class RetryingFile(AbstractBufferedFile):
         self._hasher.update(data)
         self._hashed_until += len(data)
         if self._hashed_until == self.size:
-            actual = self._hasher.checksum()
+            mismatch = self._expected.mismatch(self._hasher.checksums())
             self._hasher = None
-            if actual != self._expected:
+            if mismatch is not None:
                 self.target.incr("integrity_failures")
                 raise IntegrityError(
-                    self.target.shown, str(self._expected), str(actual), "streamed without cache"
+                    self.target.shown,
+                    mismatch.expected,
+                    mismatch.actual,
+                    f"expected by {mismatch.source}; streamed without cache",
                 )

@@ -8,6 +8,7 @@ backend with retries; writes go straight to the backend and drop the cached copy
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import io
@@ -17,12 +18,12 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
-from fsspec.utils import stringify_path, tokenize
+from fsspec.utils import other_paths, stringify_path, tokenize
 
 from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
@@ -43,7 +44,7 @@ from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transpo
 from fsspec_shards.storage.range_plan import parse_ranges_in_flight
 from fsspec_shards.storage.retry import RetryPolicy
 from fsspec_shards.storage.streams import Transport, transport_for
-from fsspec_shards.storage.versions import Version, VersionMismatch
+from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
 
 if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
@@ -425,7 +426,7 @@ class WdsFileSystem(ChainedFileSystem):
             obj=self._object(backend_path),
             policy=self.policy,
             verify=self.verify,
-            manifest_checksum=manifest.lookup(backend_path) if manifest is not None else None,
+            manifest=tuple(manifest.known(backend_path)) if manifest is not None else (),
             count=self._count,
             transport=self.download_transport,
             ranges_in_flight=self.ranges_in_flight,
@@ -623,7 +624,7 @@ class WdsFileSystem(ChainedFileSystem):
                 out,
                 fetch,
                 size=info.get("size"),
-                expected=target.expected_checksum(info),
+                expected=target.expectation(info),
                 identity=identity,
             )
             self._count("shared_hits" if source == "shared" else "shared_misses")
@@ -645,6 +646,19 @@ class WdsFileSystem(ChainedFileSystem):
         for path in paths:
             cache.discard(self._object(path))
 
+    @contextlib.contextmanager
+    def _writing(self, backend_paths: Any) -> Iterator[None]:
+        """The one invalidation rule, around every write through the layer: the cached
+        copies of every path written are dropped (under the key reads use,
+        :func:`~fsspec_shards.storage.identity.keyed_path`) before the write and again
+        after it, failed or not, so neither a copy cached before nor a download that
+        looked at the backend before the write's end is served afterwards."""
+        self._drop_cached(backend_paths)
+        try:
+            yield
+        finally:
+            self._drop_cached(backend_paths)
+
     # -- reading -----------------------------------------------------------------------
 
     def _open(
@@ -657,7 +671,7 @@ class WdsFileSystem(ChainedFileSystem):
         **kwargs: Any,
     ):
         backend_path = self._backend_path(path)
-        if "r" not in mode:
+        if "r" not in mode:  # the cached copy is dropped now, at close, commit and discard
             self._drop_cached(backend_path)
             handle = self.fs.open(
                 backend_path, mode, block_size=block_size, autocommit=autocommit, **kwargs
@@ -670,14 +684,12 @@ class WdsFileSystem(ChainedFileSystem):
         target = self._target(backend_path)
         info = target.stat()
         if info.get("size") is None:  # no ranged reads without a size: spool it whole
-            spool = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the caller open
-            try:
+            with tempfile.TemporaryFile() as spool:
                 download(target, spool, info)
-            except BaseException:
-                spool.close()
-                raise
-            spool.seek(0)
-            return spool
+                spool.flush()
+                raw = io.FileIO(os.dup(spool.fileno()), "rb")
+            raw.seek(0)
+            return CachedFile(raw, self, backend_path)
         blocks = self._blocks_of(backend_path)
         if blocks is not None:
             from fsspec_shards.storage.progressive import BlockCheckedFile
@@ -717,7 +729,9 @@ class WdsFileSystem(ChainedFileSystem):
     ) -> list[bytes]:
         """Byte ranges straight from the backend, retried and resumed, all of one version of
         the object: identity- and size-checked on every response (no checksum: a range
-        cannot be verified alone). A change of version reads them again from the new one."""
+        cannot be verified alone). A change of version reads them again from the new one;
+        answers that prove no version (``versions.Unproven``) get the object read whole, the
+        one shape in which they are used, and the ranges cut from it."""
         changed: VersionMismatch | None = None
         for _ in range(self.policy.attempts):
             expect = target.expected_version(info)
@@ -725,6 +739,10 @@ class WdsFileSystem(ChainedFileSystem):
                 return [self._read_backend_range(target, *bounds, expect) for bounds in ranges]
             except VersionMismatch as exc:
                 changed = exc
+            except Unproven:  # answers prove no version: the object whole, then the ranges
+                buffer = io.BytesIO()
+                download(target, buffer, info)
+                return [_read_local_range(buffer, *bounds) for bounds in ranges]
             logger.info("%s changed while its ranges were read: reading again", target.shown)
             info = target.stat()
         raise changed
@@ -863,41 +881,41 @@ class WdsFileSystem(ChainedFileSystem):
             return
         self._drop_cached(backend_path)
 
-    # -- writing: straight to the backend, dropping cached copies ------------------------
+    # -- writing: straight to the backend, each write inside ``_writing`` ----------------
 
     def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         backend_path = self._backend_path(path)
-        self._drop_cached(backend_path)
-        self.fs.pipe_file(backend_path, value, **kwargs)
-        self._drop_cached(backend_path)
+        with self._writing(backend_path):
+            self.fs.pipe_file(backend_path, value, **kwargs)
 
     def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
         backend_path = self._backend_path(rpath)
-        self._drop_cached(backend_path)
-        self.fs.put_file(lpath, backend_path, **kwargs)
-        self._drop_cached(backend_path)
+        with self._writing(backend_path):
+            self.fs.put_file(lpath, backend_path, **kwargs)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         destination = self._backend_path(path2)
-        self.fs.cp_file(self._backend_path(path1), destination, **kwargs)
-        self._drop_cached(destination)
+        with self._writing(destination):
+            self.fs.cp_file(self._backend_path(path1), destination, **kwargs)
 
     def mv(self, path1: str, path2: str, recursive: bool = False, **kwargs: Any) -> None:
-        sources = self.fs.expand_path(self._backend_path(path1), recursive=recursive)
-        self.fs.mv(self._backend_path(path1), self._backend_path(path2), recursive, **kwargs)
-        self._drop_cached(sources)
-        self._drop_cached(self._backend_path(path2))
+        """Move, dropping the copies of the sources and of every path the move can write
+        (``mv(src, "dir/")`` writes ``dir/<name>``)."""
+        source, destination = self._backend_path(path1), self._backend_path(path2)
+        sources = self.fs.expand_path(source, recursive=True)  # local moves always recurse
+        with self._writing(sources + _move_targets(sources, destination)):
+            self.fs.mv(source, destination, recursive, **kwargs)
 
     def rm_file(self, path: str) -> None:
         backend_path = self._backend_path(path)
-        self.fs.rm_file(backend_path)
-        self._drop_cached(backend_path)
+        with self._writing(backend_path):
+            self.fs.rm_file(backend_path)
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         backend_paths = self._backend_path(path)
         removed = self.fs.expand_path(backend_paths, recursive=recursive, maxdepth=maxdepth)
-        self.fs.rm(backend_paths, recursive=recursive, maxdepth=maxdepth)
-        self._drop_cached(removed)
+        with self._writing(removed):
+            self.fs.rm(backend_paths, recursive=recursive, maxdepth=maxdepth)
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         self.fs.mkdir(self._backend_path(path), create_parents=create_parents, **kwargs)
@@ -910,8 +928,40 @@ class WdsFileSystem(ChainedFileSystem):
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
         backend_path = self._backend_path(path)
-        self.fs.touch(backend_path, truncate=truncate, **kwargs)
-        self._drop_cached(backend_path)
+        with self._writing(backend_path):
+            self.fs.touch(backend_path, truncate=truncate, **kwargs)
+
+    def setxattr(self, path: str, **kwargs: Any) -> Any:
+        """The backend's ``setxattr`` (s3fs: a copy of the object onto itself, a new version)."""
+        return self._set_attributes("setxattr", path, kwargs)
+
+    def setxattrs(self, path: str, **kwargs: Any) -> Any:
+        """The backend's ``setxattrs`` (gcsfs, adlfs: Azure gives the blob a new ETag)."""
+        return self._set_attributes("setxattrs", path, kwargs)
+
+    def _set_attributes(self, method: str, path: str, kwargs: dict) -> Any:
+        backend_path = self._backend_path(path)
+        if not callable(getattr(self.fs, method, None)):
+            raise NotImplementedError(
+                f"the {backends.protocol_of(self.fs)} backend has no {method}(); "
+                f"cannot set attributes of {self._object(backend_path).shown}"
+            )
+        with self._writing(backend_path):
+            return getattr(self.fs, method)(backend_path, **kwargs)
+
+
+def _move_targets(sources: list[str], destination: Any) -> list[str]:
+    """Every path a move of ``sources`` (expanded, directories included) to ``destination``
+    can write, whichever rule the backend follows: fsspec's copy rules, into an existing
+    directory or not, flattened or not, and ``shutil.move``'s for local files. A superset:
+    dropping a copy that was not written costs a download, missing one serves stale bytes."""
+    if isinstance(destination, list):
+        return list(destination)
+    targets = {destination}
+    for exists in (False, True):
+        for flatten in (False, True):
+            targets.update(other_paths(sources, destination, exists=exists, flatten=flatten))
+    return sorted(targets)
 
 
 def _rebuilt_after_fork(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:

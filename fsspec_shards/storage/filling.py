@@ -43,12 +43,13 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
+from fsspec_shards.checksums import Checksum
 from fsspec_shards.storage.backends import protocol_of
-from fsspec_shards.storage.integrity import Checksum, StreamingHasher
 from fsspec_shards.storage.range_plan import Ramp, Stopped, link_of, run_stream, split_point
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
-from fsspec_shards.storage.versions import Version, VersionMismatch
+from fsspec_shards.storage.verification import WholeHasher
+from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
 
 _READ_BACK = 8 * 1024 * 1024
 _PIECES_QUEUED = 64
@@ -89,12 +90,13 @@ class Frontier:
 
 
 class OrderedHasher:
-    """A checksum of what :meth:`update` and :meth:`update_from_file` hand it, in that
-    order, computed on a worker thread (``threaded``; for small objects the thread costs
-    more than it saves, and the bytes are hashed as they are handed over)."""
+    """The checksums (one per algorithm, ``verification.WholeHasher``) of what
+    :meth:`update` and :meth:`update_from_file` hand it, in that order, computed on a worker
+    thread (``threaded``; for small objects the thread costs more than it saves, and the
+    bytes are hashed as they are handed over)."""
 
-    def __init__(self, algorithm: str, threaded: bool = True) -> None:
-        self._hasher = StreamingHasher(algorithm)
+    def __init__(self, algorithms: tuple[str, ...], threaded: bool = True) -> None:
+        self._hasher = WholeHasher(algorithms)
         self._work: queue.Queue = queue.Queue(maxsize=_PIECES_QUEUED)
         self._failure: BaseException | None = None
         self._abandoned = False
@@ -104,10 +106,6 @@ class OrderedHasher:
                 target=self._run, name="fsspec-shards-hash", daemon=True
             )
             self._thread.start()
-
-    @property
-    def algorithm(self) -> str:
-        return self._hasher.algorithm
 
     def update(self, data: bytes) -> None:
         """Hash ``data`` after everything handed over before it."""
@@ -121,8 +119,8 @@ class OrderedHasher:
         they are there, after everything handed over before."""
         self._work.put((descriptor, start, end, written))
 
-    def checksum(self) -> Checksum:
-        """The checksum of everything handed over (waits for all of it to be hashed)."""
+    def checksums(self) -> list[Checksum]:
+        """The checksums of everything handed over (waits for all of it to be hashed)."""
         self._work.put(_STOP)
         if self._thread is None:
             self._run()
@@ -130,7 +128,7 @@ class OrderedHasher:
             self._thread.join()
         if self._failure is not None:
             raise self._failure
-        return self._hasher.checksum()
+        return self._hasher.checksums()
 
     def abandon(self) -> None:
         """Stop hashing (the pass failed): the worker skips what is left and ends."""
@@ -149,7 +147,7 @@ class OrderedHasher:
                     self._hash_file_range(*item)
                 else:
                     self._hasher.update(item)
-            except BaseException as exc:  # raised to the caller of checksum()
+            except BaseException as exc:  # raised to the caller of checksums()
                 self._failure = exc
 
     def _hash_file_range(self, descriptor: int, start: int, end: int, written: Frontier) -> None:
@@ -426,7 +424,7 @@ def fill_ranges(
         for worker in workers:
             worker.join()
     if failures:
-        changed = next((f for f in failures if isinstance(f, VersionMismatch)), None)
+        changed = next((f for f in failures if isinstance(f, VersionMismatch | Unproven)), None)
         raise changed or failures[0]
     if layout.frontier.value < expect.size:
         raise TransientError(

@@ -9,6 +9,11 @@ Invariants:
   and the whole query string except signing parameters
   (:func:`fsspec_shards.redact.without_signing`): ``?key=shard-1`` and ``?key=shard-2`` are
   two objects, a URL signed again is the same one.
+- One object, one key, however its path is spelled where the backend resolves spellings:
+  a local path is keyed as :func:`os.path.realpath` gives it (``.``, ``..``, ``//`` and
+  symlinks resolved, as the OS resolves them), so a write under one spelling drops what a
+  read cached under another. Any other backend's path is keyed as its own
+  ``_strip_protocol`` gives it: on object stores ``a//b`` and ``a/./b`` are other objects.
 - A key is a SHA-256 hex digest: it can name files and index rows, and shows no secret.
   :data:`KEY_FORMAT` is hashed in, so keys of another format never match (old cache
   entries become misses).
@@ -18,13 +23,14 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 import fsspec
 
 from fsspec_shards.redact import redact_url, without_signing
 from fsspec_shards.storage import backends
-from fsspec_shards.storage.backends import protocol_of
+from fsspec_shards.storage.backends import local, protocol_of
 
 KEY_FORMAT = "fsspec-shards-key-v3"  # v3: S3 endpoints from config files, as botocore
 
@@ -48,8 +54,19 @@ def backend_location(fs: fsspec.AbstractFileSystem) -> str:
     return backends.location(fs)
 
 
+def keyed_path(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """``path`` (a backend path) as its key names it: a local path resolved, so that every
+    spelling of one file is one object; any other backend's path unchanged."""
+    if protocol_of(fs) in local.PROTOCOLS:
+        return os.path.realpath(path)
+    return path
+
+
 def object_id(fs: fsspec.AbstractFileSystem, path: str) -> ObjectId:
-    """The identity of ``path`` (a backend path) on backend ``fs``."""
-    url = fs.unstrip_protocol(path)
+    """The identity of ``path`` (a backend path) on backend ``fs``; ``shown`` keeps the
+    spelling the caller used."""
+    url = fs.unstrip_protocol(keyed_path(fs, path))
     text = "\0".join((KEY_FORMAT, protocol_of(fs), backend_location(fs), without_signing(url)))
-    return ObjectId(hashlib.sha256(text.encode("utf-8")).hexdigest(), redact_url(url))
+    return ObjectId(
+        hashlib.sha256(text.encode("utf-8")).hexdigest(), redact_url(fs.unstrip_protocol(path))
+    )

@@ -22,6 +22,7 @@ from fsspec_shards.checksums import (
     Checksum,
     StreamingHasher,
     block_manifest_name,
+    decode_text,
     parse_block_manifest,
     parse_checksum,
     parse_sums_file,
@@ -30,12 +31,12 @@ from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_url
 from fsspec_shards.shard_names import by_trailing_path
 from fsspec_shards.storage.deps.fsspec import strip_protocol
+from fsspec_shards.storage.verification import Known
 
 __all__ = [
     "Checksum",
     "Manifest",
     "StreamingHasher",
-    "choose_expected",
     "load_manifest",
     "manifest_from_mapping",
     "parse_checksum",
@@ -63,10 +64,16 @@ class Manifest:
         base: str | None = None,
         strip_protocol: Any = None,
         blocks: Mapping[str, BlockList] | None = None,
+        source: str = "the checksums option",
+        blocks_source: str = "",
     ) -> None:
         self.base = base.rstrip("/") if base is not None else None
         self.entries = self._keyed(entries, strip_protocol)
         self.blocks = self._keyed(blocks or {}, strip_protocol)
+        self.source = source
+        """The manifest's name in messages (redacted)."""
+        self.blocks_source = blocks_source
+        """Its block manifest's name in messages (redacted; empty without one)."""
 
     def _keyed(self, entries: Mapping[str, Any], strip_protocol: Any) -> dict[str, Any]:
         if self.base is None:
@@ -89,6 +96,21 @@ class Manifest:
         if found is None:
             blocks = self.lookup_blocks(path)
             return None if blocks is None else blocks.checksum
+        return found
+
+    def known(self, path: str) -> list[Known]:
+        """Every checksum the manifests give ``path``: its sums file line and its block
+        manifest's whole-file SHA-256, each named by its source (``verification.py``
+        checks them all)."""
+        found = []
+        line = self._lookup(self.entries, path)
+        if line is None and _without_query(path) != path:
+            line = self._lookup(self.entries, _without_query(path))
+        if line is not None:
+            found.append(Known(line, f"manifest {self.source}"))
+        blocks = self.lookup_blocks(path)
+        if blocks is not None:
+            found.append(Known(blocks.checksum, f"block manifest {self.blocks_source}"))
         return found
 
     def lookup_blocks(self, path: str) -> BlockList | None:
@@ -165,18 +187,18 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
         path = strip_protocol(backend, source)
         base = posixpath.dirname(_without_query(path))
 
-        def read(location: str) -> str:
-            return backend.cat_file(strip_protocol(backend, location)).decode("utf-8")
+        def read(location: str) -> bytes:
+            return backend.cat_file(strip_protocol(backend, location))
     else:
         base = None
 
-        def read(location: str) -> str:
+        def read(location: str) -> bytes:
             import fsspec
 
-            with fsspec.open(location, "rt", encoding="utf-8") as handle:
+            with fsspec.open(location, "rb") as handle:
                 return handle.read()
 
-    entries = parse_sums_file(read(source), source)
+    entries = parse_sums_file(decode_text(read(source), "manifest", source), source)
     blocks_source = _block_manifest_beside(source)
     blocks = _read_block_manifest(read, blocks_source)
     _check_agreement(entries, blocks, source, blocks_source)
@@ -190,7 +212,14 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
     def strip_own_protocol(url: str) -> str:
         return strip_protocol(backend, url) if url.split("://", 1)[0] in own else url
 
-    return Manifest(entries, base, strip_own_protocol if base is not None else None, blocks)
+    return Manifest(
+        entries,
+        base,
+        strip_own_protocol if base is not None else None,
+        blocks,
+        redact_url(source),
+        redact_url(blocks_source) if blocks else "",
+    )
 
 
 def _block_manifest_beside(source: str) -> str:
@@ -203,7 +232,7 @@ def _read_block_manifest(read: Any, location: str) -> dict[str, BlockList]:
     """The block manifest at ``location``; none when there is no such file (or it may not be
     read: then a warning names it, and objects are verified whole)."""
     try:
-        text = read(location)
+        data = read(location)
     except FileNotFoundError:
         logger.debug("no block manifest at %s", redact_url(location))
         return {}
@@ -214,7 +243,7 @@ def _read_block_manifest(read: Any, location: str) -> dict[str, BlockList]:
             exc.strerror or type(exc).__name__,
         )
         return {}
-    return parse_block_manifest(text, location)
+    return parse_block_manifest(decode_text(data, "block manifest", location), location)
 
 
 def _check_agreement(
@@ -228,20 +257,6 @@ def _check_agreement(
                 f"sha256 {listed.sha256}, manifest {redact_url(source)} with {checksum.hexdigest}: "
                 "one of them is stale (write both again, e.g. with fsspec-shards manifest --blocks)"
             )
-
-
-def choose_expected(
-    manifest: Checksum | None, backend: list[Checksum], verify: str | bool
-) -> Checksum | None:
-    """The checksum to verify under ``verify``: the manifest's first, else the strongest the
-    backend gives; None with ``verify="size"`` or ``False``."""
-    if verify != "auto":
-        return None
-    if manifest is not None:
-        return manifest
-    if not backend:
-        return None
-    return max(backend, key=lambda checksum: checksum.strength)
 
 
 def parse_verify(value: Any) -> str | bool:

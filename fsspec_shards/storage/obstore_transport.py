@@ -500,6 +500,7 @@ class ObstoreTransport:
             facts = Facts(
                 status=status,
                 start=first if status == 206 else None,
+                stop=last if status == 206 else None,
                 total=meta["size"],
                 etag=meta["e_tag"],
                 version=meta["version"],

@@ -24,6 +24,13 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   filler dies (its lock comes free without a published entry), a follower starts over
   through the cache (becoming the filler, or following the next one); bytes it already had
   stay valid, since the block manifest fixes every byte.
+- A block manifest only checks bytes earlier, never instead of the whole file
+  (``verification.py``): the fill hashes the whole file on the same pass (a worker thread
+  reads back each run of verified blocks as it completes, with every expected algorithm),
+  and the last block is marked verified only when the whole file matched every checksum
+  known for it. A whole-file mismatch is an ``IntegrityError`` naming both manifests;
+  readers never reach the file's end. Answers need not prove their version here
+  (``Version.blocks_checked``): every block is checked against its digest.
 - The cache's own rules stand: the entry is published (fsynced, renamed, indexed) only when
   the whole object is verified; a kill at any instant leaves a temp file and a record, both
   removed by name on the next miss, never a partial entry.
@@ -51,11 +58,12 @@ from fsspec_shards.storage.backends import object_identity, protocol_of
 from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
 from fsspec_shards.storage.files import RetryingFile
-from fsspec_shards.storage.filling import preallocate, pwrite_all
+from fsspec_shards.storage.filling import Frontier, OrderedHasher, preallocate, pwrite_all
 from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, link_of, run_stream
 from fsspec_shards.storage.retry import TransientError
 from fsspec_shards.storage.transfer import Target, resume
-from fsspec_shards.storage.versions import VersionMismatch
+from fsspec_shards.storage.verification import Expectation, Known, WholeHasher
+from fsspec_shards.storage.versions import Version, VersionMismatch
 
 logger = logging.getLogger("fsspec_shards.storage.progressive")
 
@@ -631,10 +639,12 @@ def fill_blocks(
     same rule as whole-object fills; every block is verified on its own, so ranges need no
     version identity here); all but the first start once the first block is verified (or
     after a moment), so the reader's first block has the link to itself.
-    Raises ``IntegrityError`` when the object's size is not the manifest's or a block stays
-    bad, and the failure that ended a transfer.
+    The whole file is hashed on the same pass and checked against every checksum known
+    (``verification.py``); the last block is marked only then.
+    Raises ``IntegrityError`` when the object's size is not the manifest's, a block stays
+    bad, or the whole file does not match, and the failure that ended a transfer.
     """
-    state = _FillState(target, info, blocks)
+    state = _FillState(target, info, blocks, progress)
     if state.expect.size is not None and state.expect.size != blocks.size:
         target.incr("integrity_failures")
         raise IntegrityError(
@@ -646,6 +656,50 @@ def fill_blocks(
     descriptor = out.fileno()
     out.flush()
     preallocate(descriptor, blocks.size)
+    expected = _whole_file_expectation(target, info, blocks)
+    hasher = OrderedHasher(expected.algorithms)
+    hasher.update_from_file(descriptor, 0, blocks.size, state.in_order)
+    try:
+        _fetch_blocks(state, descriptor, ranges_in_flight, range_bytes)
+        computed = hasher.checksums()
+    except BaseException:
+        hasher.abandon()
+        raise
+    mismatch = expected.mismatch(computed)
+    if mismatch is not None:
+        target.incr("integrity_failures")
+        raise IntegrityError(
+            target.shown,
+            mismatch.expected,
+            mismatch.actual,
+            f"expected by {mismatch.source}; every block matched "
+            f"{expected.sources_of(blocks.checksum)}, the whole file does not: the manifests "
+            "describe other bytes than these; nothing was published",
+        )
+    if len(blocks):  # the last block, held back until the whole file checked out
+        progress.mark(len(blocks) - 1)
+    return {
+        "size": blocks.size,
+        "identity": object_identity(state.info),
+        "checksum": str(expected.strongest()),
+    }
+
+
+def _whole_file_expectation(target: Target, info: dict[str, Any], blocks: BlockList) -> Expectation:
+    """Every checksum the whole file must have (``verification.py``): the manifests' and
+    the backend's, the block manifest's whole-file SHA-256 among them."""
+    expected = target.expectation(info)
+    if blocks.checksum in expected.checksums:
+        return expected
+    return Expectation((*expected.known, Known(blocks.checksum, "the block manifest")))
+
+
+def _fetch_blocks(
+    state: _FillState, descriptor: int, ranges_in_flight: int | str, range_bytes: int
+) -> None:
+    """Every block of the object written into ``descriptor`` and verified (see
+    :func:`fill_blocks`); raises what ended the fill."""
+    target, blocks, progress = state.target, state.blocks, state.progress
     span_blocks = max(1, -(-range_bytes // blocks.block_size))
     ramp = Ramp(ranges_in_flight, link_of(protocol_of(target.fs), target.path))
     workers = max(1, min(ramp.cap, -(-len(blocks) // span_blocks)))
@@ -665,7 +719,7 @@ def fill_blocks(
 
     def fetch(number: int, span: tuple) -> None:
         moved = lambda amount: ramp.moved(number, amount)  # noqa: E731
-        status = _fill_span(state, descriptor, *span, progress, stop, moved, ramp.allowed)
+        status = _fill_span(state, descriptor, *span, stop, moved, ramp.allowed)
         if number == 0 and deciding[0]:
             deciding[0] = False
             ramp.ranges_answered(status == 206)
@@ -699,31 +753,54 @@ def fill_blocks(
     if failures:
         integrity = next((f for f in failures if isinstance(f, IntegrityError)), None)
         raise integrity or failures[0]
-    if not progress.complete:  # (every span was fetched: cannot happen without a failure)
+    if state.in_order.value < blocks.size:  # (every span was fetched: needs a failure)
         raise TransientError(f"{target.shown}: blocks left unverified")
-    return {
-        "size": blocks.size,
-        "identity": object_identity(state.info),
-        "checksum": str(blocks.checksum),
-    }
 
 
 class _FillState:
-    """What the ranges of one fill share: the version expected, bad-block counts, bytes."""
+    """What the ranges of one fill share: the version expected, bad-block counts, bytes,
+    which blocks are verified (``in_order``: how far from byte 0 all are, for the
+    whole-file hash that follows them)."""
 
-    def __init__(self, target: Target, info: dict[str, Any], blocks: BlockList) -> None:
+    def __init__(
+        self, target: Target, info: dict[str, Any], blocks: BlockList, progress: BlockProgress
+    ) -> None:
         self.target = target
         self.blocks = blocks
+        self.progress = progress
         self.info = info
-        self.expect = target.expected_version(info)
+        self.expect = self._expected_version()
+        self.in_order = Frontier(0)
+        self._verified = bytearray(len(blocks))
+        self._first_unverified = 0
         self.bad: dict[int, int] = {}
         self.changes = 0
         self.received = 0
         self.lock = threading.Lock()
 
+    def _expected_version(self) -> Version:
+        expect = self.target.expected_version(self.info)
+        expect.blocks_checked = True  # every block is checked: answers need not prove it
+        return expect
+
     def count(self, amount: int) -> None:
         with self.lock:
             self.received += amount
+
+    def verified(self, index: int) -> None:
+        """Block ``index`` is written and matches its digest: handed out at once, except
+        the last, which waits for the whole file's check (:func:`fill_blocks`)."""
+        with self.lock:
+            self._verified[index] = 1
+            while (
+                self._first_unverified < len(self.blocks) and self._verified[self._first_unverified]
+            ):
+                self._first_unverified += 1
+            first = self._first_unverified
+        if first:
+            self.in_order.advance(self.blocks.bounds(first - 1)[1])
+        if index != len(self.blocks) - 1:
+            self.progress.mark(index)
 
     def bad_block(self, index: int, actual: str) -> None:
         """Count a bad block; ``IntegrityError`` when it was bad too often."""
@@ -759,7 +836,7 @@ class _FillState:
                 error.strerror or error,
             )
             self.info = self.target.stat()
-            self.expect = self.target.expected_version(self.info)
+            self.expect = self._expected_version()
 
 
 def _fill_span(
@@ -767,7 +844,6 @@ def _fill_span(
     descriptor: int,
     first: int,
     last: int,
-    progress: BlockProgress,
     stop: threading.Event,
     moved: Callable[[int], None],
     streams: int,
@@ -800,7 +876,7 @@ def _fill_span(
                 actual = hasher.hexdigest()
                 if actual != blocks.blocks[index]:
                     raise _BadBlock(index, actual)
-                progress.mark(index)
+                state.verified(index)
                 index += 1
                 hasher = hashlib.sha256()
                 if index < last:
@@ -856,7 +932,9 @@ class BlockCheckedFile(RetryingFile):
                 "the object is not the one the block manifest lists",
             )
         super().__init__(wds, target, info, max(block_size, blocks.block_size))
-        self._hasher = None  # every block is checked: no whole-file pass needed
+        self.version.blocks_checked = True  # every block is checked: answers need no proof
+        self._expected = _whole_file_expectation(target, info, blocks)
+        self._hasher = WholeHasher(self._expected.algorithms)
 
     @raising_clean
     def _fetch_range(self, start: int, end: int) -> bytes:
@@ -867,7 +945,9 @@ class BlockCheckedFile(RetryingFile):
         pieces = self._blocks(first, last + 1)
         self._held = {index: pieces[index - first] for index in (first, last)}
         offset = self.blocks.bounds(first)[0]
-        return b"".join(pieces)[start - offset : end - offset]
+        data = b"".join(pieces)[start - offset : end - offset]
+        self._hash(start, data)  # read start to end: the whole file is checked too
+        return data
 
     def _blocks(self, first: int, last: int) -> list[bytes]:
         """Blocks ``[first, last)``, verified: the ones not held read in one request, a bad

@@ -26,7 +26,8 @@ object for each ranged GET).
 Bounds: a fill has at most :data:`AUTO_MAX` streams under auto; all fills of a process
 share :data:`PROCESS_MAX` streams beyond the first of each fill (a fill never waits for a
 slot: it runs with fewer streams). A host running N processes (e.g. DataLoader workers)
-thus opens at most N x (PROCESS_MAX + fills in flight) connections for downloads.
+thus has at most N x (PROCESS_MAX + fills in flight) download requests in flight; its open
+connections may exceed that by idle ones in the clients' pools (docs/transport.md).
 """
 
 from __future__ import annotations

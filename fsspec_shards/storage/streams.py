@@ -320,7 +320,9 @@ class CatFileTransport:
     def stream(self, path, start, end, sink, timeout, rest_of_body=False, expect=None) -> Facts:
         data = call(self.fs, "cat_file", path, start=start, end=end, timeout=timeout)
         ignored = end is not None and len(data) > end - start  # the Range was ignored
-        facts = Facts(status=200 if ignored else 206, start=0 if ignored else start)
+        facts = Facts(
+            status=200 if ignored else 206, start=0 if ignored else start, says_version=False
+        )
         check_response(facts, start, expect)
         sink(_window(facts, start, end, rest_of_body).take(data))
         return facts

@@ -29,10 +29,16 @@ import fsspec
 
 from fsspec_shards.storage.backends import backend_checksums, file_info, protocol_of
 from fsspec_shards.storage.identity import ObjectId
-from fsspec_shards.storage.integrity import Checksum, choose_expected
 from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
 from fsspec_shards.storage.streams import Transport, transport_for
-from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, expected_version
+from fsspec_shards.storage.verification import Expectation, Known, expected
+from fsspec_shards.storage.versions import (
+    Facts,
+    Unproven,
+    Version,
+    VersionMismatch,
+    expected_version,
+)
 
 MiB = 1024 * 1024
 Counter = Callable[[str, int], None]
@@ -74,7 +80,8 @@ class Target:
     obj: ObjectId
     policy: RetryPolicy
     verify: str | bool = "auto"
-    manifest_checksum: Checksum | None = None
+    manifest: tuple[Known, ...] = ()
+    """Every checksum the manifests give the object (``Manifest.known``)."""
     count: Counter | None = None
     transport: Transport | None = None
     ranges_in_flight: int | str = "auto"
@@ -122,9 +129,11 @@ class Target:
             raise IsADirectoryError(errno.EISDIR, f"is a directory: {self.shown}")
         return info
 
-    def expected_checksum(self, info: dict[str, Any]) -> Checksum | None:
+    def expectation(self, info: dict[str, Any]) -> Expectation:
+        """Every checksum the object's bytes must have: the manifests' and those ``info``
+        gives (``verification.py``)."""
         found = backend_checksums(protocol_of(self.fs), info)
-        return choose_expected(self.manifest_checksum, found, self.verify)
+        return expected(self.manifest, found, self.verify)
 
     def expected_version(self, info: dict[str, Any]) -> Version:
         """The version ``info`` describes: what every response must be of."""
@@ -200,9 +209,10 @@ def resume(
     ``chunks.size`` bytes (a failure loses the whole request); without, one request to
     ``end``. ``rest_of_body``: a 200 answer (Range ignored) is
     passed on to its end, past ``end``. ``after_fault`` runs after each failed request
-    (e.g. to ask ``info()`` whether the object changed). ``VersionMismatch`` and the
-    ``passthrough`` exceptions (a sink's own) are raised as they come; other failures go to
-    the failure chain (``retry.Attempts``): a permanent one, or a spent chain, is raised.
+    (e.g. to ask ``info()`` whether the object changed). ``VersionMismatch``,
+    ``versions.Unproven`` and the ``passthrough`` exceptions (a sink's own) are raised as
+    they come; other failures go to the failure chain (``retry.Attempts``): a permanent
+    one, or a spent chain, is raised.
     """
     attempts = target.attempts(action)
     position = start
@@ -229,7 +239,7 @@ def resume(
             facts = target.transport.stream(
                 target.path, position, stop, passed, target.policy.timeout, rest_of_body, expect
             )
-        except (VersionMismatch, *passthrough):
+        except (VersionMismatch, Unproven, *passthrough):
             raise
         except Exception as exc:
             error = exc

@@ -1,12 +1,26 @@
 """What identifies one version of an object, and checking a response against it.
 
-Invariants:
+The version rule, for every answer of every read (one stream, ranges in flight, a resume
+after a cut, both transports):
 
 - A :class:`Version` is taken from ``info()`` when a read starts (:func:`expected_version`
-  knows each backend's fields); what that lacks, the first response fills in. From then on
-  every response of the read must agree with it: same size (Content-Range total), same ETag,
-  same version id / generation, and, when neither of those exists, the same Last-Modified.
-  A difference is a :class:`VersionMismatch`, never bytes.
+  knows each backend's fields); what that lacks, the first response fills in. Requests are
+  conditional on it where the backend allows (``If-Match`` on a strong ETag, version id,
+  generation).
+- Every identity field an answer carries is compared with the expected one: size (the
+  Content-Range total, a 200's length), ETag, version id / generation and, when the answer
+  carries neither of those while the object has one, Last-Modified. A difference is a
+  :class:`VersionMismatch`, never bytes.
+- An answer that carries no identity field at all (no ETag, version id, generation or
+  Last-Modified) while the object has an identity proves nothing: its bytes could be of
+  another version of the same size (a server that ignores ``If-Match`` and leaves the
+  ETag out). Its bytes are used only when they are the whole object from byte 0 in that one
+  answer (nothing is spliced onto them); any other such answer raises :class:`Unproven`
+  before a byte of it is used, and the caller falls back to one request from byte 0, or
+  fails naming why. Two exceptions: a read whose every block is checked against a block
+  manifest (``Version.blocks_checked``: the bytes are proven by their digests), and a
+  transport that cannot carry identity at all (``Facts.says_version`` False: a backend read
+  through ``cat_file``), whose caller asks ``info()`` again instead (``unconfirmed``).
 - A partial response (206) must start at the byte asked for; otherwise it is a retryable
   :class:`~fsspec_shards.storage.retry.TransientError` and its bytes are not used.
 - ETags compare by their opaque part (quotes and a weak marker aside); Last-Modified by whole
@@ -33,6 +47,12 @@ class VersionMismatch(OSError):
     """A response is of another version of the object than the one being read."""
 
 
+class Unproven(OSError):
+    """A response to a request for part of an object carries no identity field while the
+    object has one: its bytes are not spliced onto bytes of the expected version (module
+    docstring)."""
+
+
 @dataclass(frozen=True)
 class Facts:
     """What a response says about itself (None: not said)."""
@@ -44,6 +64,7 @@ class Facts:
     version: str | None = None  # S3 version id, GCS generation, Azure version id
     modified: float | None = None  # Last-Modified, seconds since the epoch
     stop: int | None = None  # one past the last byte Content-Range labels
+    says_version: bool = True  # False: the transport cannot carry identity (cat_file)
 
 
 def _etag(value: Any) -> str | None:
@@ -83,8 +104,8 @@ class Version:
 
     Taken from ``info()`` at the start of a download; what that lacks is filled in from the
     first response that says it. ``unconfirmed`` counts responses that carried nothing to
-    compare with the strongest identity known (a backend without facts, or a server that
-    sends no ETag): the caller then checks the version through ``info()``.
+    compare with the strongest identity known (a transport that cannot say, or a whole
+    answer that proved nothing): the caller then checks the version through ``info()``.
     """
 
     def __init__(
@@ -99,6 +120,12 @@ class Version:
         self.version = version
         self.modified = modified
         self.unconfirmed = 0
+        self.blocks_checked = False
+        """Every byte read is checked against a block manifest: answers need not prove
+        their version (a block of other bytes fails its digest)."""
+        self.unproven_whole = False
+        """An answer of the whole object that proved no version was used: a cut in it
+        cannot be resumed (the read starts over from byte 0)."""
 
     def __repr__(self) -> str:
         return (
@@ -119,12 +146,17 @@ class Version:
             return text if text.startswith('"') else f'"{text}"'
         return None
 
-    def check(self, facts: Facts) -> None:
-        """Raise :class:`VersionMismatch` if ``facts`` show another version; else adopt what
-        they say that this lacks."""
+    def check(self, facts: Facts, start: int = 0, whole: bool = False) -> None:
+        """Raise :class:`VersionMismatch` if ``facts`` show another version, and
+        :class:`Unproven` if they show none while this version has an identity and the
+        answer is not ``whole`` (the whole object from byte 0), or if the answer (for bytes
+        from ``start``) would be spliced onto such a whole answer accepted before; else
+        adopt what they say that this lacks."""
         mismatch = self._difference(facts)
         if mismatch is not None:
             raise VersionMismatch(errno.ESTALE, mismatch)
+        if not self.blocks_checked:
+            self._check_proof(facts, start, whole)
         if not self._confirmed_by(facts):
             self.unconfirmed += 1
         if self.size is None:
@@ -155,15 +187,46 @@ class Version:
             return f"ETag {facts.etag}, expected {self.etag}"
         if self.version and facts.version and str(self.version) != str(facts.version):
             return f"version {facts.version}, expected {self.version}"
+        proven = (self.etag and facts.etag) or (self.version and facts.version)
         if (
-            not self.etag
-            and not self.version
+            not proven
             and self.modified is not None
             and facts.modified is not None
             and self.modified != facts.modified
         ):
             return "Last-Modified differs"
         return None
+
+    def _check_proof(self, facts: Facts, start: int, whole: bool) -> None:
+        if start > 0 and self.unproven_whole:
+            raise Unproven(
+                errno.ESTALE,
+                "the answer these bytes would follow carried no ETag, version or "
+                "Last-Modified: nothing may be spliced onto it",
+            )
+        if facts.says_version and self.identified and not self._carried(facts):
+            if not whole:
+                raise Unproven(
+                    errno.ESTALE,
+                    "an answer carries no ETag, version or Last-Modified though the object "
+                    f"has {self._identity_shown()}: its bytes could be another version's",
+                )
+            self.unproven_whole = True
+
+    def _carried(self, facts: Facts) -> bool:
+        """Whether ``facts`` carry an identity field this version has (compared already)."""
+        return bool(
+            (self.etag and facts.etag)
+            or (self.version and facts.version)
+            or (self.modified is not None and facts.modified is not None)
+        )
+
+    def _identity_shown(self) -> str:
+        if self.etag:
+            return f"ETag {self.etag}"
+        if self.version:
+            return f"version {self.version}"
+        return "a Last-Modified"
 
     def _confirmed_by(self, facts: Facts) -> bool:
         if self.etag:
@@ -214,7 +277,11 @@ def check_response(facts: Facts, start: int, expect: Version | None) -> None:
                 errno.EIO, f"Content-Range starts at byte {facts.start}, asked for {start}"
             )
     if expect is not None:
-        expect.check(facts)
+        whole = start == 0 and (
+            facts.status == 200
+            or (facts.stop is not None and facts.total is not None and facts.stop >= facts.total)
+        )
+        expect.check(facts, start, whole)
 
 
 def expected_version(protocol: str, info: dict[str, Any]) -> Version:

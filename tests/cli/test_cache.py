@@ -145,3 +145,24 @@ def test_no_secret_of_any_signed_url_reaches_cache_ls_or_any_file_of_the_cache(
         assert secret not in shown, secret
         assert not any(secret in name for name in names), secret
         assert secret.encode() not in contents, secret
+
+
+def test_info_shows_the_limit_the_cache_was_last_used_with_and_a_differing_given_one(
+    tmp_path: Path,
+) -> None:
+    from fsspec_shards.storage.cache import ShardCache
+
+    ShardCache(str(tmp_path / "cache"), 3 << 20)
+    directory = str(tmp_path / "cache")
+    info = run_cli("cache", "info", "--cache-dir", directory, cache=tmp_path / "x")
+    assert info.returncode == 0, info.stderr
+    assert "size limit          3 MiB" in info.stdout and "given" not in info.stdout
+    given = run_cli(
+        "cache", "info", "--cache-dir", directory, "--cache-size", "5MiB", cache=tmp_path / "x"
+    )
+    assert "size limit          3 MiB" in given.stdout
+    assert "size limit given    5 MiB" in given.stdout
+    same = run_cli(
+        "cache", "info", "--cache-dir", directory, "--cache-size", "3MiB", cache=tmp_path / "x"
+    )
+    assert "given" not in same.stdout

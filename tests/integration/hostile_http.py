@@ -6,7 +6,9 @@ a plan: an
 ordered list of actions, one taken by each GET of that object (HEAD requests take none).
 Actions: `Serve()`, `Replace(data)` (the object is replaced, then this GET is served),
 `WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
-Content-Range), `ShortLabel(labelled)` (a 206 whose Content-Range labels fewer bytes than
+Content-Range), `OtherVersion(data, ...)` (this GET is answered from other bytes, as a
+stale replica would, ignoring `If-Match`: with no ETag or Last-Modified, or with the other
+version's), `ShortLabel(labelled)` (a 206 whose Content-Range labels fewer bytes than
 its body, the rest zeros), `Cut(after_bytes)` (the connection closes mid-body), `WholeBody()` (a 200
 with the whole object to a range request), `Trickle(piece, every, pieces)` (a few bytes at a
 time, then a stall until the client gives up).
@@ -42,7 +44,7 @@ class Serve:
 class Replace:
     """Replace the object with `data` (a new version), then answer this GET."""
 
-    data: bytes
+    data: bytes = dataclasses.field(repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,18 @@ class WrongStart:
     """Answer a range request with the bytes `shift` further on, labelled as such."""
 
     shift: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherVersion:
+    """Answer this GET from `data` (another version, the object unchanged), ignoring
+    `If-Match`; the answer carries that version's ETag only with `etag`, its Last-Modified
+    only with `modified`; with `cut`, the connection closes after that many body bytes."""
+
+    data: bytes = dataclasses.field(repr=False)
+    etag: bool = False
+    modified: bool = False
+    cut: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +218,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         etag = f'"v{obj.version}-{len(obj.data)}"'
         if_match = self.headers.get("If-Match")
         identity = self.hostile.identity and (method == "HEAD" or self.hostile.identity_on_get)
-        if identity and if_match and if_match.strip() not in (etag, "*"):
+        other = isinstance(action, OtherVersion)
+        if other:  # a replica of another version: its own identity, or none
+            obj = _Object(action.data, 1000 + obj.version)
+            etag = f'"v{obj.version}-{len(obj.data)}"'
+        if identity and not other and if_match and if_match.strip() not in (etag, "*"):
             self._log(method, 412, action)
             self.send_response(412)
             self.send_header("Content-Length", "0")
@@ -232,8 +250,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {first}-{first + label - 1}/{len(data)}")
-        if identity:
+        if identity and (not other or action.etag):
             self.send_header("ETag", etag)
+        if identity and (not other or action.modified):
             modified = 1_700_000_000 + obj.version  # one second per version
             self.send_header("Last-Modified", email.utils.formatdate(modified, usegmt=True))
         self.end_headers()
@@ -242,8 +261,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if isinstance(action, Trickle):
             self._trickle(body, action)
             return
-        if isinstance(action, Cut):
-            self.wfile.write(body[: action.after_bytes])
+        cut = action.after_bytes if isinstance(action, Cut) else getattr(action, "cut", None)
+        if cut is not None:
+            self.wfile.write(body[:cut])
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)

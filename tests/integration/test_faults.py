@@ -82,6 +82,17 @@ def _data_exchanges(proxy, backend, transport):
     return exchanges
 
 
+def _answers_prove_no_version(backend, transport: str) -> bool:
+    """The bare GCS emulator's answers carry no ETag, generation or Last-Modified (its XML
+    front, which obstore reads it through, adds them): a cut cannot be resumed onto them
+    (docs/fault-model.md, the version rule), the download starts over from byte 0."""
+    return (
+        backend.protocol in ("gcs", "gs")
+        and "front" not in backend.server
+        and (transport == "fsspec")
+    )
+
+
 def test_one_cut_mid_body_resumes_from_the_byte_reached(
     remote_backend, fault_proxy, tmp_path, transport
 ):
@@ -91,6 +102,9 @@ def test_one_cut_mid_body_resumes_from_the_byte_reached(
     assert fs.cache_stats()["retries"] >= 1  # every retry counted (Azure's SDK retried unseen)
     exchanges = _data_exchanges(proxy, remote_backend, transport)
     cut = next(index for index, e in enumerate(exchanges) if e.fault_applied)
+    if _answers_prove_no_version(remote_backend, transport):
+        assert _range_start(exchanges[-1]) == 0  # the resume refused: one request from 0
+        return
     assert _range_start(exchanges[cut + 1]) > 0  # not started over
     assert sum(e.body_bytes for e in exchanges) <= SIZE + 1_000_000
     assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(1)
@@ -104,6 +118,11 @@ def test_several_cuts_in_one_object_still_deliver_it_whole(
     with fs.open(path) as handle:
         assert handle.read() == DATA
     exchanges = _data_exchanges(proxy, remote_backend, transport)
+    if _answers_prove_no_version(remote_backend, transport):
+        # each cut starts over from byte 0 (see above); a refused resume may take a cut
+        # meant for it before 400 kB flowed
+        assert sum(e.fault_applied for e in exchanges) >= 1
+        return
     assert sum(e.fault_applied for e in exchanges) == 4
     assert sum(e.body_bytes for e in exchanges) <= SIZE + _resend_allowance(4)
     starts = [_range_start(e) for e in exchanges]

@@ -4,7 +4,8 @@
 it uses and :mod:`.adoption` takes over those of earlier layouts, :mod:`.layout` says which
 names it makes (and so may delete), :mod:`.index` records entries, write generations and
 counters in a diskcache, :mod:`.usage` batches what hits record, :mod:`.locks` serializes
-processes with filelock, and :mod:`.shared` is the tier all nodes mount.
+processes with filelock, :mod:`.space` handles a full disk, and :mod:`.shared` is the tier
+all nodes mount.
 """
 
 from fsspec_shards.storage.cache.index import ReadOnlyCacheError

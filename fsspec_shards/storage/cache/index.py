@@ -9,6 +9,7 @@ string keys::
                        published under boot ``boot`` (storage/durability.py)
     generation:<key>   the key's write generation (int)
     counter:<name>     a counter shared by every process (int)
+    size_limit         the size limit the cache was last used with (int)
     key_format         the ObjectId key format the entries were made under
 
 Invariants:
@@ -64,14 +65,16 @@ from urllib.request import pathname2url
 import diskcache
 from diskcache.core import MODE_RAW, UNKNOWN
 
-from fsspec_shards.storage.cache import layout
+from fsspec_shards.storage.cache import layout, space
 from fsspec_shards.storage.cache.notices import warn_once
+from fsspec_shards.storage.deps.diskcache import delete_raw_keys
 from fsspec_shards.storage.identity import KEY_FORMAT
 
 T = TypeVar("T")
 
 ENTRY, GENERATION, COUNTER, KEY_FORMAT_NAME = "entry:", "generation:", "counter:", "key_format"
 PENDING = "pending:"
+SIZE_LIMIT = "size_limit"
 _SETTINGS = {
     "eviction_policy": "least-recently-stored",
     "cull_limit": 0,
@@ -229,8 +232,10 @@ class _Table:
         """``(name, value, size, store_time)`` of the rows named ``prefix...``, least
         recently stored first (value None where diskcache did not keep it inline)."""
         return connection.execute(
+            # +key: the range must not pick the key index, or every row is sorted to
+            # return the first few; diskcache's store_time index gives them in order
             "SELECT key, CASE mode WHEN ? THEN value END, size, store_time FROM Cache "
-            "WHERE key >= ? AND key < ? AND raw = 1 ORDER BY store_time LIMIT ?",
+            "WHERE +key >= ? AND +key < ? AND raw = 1 ORDER BY store_time LIMIT ?",
             (MODE_RAW, *_range(prefix), limit),
         ).fetchall()
 
@@ -392,7 +397,13 @@ class Index:
             try:
                 with FORK_GUARD:
                     return operation()
-            except (sqlite3.Error, diskcache.Timeout) as raised:
+            except (OSError, sqlite3.Error, diskcache.Timeout) as raised:
+                if space.is_disk_full(raised):
+                    # SQLite rolled back by itself: diskcache's ROLLBACK then fails with
+                    # "no transaction is active", hiding SQLITE_FULL. Either way: ENOSPC.
+                    raise space.DiskFullError(self.directory) from None
+                if isinstance(raised, OSError):
+                    raise
                 error = _cause(raised)
                 if _is_unmade(error):
                     return default  # a database diskcache has not set up yet: empty
@@ -621,6 +632,38 @@ class Index:
             return store.delete(ENTRY + key)
 
         return self._write(delete, False)
+
+    def drop_least_recent(self, limit: int, covering: int | None = None) -> list[Row]:
+        """Delete least recently used entries in one transaction: at most ``limit``, and
+        no more than it takes to cover ``covering`` bytes (None: ``limit`` of them). The
+        rows deleted (their files are the caller's to delete)."""
+
+        def delete(store: diskcache.Cache) -> list[Row]:
+            # Read under this transaction's write lock: no other writer changes the rows
+            # between this SELECT (on the table's connection) and the deletes.
+            found = _Table.rows(self._connection(), ENTRY, limit)
+            dropped, names, freed = [], [], 0
+            for name, value, size, stored in found:
+                if covering is not None and freed >= covering:
+                    break
+                key = name[len(ENTRY) :]
+                names += (name, PENDING + key)
+                dropped.append(Row(key, _record(value), size, stored))
+                freed += size
+            delete_raw_keys(store, names)  # one statement per 250 entries, not 3 each
+            return dropped
+
+        return self._write(delete, [])
+
+    def size_limit(self) -> int | None:
+        """The size limit recorded by the last writable use (None: never recorded)."""
+        found = self._run(lambda: self._value(SIZE_LIMIT), None)
+        return found if type(found) is int else None
+
+    def record_size_limit(self, limit: int) -> None:
+        """Record the size limit this cache is used with (a write only when it changed)."""
+        if self.size_limit() != limit:
+            self._write(lambda store: store.set(SIZE_LIMIT, int(limit)))
 
     def record_usage(self, touches: dict[str, float], counts: dict[str, int]) -> None:
         """Re-store the entries used (in the order of their use: their least-recently-used

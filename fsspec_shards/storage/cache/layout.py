@@ -8,6 +8,8 @@ Layout (format :data:`FORMAT`)::
     tmp/<key>.<pid>.<token>.<reserved>.part   downloads in flight and the bytes they reserve
     tmp/<key>.progress         how far a download in flight is verified (block manifests)
     tmp/<key>.progress.<token> the next progress record, before its rename over the last
+    index.reserve              space kept for the index on a full disk (:mod:`.space`)
+    tmp/evicted.<pid>.<token>  files of a mass eviction still to delete (:mod:`.deletion`)
     locks/<key>.lock           one download per key across processes (0600, kept)
     locks/space.lock           reservation, publication, eviction, clearing
     locks/scan.lock            shared tier: one eviction scan at a time; its mtime is the last
@@ -51,6 +53,7 @@ SUBDIRECTORIES = (FILES, TMP, LOCKS)
 GENERATIONS = "generations"
 SPACE_LOCK = "space.lock"
 SCAN_LOCK = "scan.lock"
+RESERVE = "index.reserve"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DATA_NAME = re.compile(r"([0-9a-f]{64})\.[0-9a-f]{8}")

@@ -45,12 +45,12 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from fsspec_shards.storage.cache import layout, locks, trust
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.identity import ObjectId
-from fsspec_shards.storage.integrity import StreamingHasher
+from fsspec_shards.storage.verification import Expectation, WholeHasher
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
@@ -137,7 +137,7 @@ class SharedTier:
         download: Callable[[BinaryIO], dict],
         *,
         size: int | None,
-        expected: Any,
+        expected: Expectation,
         identity: str,
     ) -> tuple[dict, str]:
         """Fill ``out`` with ``version``: copied from this tier (``"shared"``) when it holds
@@ -211,7 +211,7 @@ class SharedTier:
     # -- internals -----------------------------------------------------------------------
 
     def _copy_out(
-        self, version: str, out: BinaryIO, size: int | None, expected: Any, identity: str
+        self, version: str, out: BinaryIO, size: int | None, expected: Expectation, identity: str
     ) -> dict | None:
         if not self.usable:
             return None
@@ -233,7 +233,7 @@ class SharedTier:
                 return None
             out.seek(0)
             out.truncate()
-            hasher = StreamingHasher(expected.algorithm) if expected else None
+            hasher = WholeHasher(expected.algorithms) if expected else None
             while data := os.read(descriptor, _CHUNK):
                 out.write(data)
                 if hasher is not None:
@@ -243,13 +243,18 @@ class SharedTier:
             return None
         finally:
             os.close(descriptor)
-        if hasher is not None and hasher.checksum() != expected:
+        if hasher is not None and expected.mismatch(hasher.checksums()) is not None:
             logger.warning("shared cache tier: %s fails its checksum; downloading again", path)
             self._count("integrity_failures", 1)
             self.discard(version)
             return None
         self._refresh(path)
-        return {"size": info.st_size, "identity": identity, "checksum": expected and str(expected)}
+        strongest = expected.strongest() if expected else None
+        return {
+            "size": info.st_size,
+            "identity": identity,
+            "checksum": str(strongest) if strongest is not None else None,
+        }
 
     def _generation(self, key: str) -> str | None:
         """The write generation of ``key``: "" before its first write through ``wds``; None

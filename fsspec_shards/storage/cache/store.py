@@ -44,13 +44,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, BinaryIO
 
-from fsspec_shards import exception_chain
 from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.cache import layout, locks, trust
-from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError
+from fsspec_shards.storage.cache import deletion, layout, locks, space, trust
+from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError, Row
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.usage import Usage
 from fsspec_shards.storage.durability import SYNCER, boot_id, fsync_file_and_directory, matches
@@ -60,6 +59,11 @@ logger = logging.getLogger("fsspec_shards.storage.cache")
 
 
 _WAIT_FOR_ROOM_SECONDS = 0.05
+_BETWEEN_BATCHES_SECONDS = 0.001  # the space lock is free this long between eviction batches
+_SETUP_RETRY_SECONDS = 5.0  # a cache directory that could not be set up on a full disk
+EVICTION_BATCH = 8192
+_DEFERRED_DELETES = 64  # a batch of this many evictions leaves its files to .deletion
+"""Entries one eviction pass drops (one index transaction, the space lock held for it)."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SHARED: dict[tuple[str, bool], tuple[Index, Usage]] = {}
 _SHARED_LOCK = threading.Lock()
@@ -109,6 +113,7 @@ class ShardCache:
         self.directory = prepared.path
         self.size_limit = int(size_limit)
         self._options = (create, read_only)
+        self._set_up_again_at: float | None = None
         self._uid = os.geteuid()
         self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
@@ -116,15 +121,49 @@ class ShardCache:
         """(key, file) of entries verified after a reboot that a read-only index could not
         record durable: not hashed again by this process."""
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
-        if not prepared.usable:
-            warn_once(
-                self.directory,
-                "unusable",
-                f"cache {self.directory} {prepared.problem}: reading without the cache",
-            )
-            self._index: Index | None = None
-            self._usage = Usage(None)
+        self._set_up(prepared, read_only)
+
+    def _set_up(self, prepared: trust.Prepared, read_only: bool) -> None:
+        """Open the index of a prepared directory; a disk too full to set the cache up
+        leaves it unusable for now, and :meth:`_set_up_again` tries again later."""
+        if prepared.usable:
+            try:
+                self._open_index(prepared, read_only)
+                return
+            except space.DiskFullError as error:
+                prepared = trust.Prepared(
+                    self.directory, False, False, f"cannot be set up ({error})", full=True
+                )
+        if prepared.full:
+            self._set_up_again_at = time.monotonic() + _SETUP_RETRY_SECONDS
+        warn_once(
+            self.directory,
+            "unusable",
+            f"cache {self.directory} {prepared.problem}: reading without the cache",
+        )
+        self._index: Index | None = None
+        self._usage = Usage(None)
+
+    def _set_up_again(self) -> None:
+        """A cache that could not be set up on a full disk: try again (at most every
+        few seconds), so a long-running process caches once space is freed."""
+        when = self._set_up_again_at
+        if when is None or time.monotonic() < when:
             return
+        self._set_up_again_at = None
+        create, read_only = self._options
+        prepared = trust.prepare(self.directory, create=create)
+        if prepared.usable:
+            try:
+                self._open_index(prepared, read_only)
+                return
+            except space.DiskFullError:
+                pass
+        if prepared.full or prepared.usable:
+            self._set_up_again_at = time.monotonic() + _SETUP_RETRY_SECONDS
+
+    def _open_index(self, prepared: trust.Prepared, read_only: bool) -> None:
+        """The shared index of a usable directory; records the size limit it is used with."""
         writable = prepared.writable and not read_only
         if not prepared.writable and not read_only:
             warn_once(
@@ -133,7 +172,15 @@ class ShardCache:
                 f"cache {self.directory} is read-only: cached files are served, everything "
                 "else is read without caching",
             )
-        self._index, self._usage = self._shared_index(writable)
+        index, usage = self._shared_index(writable)
+        if index.writable:
+            try:
+                index.record_size_limit(self.size_limit)
+                space.make_reserve(self.directory)
+                deletion.recover(self.directory)
+            except (ReadOnlyCacheError, space.DiskFullError, PermissionError):
+                pass  # recorded, and made, by a later use
+        self._index, self._usage = index, usage
 
     @classmethod
     def existing(cls, directory: str, size_limit: int = 0, *, writable: bool = False) -> ShardCache:
@@ -156,11 +203,11 @@ class ShardCache:
                     space_lock=lambda: _holding_space(directory),
                     on_reset=lambda: _remove_data_files(directory),
                 )
-                shared = (index, Usage(index))
-                _SHARED[(self.directory, writable)] = shared
                 if writable and index.key_format() != KEY_FORMAT:
                     for key, file in index.set_key_format():
                         self._remove_data_file(key, file)
+                shared = (index, Usage(index))
+                _SHARED[(self.directory, writable)] = shared
             return shared
 
     def __reduce__(self):
@@ -183,6 +230,7 @@ class ShardCache:
         in ``hits``. Once open, the file stays readable even if it is evicted.
         """
         key = obj.key  # checked by data_file_path: the file's name must hold it
+        self._set_up_again()
         index = self._index
         if index is None or key in self._dropped:
             return None
@@ -310,11 +358,17 @@ class ShardCache:
         )
         return result
 
+    def recorded_size_limit(self) -> int | None:
+        """The size limit the directory was last used with by a writable cache (None:
+        never recorded); :attr:`size_limit` is this instance's."""
+        return None if self._index is None else self._index.size_limit()
+
     def flush(self) -> None:
         """Write this process's batched access times and counts to the index now, and wait
         for the background syncs of the files it published."""
         self._usage.flush()
         SYNCER.drain()
+        deletion.DELETER.drain()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -325,7 +379,8 @@ class ShardCache:
     def touch_validated(self, obj: ObjectId) -> None:
         """Record that the cached copy of ``obj`` was just checked against the backend."""
         if self.writable:
-            self._index.touch_validated(layout.check_key(obj.key))
+            key = layout.check_key(obj.key)
+            self._with_room(lambda: self._index.touch_validated(key), 0, self._disk_full)
 
     def fetch(
         self,
@@ -385,7 +440,7 @@ class ShardCache:
             )
             return
         try:
-            file = self._index.drop(key, written=True)
+            file = self._with_room(lambda: self._index.drop(key, written=True), 0, self._disk_full)
         except ReadOnlyCacheError:
             self._dropped.add(key)
             return
@@ -398,7 +453,7 @@ class ShardCache:
             raise ReadOnlyCacheError(self.directory)
         with self._space_lock():
             self._usage.forget()
-            for key, file in self._index.clear():
+            for key, file in self._with_room(self._index.clear, 0, self._disk_full):
                 self._remove_data_file(key, file)
             for name in self._temp_files():
                 self._remove_if_stale(name)
@@ -477,34 +532,69 @@ class ShardCache:
         expected_size: int | None,
         since: int,
     ) -> io.FileIO:
-        """Download into a temp file and publish it; after a full disk, evict and try again."""
+        """Download into a temp file and publish it (on a full disk: :meth:`_with_room`)."""
         reserve = expected_size or 0
-        while True:
+        written = [0]
+
+        def attempt() -> io.FileIO:
             temp = self._reserve(obj, key, reserve)
             try:
                 return self._write_and_publish(obj, key, temp, download, expected_size, since)
-            except BaseException as error:
+            except BaseException:
+                written[0] = _size_of(temp)
                 layout.remove_file(temp)
-                if isinstance(error, CacheFullError) or not _is_disk_full(error):
+                raise
+
+        return self._with_room(
+            attempt,
+            lambda: max(reserve, written[0] + 1),
+            lambda detail: CacheFullError(obj.shown, detail),
+        )
+
+    def _with_room(
+        self,
+        operation: Callable[[], Any],
+        needed: int | Callable[[], int],
+        error: Callable[[str], OSError],
+    ) -> Any:
+        """``operation()``; on a full disk, free ``needed`` bytes (:meth:`_free_disk_space`)
+        and run it once more. A disk still full raises ``error(detail)``: an ENOSPC
+        ``OSError`` naming the cache directory (a fill's :class:`CacheFullError` is
+        streamed uncached by the caller). The one place a full disk is handled."""
+        for attempt in range(2):
+            try:
+                return operation()
+            except BaseException as raised:
+                if isinstance(raised, CacheFullError) or not space.is_disk_full(raised):
                     raise
-                if not self._free_disk_space(max(reserve, 1)):
-                    raise CacheFullError(
-                        obj.shown, "the disk is full and no cached file is left to evict"
-                    ) from error
-                logger.log(self._log_level, "disk full while caching %s; retrying", obj.shown)
+                if attempt:
+                    detail = f"the disk of cache {self.directory} is still full after evicting"
+                    raise error(detail) from None
+                wanted = needed() if callable(needed) else needed
+                if not self._free_disk_space(max(wanted, 1)):
+                    detail = (
+                        f"the disk of cache {self.directory} is full and no cached file is "
+                        "left to evict"
+                    )
+                    raise error(detail) from None
+                logger.log(self._log_level, "disk of %s full: evicted, retrying", self.directory)
+        raise AssertionError("unreachable")
+
+    def _disk_full(self, detail: str) -> OSError:
+        return space.DiskFullError(self.directory, detail)
 
     def _reserve(self, obj: ObjectId, key: str, reserve: int) -> str:
         """Make room for ``reserve`` bytes and create the temp file that holds the reservation."""
         while True:
             with self._space_lock():
-                if self._make_room(obj.shown, reserve):
+                room = self._make_room(obj.shown, reserve)
+                if room:
                     name = layout.new_temp_name(key, reserve)
                     path = os.path.join(self.directory, layout.TMP, name)
                     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
                     os.close(os.open(path, flags, 0o600))
                     return path
-            logger.debug("waiting for downloads in flight to make room for %s", obj.shown)
-            time.sleep(_WAIT_FOR_ROOM_SECONDS)
+            _wait_for_room(room, obj.shown)
 
     def _write_and_publish(
         self,
@@ -540,7 +630,8 @@ class ShardCache:
         }
         while True:
             with self._space_lock():
-                if self._make_room(obj.shown, size, excluding=temp):
+                room = self._make_room(obj.shown, size, excluding=temp)
+                if room:
                     os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
                     if not self._shard_is_safe(key[:2]):
                         raise trust.CacheDirectoryError(
@@ -573,7 +664,7 @@ class ShardCache:
                         if replaced is not None and replaced != relative:
                             self._remove_data_file(key, replaced)
                     break
-            time.sleep(_WAIT_FOR_ROOM_SECONDS)
+            _wait_for_room(room, obj.shown)
         if published:
             logger.log(
                 self._log_level,
@@ -586,50 +677,87 @@ class ShardCache:
             logger.log(self._log_level, "not caching %s: it was written meanwhile", obj.shown)
         return handle
 
-    def _make_room(self, shown: str, needed: int, excluding: str | None = None) -> bool:
-        """Evict least-recently-used files until ``needed`` more bytes fit under the limit.
+    def _make_room(self, shown: str, needed: int, excluding: str | None = None) -> bool | None:
+        """Evict least-recently-used files, one batch at most, so that ``needed`` more bytes
+        fit under the limit. Called with the space lock held, which one batch (one index
+        transaction, :data:`EVICTION_BATCH` entries) keeps bounded.
 
-        Called with the space lock held. Bytes reserved by other downloads in flight count;
-        returns False when only they stand in the way (the caller waits for them to finish).
+        True: they fit now. None: a batch was evicted and more may be needed (the caller
+        releases the lock, so others' misses wait at most one batch, and calls again).
+        False: only bytes reserved by other downloads in flight stand in the way (the
+        caller waits for them to finish).
         """
         if needed > self.size_limit:
             raise CacheFullError(
                 shown, f"{needed} bytes exceed the cache size limit of {self.size_limit}"
             )
         self._usage.flush()
-        while True:
-            reserved = sum(
-                layout.parse_temp_name(name)[1]
-                for name in self._temp_files()
-                if os.path.join(self.directory, layout.TMP, name) != excluding
-                and not self._remove_if_stale(name)
-            )
-            cached = self._index.cached_bytes()
-            if cached + reserved + needed <= self.size_limit:
-                return True
-            if not self._evict_least_recently_used():
-                return False
+        reserved = sum(
+            layout.parse_temp_name(name)[1]
+            for name in self._temp_files()
+            if os.path.join(self.directory, layout.TMP, name) != excluding
+            and not self._remove_if_stale(name)
+        )
+        excess = self._index.cached_bytes() + reserved + needed - self.size_limit
+        if excess <= 0:
+            return True
+        return None if self._evict(EVICTION_BATCH, excess) else False
 
-    def _evict_least_recently_used(self) -> bool:
-        """Evict the least recently used file; False if there is none."""
-        row = self._index.least_recent()
-        if row is None:
-            return False
-        if self._index.drop_if(row.key, row.file):
-            self._remove_data_file(row.key, row.file)
-            self.incr("evictions")
+    def _evict(self, limit: int, covering: int | None = None, *, disk_full: bool = False) -> int:
+        """Evict up to ``limit`` least-recently-used entries (no more than cover ``covering``
+        bytes) in one index transaction, then delete their files (those of a mass eviction
+        in the background: :mod:`.deletion`); how many were evicted.
+
+        On a full disk (``disk_full``) where even that transaction finds no room, the
+        files go first (the freed space lets the index drop them; a hit meanwhile finds
+        the file missing, a miss)."""
+        try:
+            rows = self._index.drop_least_recent(limit, covering)
+        except space.DiskFullError:
+            if not disk_full:
+                raise
+            for row in self._index.rows(limit):
+                if row.file is not None:
+                    self._remove_data_file(row.key, row.file)
+            rows = self._index.drop_least_recent(limit, covering)
+        for row in rows:
             logger.log(self._log_level, "evicted %s (%d bytes)", redact_url(row.shown), row.size)
+        evicted = [row for row in rows if row.file is not None]
+        if len(evicted) < _DEFERRED_DELETES or disk_full or not self._defer(evicted):
+            for row in evicted:
+                self._remove_data_file(row.key, row.file)
+        if rows:
+            self.incr("evictions", len(rows))
+        return len(rows)
+
+    def _defer(self, rows: list[Row]) -> bool:
+        """Hand the files of a mass eviction to the deleting thread (:mod:`.deletion`);
+        False where the list cannot be written (the caller deletes them now)."""
+        try:
+            listed = deletion.write_list(self.directory, [row.file for row in rows])
+        except OSError as error:
+            logger.debug("deleting evicted files now: no eviction list (%s)", error)
+            return False
+        deletion.DELETER.submit(self.directory, listed)
         return True
 
     def _free_disk_space(self, needed: int) -> bool:
-        """After a full disk: evict until ``needed`` bytes are free; False if none was evicted."""
-        evicted = False
+        """After a full disk: release the index's reserve, evict until ``needed`` bytes
+        (and the reserve) are free, and make the reserve again; False when nothing could
+        be evicted and no room appeared."""
+        evicted = 0
+        wanted = needed + space.RESERVE_BYTES  # the reserve is made again after
         with self._space_lock():
-            while _free_bytes(self.directory) < needed and self._evict_least_recently_used():
-                evicted = True
-            if not evicted:
-                evicted = self._evict_least_recently_used()
-        return evicted
+            space.release_reserve(self.directory)
+            self._usage.flush()  # (kept for later where even that finds no room)
+            while space.free_bytes(self.directory) < wanted:
+                dropped = self._evict(space.EMERGENCY_BATCH, disk_full=True)
+                if not dropped:
+                    break
+                evicted += dropped
+            room = space.free_bytes(self.directory) >= wanted
+            space.make_reserve(self.directory, spare=0)
+        return evicted > 0 or room
 
     def _temp_files(self) -> list[str]:
         """Temp files the cache made (names it makes), in ``tmp/``."""
@@ -728,20 +856,25 @@ def _foreign_names(directory: str) -> list[str]:
     found.extend(
         os.path.join(temp, name)
         for name in layout.list_directory(temp)
-        if layout.parse_temp_name(name) is None and layout.parse_progress_name(name) is None
+        if layout.parse_temp_name(name) is None
+        and layout.parse_progress_name(name) is None
+        and not deletion.is_list_name(name)
     )
     return found
 
 
-def _is_disk_full(error: BaseException) -> bool:
-    """Whether ``error`` or an exception it was raised from means the disk is full."""
-    return any(
-        (isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT))
-        or (type(link).__module__ == "sqlite3" and "full" in str(link))
-        for link in exception_chain.links(error, follow_suppressed=True)
-    )
+def _wait_for_room(room: bool | None, shown: str) -> None:
+    """Between two tries at the space lock: a moment after an eviction batch (a process
+    waiting for the lock takes it), longer while downloads in flight hold the room."""
+    if room is None:
+        time.sleep(_BETWEEN_BATCHES_SECONDS)
+        return
+    logger.debug("waiting for downloads in flight to make room for %s", shown)
+    time.sleep(_WAIT_FOR_ROOM_SECONDS)
 
 
-def _free_bytes(directory: str) -> int:
-    usage = os.statvfs(directory)
-    return usage.f_bavail * usage.f_frsize
+def _size_of(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0

@@ -2,8 +2,13 @@
 
 Invariants (as ssh's StrictModes):
 
-- A new cache directory is created 0700 and gets a marker file
-  (:data:`~.layout.MARKER`, with the layout format) once its subdirectories exist.
+- A new cache directory is created 0700 and gets its marker file (:data:`~.layout.MARKER`,
+  with the layout format) first, atomically (written under a temporary name, renamed):
+  a marked directory is a cache (missing subdirectories are made at its next use), an
+  unmarked one is not. A directory an earlier version left half-made (only our empty,
+  private subdirectories, no marker: it met a full disk) is adopted as empty.
+- A disk too full to set a directory up is not an error: the cache is unusable for now
+  (``Prepared.full``; reads stream) and is set up at a later use.
 - An existing directory is used only if it is empty or carries the marker, is owned by the
   current user, and is not writable by group or others; the same holds for the marker,
   the subdirectories and the index file, none of which may be a symlink. Anything else is
@@ -33,7 +38,7 @@ import stat
 from dataclasses import dataclass
 
 from fsspec_shards.config import user_cache_dir
-from fsspec_shards.storage.cache import adoption, layout, locks
+from fsspec_shards.storage.cache import adoption, layout, locks, space
 
 _SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -79,6 +84,7 @@ class Prepared:
     writable: bool
     usable: bool = True
     problem: str = ""
+    full: bool = False
 
 
 _OPTION_OF_TIER = {
@@ -126,7 +132,19 @@ def prepare(directory: str, *, create: bool = True, tier: str = "local") -> Prep
     """Check ``directory`` and, with ``create``, make it (or an empty one) a cache of
     ``tier`` (``"local"``, or ``"shared"``: the tier all nodes mount). A sticky directory
     everyone may write to (``/tmp``) holds the cache in a private directory of this user
-    (:func:`private_directory`), never itself."""
+    (:func:`private_directory`), never itself. A disk too full to set it up gives an
+    unusable ``Prepared`` with ``full`` set (a later use tries again)."""
+    try:
+        return _prepare(directory, create, tier)
+    except OSError as error:
+        if not create or not space.is_disk_full(error) or isinstance(error, CacheDirectoryError):
+            raise
+        path = os.path.abspath(os.path.expanduser(str(directory)))
+        reason = f"cannot be set up: the disk is full ({os.strerror(errno.ENOSPC)})"
+        return Prepared(path, writable=False, usable=False, problem=reason, full=True)
+
+
+def _prepare(directory: str, create: bool, tier: str) -> Prepared:
     path = os.path.abspath(os.path.expanduser(str(directory)))
     path = _in_sticky_directory(path, create, tier)
     try:
@@ -186,9 +204,10 @@ def _take(path: str, tier: str) -> dict:
         marker = _read_marker(path, tier)
         if marker is None:
             names = os.listdir(path)
-            if not names:
+            if not names or _is_half_made(path, names, tier):
+                made = _write_marker(path, tier=tier)  # first: then it is a cache
                 _make_subdirectories(path)
-                return _write_marker(path, tier=tier)
+                return made
             if tier != "local" or not adoption.is_format_1(path, names):
                 raise CacheDirectoryError(
                     path,
@@ -206,6 +225,22 @@ def _take(path: str, tier: str) -> dict:
         if tier == "local":  # the shared tier's layout is the same in every format
             adoption.adopt(path, earlier)
         return _write_marker(path, tier=tier)
+
+
+def _is_half_made(path: str, names: list[str], tier: str) -> bool:
+    """Whether ``path`` is a directory set up only halfway by an earlier version (it made
+    the subdirectories before the marker, and met a full disk): nothing in it but some of
+    our subdirectories, each real, ours, private and empty."""
+    if not set(names) <= set(layout.SUBDIRECTORIES):
+        return False
+    for name in names:
+        try:
+            info = check_directory(os.path.join(path, name), tier)
+        except CacheDirectoryError:
+            return False
+        if info is None or os.listdir(os.path.join(path, name)):
+            return False
+    return True
 
 
 def _earlier_format(marker: dict) -> int | None:

@@ -1,0 +1,53 @@
+"""The one verification rule: every known checksum is checked, none instead of another."""
+
+from __future__ import annotations
+
+import hashlib
+
+import google_crc32c
+
+from fsspec_shards.checksums import Checksum
+from fsspec_shards.storage.verification import (
+    BACKEND,
+    Expectation,
+    Known,
+    Mismatch,
+    WholeHasher,
+    expected,
+)
+
+DATA = b"the one verification rule\n" * 5000
+SHA = Checksum("sha256", hashlib.sha256(DATA).hexdigest())
+MD5 = Checksum("md5", hashlib.md5(DATA).hexdigest())
+CRC = Checksum("crc32c", google_crc32c.Checksum(DATA).digest().hex())
+
+
+def _computed(data: bytes, expectation: Expectation) -> list[Checksum]:
+    hasher = WholeHasher(expectation.algorithms)
+    for start in range(0, len(data), 7000):  # in pieces, as a download hands them over
+        hasher.update(data[start : start + 7000])
+    return hasher.checksums()
+
+
+def test_every_checksum_from_the_manifests_and_the_backend_is_expected():
+    manifest = [Known(MD5, "manifest SUMS"), Known(SHA, "block manifest SUMS.blocks")]
+    expectation = expected(manifest, [CRC, MD5], "auto")
+    assert set(expectation.checksums) == {SHA, MD5, CRC}  # none skipped for another
+    assert expectation.algorithms == ("md5", "sha256", "crc32c")  # each hashed once
+    assert expectation.strongest() == SHA
+    assert expectation.sources_of(MD5) == f"manifest SUMS and {BACKEND}"
+    assert expectation.mismatch(_computed(DATA, expectation)) is None
+
+
+def test_one_disagreeing_checksum_fails_whatever_the_others_say():
+    wrong_md5 = Checksum("md5", hashlib.md5(b"other bytes").hexdigest())
+    expectation = expected([Known(wrong_md5, "manifest SUMS")], [CRC], "auto")
+    expectation = Expectation((*expectation.known, Known(SHA, "block manifest SUMS.blocks")))
+    found = expectation.mismatch(_computed(DATA, expectation))
+    assert found == Mismatch(str(wrong_md5), str(MD5), "manifest SUMS")
+
+
+def test_only_the_size_is_checked_with_verify_size_or_off():
+    assert not expected([Known(SHA, "manifest SUMS")], [MD5], "size")
+    assert not expected([Known(SHA, "manifest SUMS")], [MD5], False)
+    assert expected([], [], "auto").strongest() is None
