@@ -3,7 +3,8 @@
 Importing this package is cheap: the storage layer loads with fsspec's entry point, and the
 iteration module (which may import torch) loads on first use of :class:`ShardDataset`,
 :class:`IndexedShardDataset`, :class:`ShardWriter` or :class:`MixedDataset`, and
-:func:`patch_webdataset` (which changes webdataset's opener) only when called.
+:func:`patch_webdataset` (which changes webdataset's opener, until
+:func:`unpatch_webdataset`) only when called.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from fsspec_shards.iteration.mixing import MixedDataset
     from fsspec_shards.iteration.writer import ShardWriter
     from fsspec_shards.storage.filesystem import WdsFileSystem
-    from fsspec_shards.webdataset_patch import patch_webdataset
+    from fsspec_shards.webdataset_patch import patch_webdataset, unpatch_webdataset
 
 __version__ = "0.1.0"
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "WdsFileSystem",
     "__version__",
     "patch_webdataset",
+    "unpatch_webdataset",
 ]
 
 
@@ -55,8 +57,8 @@ def __getattr__(name: str) -> Any:
         from fsspec_shards.storage.filesystem import WdsFileSystem
 
         return WdsFileSystem
-    if name == "patch_webdataset":
-        from fsspec_shards.webdataset_patch import patch_webdataset
+    if name in ("patch_webdataset", "unpatch_webdataset"):
+        from fsspec_shards import webdataset_patch
 
-        return patch_webdataset
+        return getattr(webdataset_patch, name)
     raise AttributeError(f"module 'fsspec_shards' has no attribute {name!r}")
