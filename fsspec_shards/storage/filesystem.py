@@ -43,6 +43,7 @@ from fsspec_shards.storage.integrity import (
 from fsspec_shards.storage.obstore_transport import (
     TRANSPORTS,
     DownloadTransport,
+    HttpStatusError,
     download_transport,
 )
 from fsspec_shards.storage.range_plan import parse_ranges_in_flight
@@ -397,9 +398,19 @@ class WdsFileSystem(ChainedFileSystem):
         if not isinstance(transport, DownloadTransport):
             return self.fs.cat_file(backend_path)
         pieces: list[bytes] = []
-        facts = transport.stream(
-            backend_path, 0, None, lambda piece: pieces.append(bytes(piece)), self.policy.timeout
-        )
+        try:
+            facts = transport.stream(
+                backend_path,
+                0,
+                None,
+                lambda piece: pieces.append(bytes(piece)),
+                self.policy.timeout,
+            )
+        except HttpStatusError as exc:
+            if exc.status != 416:
+                raise
+            # an empty object has no byte 0 to ask a range from: the backend reads it whole
+            return self.fs.cat_file(backend_path)
         data = b"".join(pieces)
         if facts.total is not None and len(data) != facts.total:
             raise TransientError(

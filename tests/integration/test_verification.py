@@ -167,3 +167,22 @@ def test_manifests_are_read_through_the_transport_downloads_use(
     assert agents == {transport == "obstore"}, agents
     with fs.open(path, "rb") as handle:
         assert handle.read() == A
+
+
+def test_an_empty_sums_file_read_through_obstore_is_an_empty_manifest(s3_backend, tmp_path):
+    """An empty object has no byte 0 for obstore's ranged GET (HTTP 416): it is read whole,
+    an empty manifest as through the fsspec backend."""
+    s3_backend.put("empty/SHA256SUMS", b"")
+    s3_backend.put("empty/train-0000.tar", A)
+    fs, _ = fsspec.core.url_to_fs(
+        f"wds::{s3_backend.url('empty/train-0000.tar')}",
+        skip_instance_cache=True,
+        wds={
+            "cache_dir": str(tmp_path / "cache"),
+            "checksums": s3_backend.url("empty/SHA256SUMS"),
+            "transport": "obstore",
+            "retries": 1,
+        },
+        s3=s3_backend.storage_options,
+    )
+    assert len(fs.manifest) == 0
