@@ -28,7 +28,7 @@ from fsspec.utils import other_paths, stringify_path, tokenize
 from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.errors import OptionError
-from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
+from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean, redact_url
 from fsspec_shards.storage import backends, transfer
 from fsspec_shards.storage.backend_options import check_backend_options
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
@@ -40,9 +40,14 @@ from fsspec_shards.storage.integrity import (
     load_manifest,
     parse_verify,
 )
-from fsspec_shards.storage.obstore_transport import TRANSPORTS, download_transport
+from fsspec_shards.storage.obstore_transport import (
+    TRANSPORTS,
+    DownloadTransport,
+    HttpStatusError,
+    download_transport,
+)
 from fsspec_shards.storage.range_plan import parse_ranges_in_flight
-from fsspec_shards.storage.retry import RetryPolicy
+from fsspec_shards.storage.retry import RetryPolicy, TransientError
 from fsspec_shards.storage.streams import Transport, transport_for
 from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
 
@@ -378,12 +383,40 @@ class WdsFileSystem(ChainedFileSystem):
             if self._manifest is None:
                 source = self._checksums_source
                 self._manifest = self.policy.call(
-                    lambda: load_manifest(source, self.fs),
+                    lambda: load_manifest(source, self.fs, self._read_whole),
                     source if isinstance(source, str) else "checksums",
                     "load manifest",
                     lambda: self._count("retries"),
                 )
             return self._manifest
+
+    def _read_whole(self, backend_path: str) -> bytes:
+        """A whole small object (a checksum manifest) through the transport downloads use:
+        where that is obstore, a DataLoader worker reads its manifests without starting the
+        fsspec backend's session (botocore's, for s3: most of a worker's first batch)."""
+        transport = self.download_transport
+        if not isinstance(transport, DownloadTransport):
+            return self.fs.cat_file(backend_path)
+        pieces: list[bytes] = []
+        try:
+            facts = transport.stream(
+                backend_path,
+                0,
+                None,
+                lambda piece: pieces.append(bytes(piece)),
+                self.policy.timeout,
+            )
+        except HttpStatusError as exc:
+            if exc.status != 416:
+                raise
+            # an empty object has no byte 0 to ask a range from: the backend reads it whole
+            return self.fs.cat_file(backend_path)
+        data = b"".join(pieces)
+        if facts.total is not None and len(data) != facts.total:
+            raise TransientError(
+                f"{redact_url(backend_path)}: read {len(data)} of {facts.total} bytes"
+            )
+        return data
 
     # -- paths, counters ---------------------------------------------------------------
 

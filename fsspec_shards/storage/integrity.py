@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsspec_shards.checksums import (
@@ -165,13 +165,18 @@ def manifest_from_mapping(mapping: Mapping[str, str], strip_protocol: Any = None
     return Manifest(entries)
 
 
-def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
+def load_manifest(
+    source: str | Mapping[str, str],
+    backend: Any,
+    read_own: Callable[[str], bytes] | None = None,
+) -> Manifest:
     """Load the ``checksums`` option: a mapping, or the path/URL of a sums file and, when
     there is one beside it, its block manifest (``<sums file>.blocks``).
 
     A path without protocol, or a URL of the backend's own protocol, is read through the
-    backend and its names resolve against the file's directory; a URL of another protocol is
-    read through fsspec and its names match object paths by their trailing components.
+    backend (``read_own`` of its backend path where given: the transport downloads use) and
+    its names resolve against the file's directory; a URL of another protocol is read
+    through fsspec and its names match object paths by their trailing components.
     A block manifest whose whole-file digest of an object disagrees with the sums file's is
     an error naming both (one of them is stale).
     """
@@ -188,7 +193,7 @@ def load_manifest(source: str | Mapping[str, str], backend: Any) -> Manifest:
         base = posixpath.dirname(_without_query(path))
 
         def read(location: str) -> bytes:
-            return backend.cat_file(strip_protocol(backend, location))
+            return (read_own or backend.cat_file)(strip_protocol(backend, location))
     else:
         base = None
 

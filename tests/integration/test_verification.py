@@ -126,3 +126,63 @@ def test_an_md5_line_that_matches_beside_a_block_manifest_entry_reads(store, tmp
     assert fs.cat_file(path) == B
     assert fs.cat_file(path) == B  # (local files are read in place, remote ones cached)
     assert fs.cache_stats()["integrity_failures"] == 0
+
+
+@pytest.mark.parametrize("transport", ["fsspec", "obstore"])
+@pytest.mark.parametrize("with_blocks", [True, False])
+def test_manifests_are_read_through_the_transport_downloads_use(
+    s3_backend, fault_proxy, tmp_path, transport, with_blocks
+):
+    """With obstore, the sums file and its block manifest are read through obstore (a
+    DataLoader worker then starts no botocore session before its first block); a block
+    manifest that is not there is still no error, and the manifest still verifies."""
+    prefix = f"manifest-{transport}-{with_blocks}"
+    s3_backend.put(f"{prefix}/train-0000.tar", A)
+    s3_backend.put(
+        f"{prefix}/SHA256SUMS",
+        format_sums(
+            [("train-0000.tar", Checksum("sha256", hashlib.sha256(A).hexdigest()))]
+        ).encode(),
+    )
+    if with_blocks:
+        manifest = format_block_manifest([("train-0000.tar", _blocks(A))], BLOCK)
+        s3_backend.put(f"{prefix}/SHA256SUMS.blocks", manifest.encode())
+    proxy, proxied = fault_proxy(s3_backend)
+    fs, path = fsspec.core.url_to_fs(
+        f"wds::{proxied.url(f'{prefix}/train-0000.tar')}",
+        skip_instance_cache=True,
+        wds={
+            "cache_dir": str(tmp_path / "cache"),
+            "checksums": proxied.url(f"{prefix}/SHA256SUMS"),
+            "transport": transport,
+        },
+        s3=proxied.storage_options,
+    )
+    manifest = fs.manifest
+    assert manifest.lookup(path) == Checksum("sha256", hashlib.sha256(A).hexdigest())
+    assert (manifest.lookup_blocks(path) is not None) == with_blocks
+    reads = [e for e in proxy.requests() if "SHA256SUMS" in e.path]
+    assert len(reads) >= 2, reads  # the sums file and (found or not) its block manifest
+    agents = {str(e.headers.get("user-agent")).startswith("object_store/") for e in reads}
+    assert agents == {transport == "obstore"}, agents
+    with fs.open(path, "rb") as handle:
+        assert handle.read() == A
+
+
+def test_an_empty_sums_file_read_through_obstore_is_an_empty_manifest(s3_backend, tmp_path):
+    """An empty object has no byte 0 for obstore's ranged GET (HTTP 416): it is read whole,
+    an empty manifest as through the fsspec backend."""
+    s3_backend.put("empty/SHA256SUMS", b"")
+    s3_backend.put("empty/train-0000.tar", A)
+    fs, _ = fsspec.core.url_to_fs(
+        f"wds::{s3_backend.url('empty/train-0000.tar')}",
+        skip_instance_cache=True,
+        wds={
+            "cache_dir": str(tmp_path / "cache"),
+            "checksums": s3_backend.url("empty/SHA256SUMS"),
+            "transport": "obstore",
+            "retries": 1,
+        },
+        s3=s3_backend.storage_options,
+    )
+    assert len(fs.manifest) == 0
