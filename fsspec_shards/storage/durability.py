@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import deque
 from collections.abc import Callable
 
 from fsspec_shards.checksums import StreamingHasher, parse_checksum
+from fsspec_shards.storage.worker_thread import WorkerThread
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
@@ -75,58 +74,23 @@ def matches(descriptor: int, size: int, checksum: str) -> bool:
     return hasher.checksum() == expected
 
 
-class Syncer:
-    """Makes queued files durable on a thread of its own, then calls each one's
-    ``on_durable``; a file that cannot be synced stays not durable (logged)."""
+def _make_durable(path: str, on_durable: Callable[[], None]) -> None:
+    try:
+        fsync_file_and_directory(path)
+        on_durable()
+    except FileNotFoundError:
+        pass  # evicted or replaced before it was synced: nothing left to make durable
+    except Exception as error:  # the entry stays not durable: verified after a reboot
+        logger.warning("cannot make %s durable: %s", path, error)
+
+
+class Syncer(WorkerThread):
+    """Makes queued files durable on a thread of its own (``submit(path, on_durable)``),
+    then calls each one's ``on_durable``; a file that cannot be synced stays not durable
+    (logged)."""
 
     def __init__(self) -> None:
-        self._queue: deque[tuple[str, Callable[[], None]]] = deque()
-        self._busy = 0
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        os.register_at_fork(after_in_child=self._forget)
-
-    def submit(self, path: str, on_durable: Callable[[], None]) -> None:
-        with self._cond:
-            self._queue.append((path, on_durable))
-            self._busy += 1
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="fsspec-shards-sync", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
-
-    def drain(self) -> None:
-        """Wait until every file submitted so far is synced (or failed to)."""
-        with self._cond:
-            while self._busy:
-                self._cond.wait()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                path, on_durable = self._queue.popleft()
-            try:
-                fsync_file_and_directory(path)
-                on_durable()
-            except FileNotFoundError:
-                pass  # evicted or replaced before it was synced: nothing left to make durable
-            except Exception as error:  # the entry stays not durable: verified after a reboot
-                logger.warning("cannot make %s durable: %s", path, error)
-            finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
-
-    def _forget(self) -> None:
-        """In a forked child: the parent syncs what it queued; the child starts afresh."""
-        self._queue = deque()
-        self._busy = 0
-        self._cond = threading.Condition()
-        self._thread = None
+        super().__init__("fsspec-shards-sync", _make_durable)
 
 
 SYNCER = Syncer()

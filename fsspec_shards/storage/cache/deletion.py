@@ -20,12 +20,11 @@ import logging
 import os
 import re
 import secrets
-import threading
-from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from fsspec_shards.storage.cache import layout, locks
+from fsspec_shards.storage.worker_thread import WorkerThread
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
@@ -75,54 +74,22 @@ def _lock_path(directory: str, path: str) -> str:
     return os.path.join(directory, layout.LOCKS, os.path.basename(path) + ".lock")
 
 
-class Deleter:
-    """The thread of this process that works through eviction lists."""
+def _delete_list(directory: str, path: str) -> None:
+    try:
+        delete_listed(directory, path)
+    except Exception as error:  # the list stays: the next process takes it over
+        logger.warning("cannot delete the files of eviction list %s: %s", path, error)
+
+
+class Deleter(WorkerThread):
+    """The thread of this process that works through eviction lists
+    (``submit(directory, list_path)``)."""
 
     def __init__(self) -> None:
-        self._forget()
-
-    def _forget(self) -> None:
-        self._queue: deque[tuple[str, str]] = deque()
-        self._busy = 0
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, directory: str, path: str) -> None:
-        with self._cond:
-            self._queue.append((directory, path))
-            self._busy += 1
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="fsspec-shards-deleter", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
-
-    def drain(self) -> None:
-        """Wait until every list submitted so far is done."""
-        with self._cond:
-            while self._busy:
-                self._cond.wait()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                directory, path = self._queue.popleft()
-            try:
-                delete_listed(directory, path)
-            except Exception as error:  # the list stays: the next process takes it over
-                logger.warning("cannot delete the files of eviction list %s: %s", path, error)
-            finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
+        super().__init__("fsspec-shards-deleter", _delete_list)
 
 
 DELETER = Deleter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=DELETER._forget)
 
 
 def recover(directory: str) -> None:
