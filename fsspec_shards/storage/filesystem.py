@@ -774,9 +774,9 @@ class WdsFileSystem(ChainedFileSystem):
             except VersionMismatch as exc:
                 changed = exc
             except Unproven:  # answers prove no version: the object whole, then the ranges
-                buffer = io.BytesIO()
-                download(target, buffer, info)
-                return [_read_local_range(buffer, *bounds) for bounds in ranges]
+                with tempfile.TemporaryFile() as spool:  # on disk: the object may be large
+                    download(target, spool, info)
+                    return [_read_local_range(spool, *bounds) for bounds in ranges]
             logger.info("%s changed while its ranges were read: reading again", target.shown)
             info = target.stat()
         raise changed

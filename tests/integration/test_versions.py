@@ -417,6 +417,18 @@ def test_an_uncached_file_whose_answers_prove_nothing_is_read_whole_once(tmp_pat
         assert len(ranges) == 2  # the refused ranged read, then the whole object once
 
 
+def test_direct_ranges_whose_answers_prove_nothing_are_cut_from_one_whole_read(tmp_path, transport):
+    # ranged_reads="direct": a range whose answer proves no version is not used; the object
+    # is read whole once (on disk, not in memory) and the ranges are cut from that one answer
+    with HostileServer(identity_on_get=False) as server:
+        url = server.put("d.bin", OLD)
+        fs = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
+        assert fs.cat_file(url, start=MiB, end=2 * MiB) == OLD[MiB : 2 * MiB]
+        ranges = [entry.range for entry in server.gets("d.bin")]
+        assert ranges[-1].startswith("bytes=0-") or not ranges[-1], ranges
+        assert fs.cache_stats()["cached_files"] == 0
+
+
 # -- the property: one version or an error, whatever the schedule --------------------------
 
 SMALL = 3 * MiB
