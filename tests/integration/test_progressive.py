@@ -304,7 +304,9 @@ def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
             with fs.open(url, "rb") as handle:
                 assert handle.read() == data
             # the first span's answer is cut short after its 1 MiB, less what was in flight
-            # (loopback's socket buffers hold a few MiB): spans in flight sent 2.5x before
+            # (loopback's socket buffers hold a few MiB; on obstore a second whole answer is
+            # cut too: 1.04-1.25x measured, the top on a loaded machine): spans in flight
+            # sent 2.5x before
             sent = proxy.bytes_sent("big.tar")
             gets = [e.range for e in proxy.requests(method="GET", path="big.tar")]
-            assert sent <= 1.25 * len(data), (ranges_in_flight, sent, gets)
+            assert sent <= 1.5 * len(data), (ranges_in_flight, sent, gets)
