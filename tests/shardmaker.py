@@ -6,6 +6,7 @@ import gzip
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 
 def sample_bytes(shard: int, index: int, size: int = 64) -> bytes:
@@ -100,3 +101,17 @@ def make_tar(entries, tar_format=tarfile.PAX_FORMAT, **open_options) -> bytes:
         for info, data in entries:
             archive.addfile(info, io.BytesIO(data) if data is not None else None)
     return buffer.getvalue()
+
+
+def compressed_zeros(size: int, compressor: Any) -> bytes:
+    """A compressed tar of one member of ``size`` zero bytes (a decompression bomb), through
+    ``compressor`` (a zlib or zstandard compressobj: ``compress`` and ``flush``)."""
+    info = tarfile.TarInfo("bomb.bin")
+    info.size = size
+    pieces = [compressor.compress(info.tobuf(tarfile.USTAR_FORMAT))]
+    chunk = bytes(1 << 20)
+    for start in range(0, size, len(chunk)):
+        pieces.append(compressor.compress(chunk[: size - start]))
+    pieces.append(compressor.compress(bytes(-size % 512 + 1024)))
+    pieces.append(compressor.flush())
+    return b"".join(pieces)

@@ -4,7 +4,6 @@ shards, cold and warm, with any sampler; stale indexes and changed shards are re
 from __future__ import annotations
 
 import gzip
-import io
 import pickle
 import random
 import tarfile
@@ -16,23 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsspec_shards import IndexedShardDataset, ShardDataset, ShardFormatError, ShardWriter
-from fsspec_shards.iteration import zstd
 from fsspec_shards.iteration.shard_index import DEFAULT_INDEX, format_index, load_index
-from tests.shardmaker import make_tar, regular, special
+from tests.shardmaker import make_tar, regular, special, zstd_compress
 
 COMPRESSIONS = {
     "tar": lambda raw: raw,
     "tar.gz": lambda raw: gzip.compress(raw, mtime=0),
-    "tar.zst": lambda raw: _zstd(raw),
+    "tar.zst": zstd_compress,
 }
-
-
-def _zstd(raw: bytes) -> bytes:
-    buffer = io.BytesIO()
-    writer = zstd.open_writer(buffer)
-    writer.write(raw)
-    writer.close()
-    return buffer.getvalue()
 
 
 def without_url(sample: dict) -> dict:

@@ -27,7 +27,7 @@ from fsspec_shards.iteration.tar import (
     parse_members,
     shard_compression,
 )
-from tests.shardmaker import make_tar, regular, shard_tar, special
+from tests.shardmaker import compressed_zeros, make_tar, regular, shard_tar, special
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 SHARD = "memory://bucket/shard-0001.tar"
@@ -656,16 +656,7 @@ def test_reading_from_the_end_of_a_shard_yields_nothing_without_error():
 
 def zeros_gzip(size: int) -> bytes:
     """A gzip'd tar holding one member of ``size`` zero bytes: compresses about 1000x."""
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
-    info = tarfile.TarInfo("bomb.bin")
-    info.size = size
-    pieces = [compressor.compress(info.tobuf(tarfile.USTAR_FORMAT))]
-    chunk = bytes(1 << 20)
-    for start in range(0, size, len(chunk)):
-        pieces.append(compressor.compress(chunk[: size - start]))
-    pieces.append(compressor.compress(bytes(-size % 512 + 1024)))
-    pieces.append(compressor.flush())
-    return b"".join(pieces)
+    return compressed_zeros(size, zlib.compressobj(9, zlib.DEFLATED, 31))
 
 
 def test_a_gzip_bomb_is_refused_after_the_grace_naming_member_and_limit(monkeypatch):

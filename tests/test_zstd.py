@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration import tar, zstd
 from fsspec_shards.iteration.tar import iter_members, open_shard_stream, shard_compression
-from tests.shardmaker import make_tar, regular, shard_tar
+from tests.shardmaker import compressed_zeros, make_tar, regular, shard_tar
 
 SHARD = "memory://bucket/shard-0001.tar.zst"
 
@@ -143,16 +143,7 @@ def test_the_walk_ends_on_a_frame_end_however_the_bytes_are_fed(payload, pieces)
 
 def zeros_zstd(size: int) -> bytes:
     """A .tar.zst of one member of ``size`` zero bytes: a decompression bomb."""
-    info = tarfile.TarInfo("bomb.bin")
-    info.size = size
-    compressor = zstandard.ZstdCompressor(level=3).compressobj()
-    pieces = [compressor.compress(info.tobuf(tarfile.USTAR_FORMAT))]
-    chunk = bytes(1 << 20)
-    for start in range(0, size, len(chunk)):
-        pieces.append(compressor.compress(chunk[: size - start]))
-    pieces.append(compressor.compress(bytes(-size % 512 + 1024)))
-    pieces.append(compressor.flush())
-    return b"".join(pieces)
+    return compressed_zeros(size, zstandard.ZstdCompressor(level=3).compressobj())
 
 
 def test_a_zstd_bomb_is_refused_after_the_grace_naming_member_and_limit(monkeypatch):
