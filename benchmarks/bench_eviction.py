@@ -24,8 +24,8 @@ import time
 
 from report import print_results
 
+from fsspec_shards.storage.backends.identity import ObjectId
 from fsspec_shards.storage.cache import ShardCache, layout
-from fsspec_shards.storage.identity import ObjectId
 
 ENTRY_SIZE = 1024
 SMALL_CACHE = 1000

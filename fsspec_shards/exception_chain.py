@@ -1,6 +1,6 @@
 """The links of an exception's ``__cause__``/``__context__`` chain, walked in one place.
 
-Retry classification (:mod:`fsspec_shards.storage.retry`), secret scrubbing
+Retry classification (:mod:`fsspec_shards.storage.core.retry`), secret scrubbing
 (:mod:`fsspec_shards.redact`) and the cache's disk-full test
 (:mod:`fsspec_shards.storage.cache.space`) all ask "does any exception this one was raised
 from say X?". Neutral (imports nothing of the package), so storage and the top-level

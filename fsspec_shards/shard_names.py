@@ -1,6 +1,6 @@
 """Finding a shard in a table of names by the trailing part of its path.
 
-Checksum manifests (:mod:`fsspec_shards.storage.integrity`) and sample-count sidecars
+Checksum manifests (:mod:`fsspec_shards.storage.core.integrity`) and sample-count sidecars
 (:mod:`fsspec_shards.iteration.lengths`) name shards as their writer saw them: a full URL, a
 path, or a name relative to somewhere unknown. Both look a shard up the same way, here.
 Neutral (imports nothing of the package): storage and iteration never import each other.

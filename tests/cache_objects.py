@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.backends.identity import KEY_FORMAT, ObjectId
 from fsspec_shards.storage.cache import layout, store
-from fsspec_shards.storage.durability import SYNCER
-from fsspec_shards.storage.identity import KEY_FORMAT, ObjectId
+from fsspec_shards.storage.cache.durability import SYNCER
 
 
 def obj(url: str) -> ObjectId:

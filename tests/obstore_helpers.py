@@ -8,7 +8,7 @@ import warnings
 import aiohttp
 import pytest
 
-from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
+from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
 from tests.aws_config import RESOLVING
 
 AZ_KEY = "a2V5LWZvci10ZXN0cw=="

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.errors import IntegrityError
+from fsspec_shards.storage.backends.identity import KEY_FORMAT
 from fsspec_shards.storage.cache import (
     CacheFullError,
     ShardCache,
@@ -20,7 +21,6 @@ from fsspec_shards.storage.cache import (
     layout,
     usage,
 )
-from fsspec_shards.storage.identity import KEY_FORMAT
 from tests.cache_objects import (
     as_a_new_process,
     fill,
@@ -335,7 +335,7 @@ def test_objects_are_kept_apart_by_their_keys(cache: ShardCache) -> None:
 
 
 def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
-    from fsspec_shards.storage.identity import ObjectId
+    from fsspec_shards.storage.backends.identity import ObjectId
 
     with pytest.raises(ValueError, match="not a cache key"):
         cache.fetch(ObjectId("../../etc/passwd", "x"), writer(b"x"))
@@ -344,7 +344,7 @@ def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
 def test_no_secret_reaches_any_file_under_the_cache(cache: ShardCache) -> None:
     import fsspec
 
-    from fsspec_shards.storage.identity import object_id
+    from fsspec_shards.storage.backends.identity import object_id
 
     http = fsspec.filesystem("https")
     signed = "https://user:SECRETPW@host/bucket/a.tar?X-Amz-Signature=SECRETSIG&token=SECRETTOK"

@@ -1,4 +1,4 @@
-"""Durability off the critical path (storage/durability.py, storage/cache/store.py): a file
+"""Durability off the critical path (storage/cache/durability.py, storage/cache/store.py): a file
 is published once written and verified, synced in the background; after a reboot an entry
 that was not yet durable is verified again before its first use, a durable one is not.
 
@@ -13,8 +13,7 @@ import os
 
 import pytest
 
-from fsspec_shards.storage import durability
-from fsspec_shards.storage.cache import ShardCache
+from fsspec_shards.storage.cache import ShardCache, durability
 from fsspec_shards.storage.cache import store as store_module
 from tests.cache_objects import obj, payload, read_only_view, writer  # noqa: F401
 

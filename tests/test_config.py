@@ -1,7 +1,7 @@
 import pytest
 
 from fsspec_shards import config
-from fsspec_shards.storage.integrity import parse_verify
+from fsspec_shards.storage.core.integrity import parse_verify
 
 
 @pytest.mark.parametrize(

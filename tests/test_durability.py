@@ -1,4 +1,4 @@
-"""storage/durability.py's own parts: the boot id, reading a file back against its checksum,
+"""storage/cache/durability.py's own parts: the boot id, reading a file back against its checksum,
 and the background syncer. (What the cache does with them, a reboot before a sync, is in
 tests/test_cache_durability.py.)"""
 
@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage import durability
-from fsspec_shards.storage.durability import Syncer, boot_id, fsync_file_and_directory, matches
+from fsspec_shards.storage.cache import durability
+from fsspec_shards.storage.cache.durability import (
+    Syncer,
+    boot_id,
+    fsync_file_and_directory,
+    matches,
+)
 
 MiB = 1024 * 1024
 

@@ -266,10 +266,10 @@ def test_transport_option_is_checked_and_named(tmp_path):
 def test_auto_transport_uses_the_fsspec_backend_where_obstore_has_no_store_and_says_why(
     tmp_path, caplog
 ):
-    from fsspec_shards.storage.streams import CatFileTransport
+    from fsspec_shards.storage.transfer.streams import CatFileTransport
 
     fs = _wds(target_protocol="file", cache_dir=str(tmp_path))
-    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.transfer.obstore_transport"):
         assert isinstance(fs.download_transport, CatFileTransport)
     pytest.importorskip("obstore")  # with it installed, the reason is the protocol
     assert "obstore has no store for protocol 'file'" in caplog.records[0].getMessage()
@@ -287,7 +287,7 @@ def test_an_option_obstore_cannot_carry_over_is_named_or_sends_auto_to_fsspec(tm
     with pytest.raises(ValueError, match="config_kwargs.signature_version"):
         _wds(target_protocol="s3", target_options=options, transport="obstore")
     fs = _wds(target_protocol="s3", target_options=options, cache_dir=str(tmp_path))
-    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.transfer.obstore_transport"):
         assert type(fs.download_transport).__name__ == "S3Transport"
     assert "config_kwargs.signature_version" in caplog.records[0].getMessage()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from fsspec_shards.storage.identity import KEY_FORMAT, backend_location, object_id
+from fsspec_shards.storage.backends.identity import KEY_FORMAT, backend_location, object_id
 from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)
 
 AZURITE = (

@@ -10,7 +10,7 @@ import pytest
 
 from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.storage.backends import backend_checksums, object_identity
-from fsspec_shards.storage.integrity import (
+from fsspec_shards.storage.core.integrity import (
     Checksum,
     Manifest,
     load_manifest,

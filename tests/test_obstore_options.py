@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
+from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
 from tests.obstore_helpers import (
     S3_ENDPOINT,
     no_ambient_credentials,  # noqa: F401 - the fixture

@@ -9,13 +9,13 @@ import pickle
 
 import pytest
 
-from fsspec_shards.storage.obstore_transport import (
+from fsspec_shards.storage.backends.versions import VersionMismatch
+from fsspec_shards.storage.core.retry import is_transient
+from fsspec_shards.storage.transfer.obstore_transport import (
     HttpStatusError,
     ObstoreTransport,
     choose_transport,
 )
-from fsspec_shards.storage.retry import is_transient
-from fsspec_shards.storage.versions import VersionMismatch
 from tests.obstore_helpers import (
     AZ_KEY,
     AZURITE_CS,
@@ -49,7 +49,7 @@ def test_transport_auto_uses_obstore_when_the_options_map():
 
 
 def test_transport_auto_falls_back_to_fsspec_and_says_why_at_debug(caplog):
-    with caplog.at_level(logging.DEBUG, logger="fsspec_shards.storage.obstore_transport"):
+    with caplog.at_level(logging.DEBUG, logger="fsspec_shards.storage.transfer.obstore_transport"):
         assert choose_transport("s3", {"anon": True, "session": object()}, "auto") is None
     assert "session" in caplog.text
 

@@ -1,4 +1,5 @@
-"""The ranges-in-flight rule (storage/range_plan.py): option, gate, bounds, what is learned.
+"""The ranges-in-flight rule (storage/transfer/range_plan.py): option, gate, bounds,
+what is learned.
 
 The adaptive ramp against a link that rewards ranges (and one that does not) is in
 tests/integration/test_ranges_in_flight.py, through a pacing proxy.
@@ -12,8 +13,8 @@ import time
 
 import pytest
 
-from fsspec_shards.storage import range_plan
-from fsspec_shards.storage.range_plan import Ramp, link_of, parse_ranges_in_flight
+from fsspec_shards.storage.transfer import range_plan
+from fsspec_shards.storage.transfer.range_plan import Ramp, link_of, parse_ranges_in_flight
 
 
 @pytest.fixture(autouse=True)

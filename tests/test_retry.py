@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from fsspec_shards.storage.retry import (
+from fsspec_shards.storage.core.retry import (
     Attempts,
     RetriesExhaustedError,
     RetryPolicy,
@@ -290,7 +290,7 @@ def test_connection_failures_buried_under_not_found_say_what_they_were():
     import socket
     import ssl
 
-    from fsspec_shards.storage.retry import connection_failure, permanent_error
+    from fsspec_shards.storage.core.retry import connection_failure, permanent_error
 
     tls = _raised_from(
         FileNotFoundError("https://h/x"),

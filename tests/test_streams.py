@@ -10,14 +10,14 @@ import fsspec
 import pytest
 from fsspec.asyn import get_loop
 
-from fsspec_shards.storage.streams import (
+from fsspec_shards.storage.backends.versions import Version
+from fsspec_shards.storage.transfer.streams import (
     CatFileTransport,
     HttpTransport,
     _pipelined,
     _RangeWindow,
     transport_for,
 )
-from fsspec_shards.storage.versions import Version
 
 
 def _producer(pieces: list[bytes], fail_after: int | None = None, state: dict | None = None):

@@ -7,7 +7,7 @@ import hashlib
 import google_crc32c
 
 from fsspec_shards.checksums import Checksum
-from fsspec_shards.storage.verification import (
+from fsspec_shards.storage.core.verification import (
     BACKEND,
     Expectation,
     Known,

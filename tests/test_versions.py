@@ -6,8 +6,7 @@ import datetime
 
 import pytest
 
-from fsspec_shards.storage.retry import TransientError, is_transient
-from fsspec_shards.storage.versions import (
+from fsspec_shards.storage.backends.versions import (
     Facts,
     Unproven,
     Version,
@@ -18,6 +17,7 @@ from fsspec_shards.storage.versions import (
     parse_content_range,
     timestamp,
 )
+from fsspec_shards.storage.core.retry import TransientError, is_transient
 
 LAST_MODIFIED = "Wed, 02 Dec 2026 10:00:00 GMT"
 

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 
-from fsspec_shards.storage.worker_thread import WorkerThread
+from fsspec_shards.storage.core.worker_thread import WorkerThread
 
 
 def test_items_run_in_order_on_one_named_daemon_thread_and_drain_waits_for_them():

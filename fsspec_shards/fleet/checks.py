@@ -21,7 +21,7 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.fleet.errors import describe_error
 from fsspec_shards.fleet.executors import Executor
 from fsspec_shards.fleet.shards import comparable, open_filesystem
-from fsspec_shards.storage.integrity import StreamingHasher
+from fsspec_shards.storage.core.integrity import StreamingHasher
 
 HASH_BLOCK_SIZE = 1 << 20
 
@@ -120,7 +120,7 @@ def storage_check(fs: Any, path: str) -> str:
     """What the ``wds`` layer verifies when it reads ``path`` without a manifest: every
     checksum the backend gives, else only the size (local files, most HTTP)."""
     from fsspec_shards.storage.backends import backend_checksums, protocol_of
-    from fsspec_shards.storage.verification import expected as expectation
+    from fsspec_shards.storage.core.verification import expected as expectation
 
     mode = getattr(fs, "verify", None)
     if mode is None:

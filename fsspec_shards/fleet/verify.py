@@ -29,8 +29,8 @@ from fsspec_shards.fleet.shards import (
     wds_url,
 )
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.core.integrity import Manifest, load_manifest
 from fsspec_shards.storage.deps.fsspec import strip_protocol
-from fsspec_shards.storage.integrity import Manifest, load_manifest
 
 CHORE = "verify"
 MISSING = "not found: listed in the manifest, missing from storage"

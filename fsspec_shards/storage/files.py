@@ -30,9 +30,9 @@ from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
 from fsspec_shards.storage.backends import object_identity
-from fsspec_shards.storage.download import Target, download, read_range
-from fsspec_shards.storage.verification import WholeHasher
-from fsspec_shards.storage.versions import Unproven, VersionMismatch
+from fsspec_shards.storage.backends.versions import Unproven, VersionMismatch
+from fsspec_shards.storage.core.verification import WholeHasher
+from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
 
 
 class DropCachedOnClose(io.RawIOBase):

@@ -29,27 +29,28 @@ from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean, redact_url
-from fsspec_shards.storage import backends, transfer
-from fsspec_shards.storage.backend_options import check_backend_options
-from fsspec_shards.storage.deps import fsspec as fsspec_deps
-from fsspec_shards.storage.download import Target, download, read_range
-from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
-from fsspec_shards.storage.identity import ObjectId, object_id
-from fsspec_shards.storage.integrity import (
+from fsspec_shards.storage import backends
+from fsspec_shards.storage.backends.accepted_options import check_backend_options
+from fsspec_shards.storage.backends.identity import ObjectId, object_id
+from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.core.integrity import (
     Manifest,
     load_manifest,
     parse_verify,
 )
-from fsspec_shards.storage.obstore_transport import (
+from fsspec_shards.storage.core.retry import RetryPolicy, TransientError
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
+from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
+from fsspec_shards.storage.transfer.obstore_transport import (
     TRANSPORTS,
     DownloadTransport,
     HttpStatusError,
     download_transport,
 )
-from fsspec_shards.storage.range_plan import parse_ranges_in_flight
-from fsspec_shards.storage.retry import RetryPolicy, TransientError
-from fsspec_shards.storage.streams import Transport, transport_for
-from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
+from fsspec_shards.storage.transfer.range_plan import parse_ranges_in_flight
+from fsspec_shards.storage.transfer.streams import Transport, transport_for
+from fsspec_shards.storage.transfer.target import MIN_RATE, RATE_WINDOW
 
 if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
@@ -197,8 +198,8 @@ class WdsFileSystem(ChainedFileSystem):
         max_backoff: float | str = 10.0,
         deadline: float | str = 300.0,
         timeout: float | str = 30.0,
-        min_rate: int | str = transfer.MIN_RATE,
-        min_rate_window: float | str = transfer.RATE_WINDOW,
+        min_rate: int | str = MIN_RATE,
+        min_rate_window: float | str = RATE_WINDOW,
         ranged_reads: str | None = None,
         transport: str = "auto",
         ranges_in_flight: int | str = "auto",
@@ -616,15 +617,19 @@ class WdsFileSystem(ChainedFileSystem):
     ) -> io.RawIOBase:
         """The object from the cache, readable block by block while it fills
         (:mod:`.progressive`)."""
-        from fsspec_shards.storage import progressive
+        from fsspec_shards.storage.transfer.blocks import (
+            BlockProgress,
+            fill_blocks,
+            open_while_filling,
+        )
 
-        def fill(out: BinaryIO, progress: progressive.BlockProgress) -> dict:
-            download_blocks = lambda into: progressive.fill_blocks(  # noqa: E731
+        def fill(out: BinaryIO, progress: BlockProgress) -> dict:
+            download_blocks = lambda into: fill_blocks(  # noqa: E731
                 target, into, info, blocks, progress, target.ranges_in_flight
             )
             return self._filler(obj, target, info, download_blocks)(out)
 
-        return progressive.open_while_filling(
+        return open_while_filling(
             self.shard_cache, obj, blocks, fill, since, lambda: self._reopen_raw(backend_path)
         )
 
@@ -684,7 +689,7 @@ class WdsFileSystem(ChainedFileSystem):
     def _writing(self, backend_paths: Any) -> Iterator[None]:
         """The one invalidation rule, around every write through the layer: the cached
         copies of every path written are dropped (under the key reads use,
-        :func:`~fsspec_shards.storage.identity.keyed_path`) before the write and again
+        :func:`~fsspec_shards.storage.backends.identity.keyed_path`) before the write and again
         after it, failed or not, so neither a copy cached before nor a download that
         looked at the backend before the write's end is served afterwards."""
         self._drop_cached(backend_paths)
@@ -726,7 +731,7 @@ class WdsFileSystem(ChainedFileSystem):
             return CachedFile(raw, self, backend_path)
         blocks = self._blocks_of(backend_path)
         if blocks is not None:
-            from fsspec_shards.storage.progressive import BlockCheckedFile
+            from fsspec_shards.storage.transfer.blocks import BlockCheckedFile
 
             return BlockCheckedFile(self, target, info, block_size or self.block_size, blocks)
         return RetryingFile(self, target, info, block_size or self.block_size)

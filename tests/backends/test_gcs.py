@@ -8,7 +8,7 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage.backends import tame_instance, tamed_target_options
-from fsspec_shards.storage.obstore_options import StoreSpec, map_options
+from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from tests.obstore_helpers import (
     SERVICE_ACCOUNT,
     no_ambient_credentials,  # noqa: F401 - the fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fsspec
 
 from fsspec_shards.storage.backends import backend_of, local, location, tamed_target_options
-from fsspec_shards.storage.versions import expected_version
+from fsspec_shards.storage.backends.versions import expected_version
 
 
 def test_both_names_of_fsspecs_local_filesystem_are_this_backend():

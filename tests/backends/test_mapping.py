@@ -15,7 +15,7 @@ from fsspec_shards.storage.backends.mapping import (
     http_endpoint,
     tls,
 )
-from fsspec_shards.storage.obstore_options import Unmappable, map_options
+from fsspec_shards.storage.backends.obstore_options import Unmappable, map_options
 from tests.obstore_helpers import no_ambient_credentials  # noqa: F401 - the fixture
 
 

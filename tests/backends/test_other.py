@@ -8,7 +8,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from fsspec_shards.storage.backends import backend_of, location, other, tamed_target_options
-from fsspec_shards.storage.streams import CatFileTransport, transport_for
+from fsspec_shards.storage.transfer.streams import CatFileTransport, transport_for
 
 
 class Remote(fsspec.AbstractFileSystem):

@@ -7,9 +7,9 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage.backends import s3, tame_instance, tamed_target_options
+from fsspec_shards.storage.backends.identity import backend_location
+from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
-from fsspec_shards.storage.identity import backend_location
-from fsspec_shards.storage.obstore_options import StoreSpec, map_options
 from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)
 from tests.obstore_helpers import (
     S3_ENDPOINT,

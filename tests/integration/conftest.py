@@ -192,6 +192,6 @@ def no_splits(monkeypatch):
     (which depends on timing; splits are tested in test_ranges_in_flight.py): for faults
     aimed at one range of the layout, and for moto, which can answer a GET that starts
     while the object is being replaced with an ETag of neither version."""
-    from fsspec_shards.storage import range_plan
+    from fsspec_shards.storage.transfer import range_plan
 
     monkeypatch.setattr(range_plan, "SPLIT_MIN", 1 << 62)

@@ -3,8 +3,8 @@ and ``range_plan.Ramp``), for tests that aim a fault at one range."""
 
 from __future__ import annotations
 
-from fsspec_shards.storage.filling import _Layout
-from fsspec_shards.storage.range_plan import Ramp
+from fsspec_shards.storage.transfer.range_plan import Ramp
+from fsspec_shards.storage.transfer.ranges import _Layout
 
 
 def range_starts(size: int, ranges_in_flight: int) -> list[int]:

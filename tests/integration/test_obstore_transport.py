@@ -24,16 +24,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fsspec_shards.storage import obstore_transport
-from fsspec_shards.storage.obstore_transport import (
+from fsspec_shards.storage.backends.versions import Version, VersionMismatch
+from fsspec_shards.storage.core.retry import http_status, is_transient, permanent_error
+from fsspec_shards.storage.transfer import obstore_transport
+from fsspec_shards.storage.transfer.obstore_transport import (
     ObstoreTransport,
     ServerUnsupported,
     TransportUnavailable,
     bucket_region,
     choose_transport,
 )
-from fsspec_shards.storage.retry import http_status, is_transient, permanent_error
-from fsspec_shards.storage.versions import Version, VersionMismatch
 from tests.integration import servers
 from tests.integration.fault_proxy import Cut, Reset, Stall, Status
 

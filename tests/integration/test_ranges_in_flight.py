@@ -23,7 +23,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from fsspec_shards.storage import range_plan
+from fsspec_shards.storage.transfer import range_plan
 from tests.integration.hostile_http import (
     Cut,
     HostileServer,
@@ -211,7 +211,7 @@ def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, trans
     # after a first range served at once, four ranges at 6 kB/s each: the fill moves at
     # 24 kB/s, above min_rate (16 KiB/s), though each stream alone is below it; streams
     # that share a slow link are not stalls
-    from fsspec_shards.storage.filling import fill_ranges, preallocate
+    from fsspec_shards.storage.transfer.ranges import fill_ranges, preallocate
 
     piece, every, span = 300, 0.05, 6000
     data = random.Random(19).randbytes(4 * span)

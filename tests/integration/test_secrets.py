@@ -16,7 +16,7 @@ import traceback
 import fsspec
 import pytest
 
-from fsspec_shards.storage.retry import RetriesExhaustedError
+from fsspec_shards.storage.core.retry import RetriesExhaustedError
 from tests.integration import servers
 from tests.integration.fault_proxy import Reset, Status
 from tests.secrets import SECRET_PARAMETERS

@@ -1,4 +1,4 @@
-"""A server that trickles is given up on (the stall rule of storage/transfer.py): a request
+"""A server that trickles is given up on (the stall rule of storage/transfer/target.py): a request
 slower than ``min_rate`` over ``min_rate_window`` is ended, and only a request at that rate
 starts a new failure chain, so every download ends. Against a real HTTP server that sends a
 few bytes per request and stalls, through both transports.

@@ -276,7 +276,7 @@ def test_auto_falls_back_to_fsspec_for_a_server_obstore_cannot_read_and_says_why
     second = gcs_backend.put("fallback-1.bin", DATA[3000:6000])
     fs = _wds_fs(gcs_backend, tmp_path)
     assert "using obstore" in repr(fs.download_transport)
-    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.obstore_transport"):
+    with caplog.at_level("DEBUG", logger="fsspec_shards.storage.transfer.obstore_transport"):
         assert fs.cat_file(first) == DATA[:3000]
         assert fs.cat_file(second) == DATA[3000:6000]
     assert "using fsspec" in repr(fs.download_transport)

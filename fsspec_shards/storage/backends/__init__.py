@@ -36,7 +36,7 @@ from fsspec.asyn import sync
 from fsspec_shards.storage.backends import azure, gcs, http, local, other, s3
 from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
-from fsspec_shards.storage.integrity import Checksum
+from fsspec_shards.storage.core.integrity import Checksum
 
 __all__ = ["FSSPEC_INSTANCE_OPTIONS", "protocol_of"]  # for the filesystem and the chores
 

@@ -24,7 +24,7 @@ from fsspec_shards.storage.backends.mapping import (
     as_bool,
     http_endpoint,
 )
-from fsspec_shards.storage.integrity import Checksum
+from fsspec_shards.storage.core.integrity import Checksum
 
 PROTOCOLS = ("az", "abfs", "abfss", "adl")
 VERSION_FIELDS = VersionFields(etag=("etag",), version=("version_id",), modified=("last_modified",))

@@ -26,7 +26,7 @@ from fsspec_shards.storage.backends.mapping import (
     as_bool,
     http_endpoint,
 )
-from fsspec_shards.storage.integrity import Checksum
+from fsspec_shards.storage.core.integrity import Checksum
 
 PROTOCOLS = ("gs", "gcs")
 GOOGLE = "https://storage.googleapis.com"

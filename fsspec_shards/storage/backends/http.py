@@ -22,7 +22,7 @@ import fsspec
 
 from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
 from fsspec_shards.storage.backends.mapping import IGNORED_COMMON, Options, StoreSpec
-from fsspec_shards.storage.integrity import Checksum
+from fsspec_shards.storage.core.integrity import Checksum
 
 PROTOCOLS = ("http", "https")
 VERSION_FIELDS = VersionFields(etag=("ETag",), modified=("Last-Modified",))

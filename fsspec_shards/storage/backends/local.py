@@ -9,7 +9,7 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.storage.backends.fields import VersionFields
-from fsspec_shards.storage.integrity import Checksum
+from fsspec_shards.storage.core.integrity import Checksum
 
 PROTOCOLS = ("file", "local")
 VERSION_FIELDS = VersionFields(etag=("ETag", "etag"), modified=("mtime", "LastModified", "updated"))

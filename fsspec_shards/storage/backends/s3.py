@@ -41,7 +41,7 @@ from fsspec_shards.storage.backends.mapping import (
     http_endpoint,
     tls,
 )
-from fsspec_shards.storage.integrity import Checksum
+from fsspec_shards.storage.core.integrity import Checksum
 
 PROTOCOLS = ("s3", "s3a")
 VERSION_FIELDS = VersionFields(

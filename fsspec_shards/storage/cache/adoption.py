@@ -25,9 +25,9 @@ import sqlite3
 import stat
 from urllib.request import pathname2url
 
+from fsspec_shards.storage.backends.identity import KEY_FORMAT
 from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.cache.index import Index
-from fsspec_shards.storage.identity import KEY_FORMAT
 
 MARKED_FORMATS = (2,)
 """Earlier formats whose directories carry a marker."""

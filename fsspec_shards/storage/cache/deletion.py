@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from fsspec_shards.storage.cache import layout, locks
-from fsspec_shards.storage.worker_thread import WorkerThread
+from fsspec_shards.storage.core.worker_thread import WorkerThread
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 

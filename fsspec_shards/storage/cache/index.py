@@ -6,7 +6,7 @@ string keys::
     entry:<key>        a published file: JSON {file, size, shown, stored_at, validated_at,
                        metadata}; the row's size column is the file's size
     pending:<key>      JSON {file, boot}: that file of the entry is not durable yet; it was
-                       published under boot ``boot`` (storage/durability.py)
+                       published under boot ``boot`` (storage/cache/durability.py)
     generation:<key>   the key's write generation (int)
     counter:<name>     a counter shared by every process (int)
     size_limit         the size limit the cache was last used with (int)
@@ -30,7 +30,7 @@ Invariants:
   last commit on power loss; FULL syncs the journal and the database at every commit, so
   a commit that returned survives a machine crash (a few small fsyncs per published file,
   off the data's path: the data file itself is synced in the background,
-  ``storage/durability.py``).
+  ``storage/cache/durability.py``).
 - Least-recently-used order is diskcache's store time (``eviction_policy=
   "least-recently-stored"``): a use of an entry re-stores it (batched per process by
   :mod:`.usage`), so a lookup is a plain read, never a write transaction, and an entry's
@@ -65,10 +65,10 @@ from urllib.request import pathname2url
 import diskcache
 from diskcache.core import MODE_RAW, UNKNOWN
 
+from fsspec_shards.storage.backends.identity import KEY_FORMAT
 from fsspec_shards.storage.cache import layout, space
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.deps.diskcache import delete_raw_keys
-from fsspec_shards.storage.identity import KEY_FORMAT
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ Invariants:
   into ``files/`` and recorded in the index. A process killed at any instant leaves a temp
   file or an unindexed file (both removed later, by name) or a whole entry.
 - Durable, or verified again: the fsync of a published file and its directory runs in the
-  background (:mod:`fsspec_shards.storage.durability`); until it is done the entry is
+  background (:mod:`fsspec_shards.storage.cache.durability`); until it is done the entry is
   recorded as not durable under this boot, and under another boot (a machine crash may
   have torn it) it is verified against its checksum before its first use, dropped where
   it does not match or none is known. Without a boot id the fsync comes before publishing.
@@ -48,12 +48,17 @@ from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.backends.identity import KEY_FORMAT, ObjectId
 from fsspec_shards.storage.cache import deletion, layout, locks, space, trust
+from fsspec_shards.storage.cache.durability import (
+    SYNCER,
+    boot_id,
+    fsync_file_and_directory,
+    matches,
+)
 from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError, Row
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.usage import Usage
-from fsspec_shards.storage.durability import SYNCER, boot_id, fsync_file_and_directory, matches
-from fsspec_shards.storage.identity import KEY_FORMAT, ObjectId
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 

@@ -47,14 +47,14 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
+from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
+from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch, check_response
+from fsspec_shards.storage.core.retry import TransientError
 from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
 from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
 from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
-from fsspec_shards.storage.obstore_options import StoreSpec, Unmappable, map_options
-from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.versions import Facts, Version, VersionMismatch, check_response
 
-logger = logging.getLogger("fsspec_shards.storage.obstore_transport")
+logger = logging.getLogger("fsspec_shards.storage.transfer.obstore_transport")
 
 TRANSPORTS = ("auto", "obstore", "fsspec")
 Sink = Callable[[bytes], None]

@@ -30,8 +30,8 @@ from fsspec_shards.checksums import (
 from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_url
 from fsspec_shards.shard_names import by_trailing_path
+from fsspec_shards.storage.core.verification import Known
 from fsspec_shards.storage.deps.fsspec import strip_protocol
-from fsspec_shards.storage.verification import Known
 
 __all__ = [
     "Checksum",
@@ -43,7 +43,7 @@ __all__ = [
     "parse_verify",
 ]
 
-logger = logging.getLogger("fsspec_shards.storage.integrity")
+logger = logging.getLogger("fsspec_shards.storage.core.integrity")
 
 
 class Manifest:

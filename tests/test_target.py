@@ -1,4 +1,4 @@
-"""The one loop that moves a byte range (storage/transfer.py): after a cut it asks again from
+"""The one loop that moves a byte range (storage/transfer/target.py): after a cut it asks again from
 the byte reached; chunked reads through a transport that does not stream grow and shrink
 (ChunkSizer); the stall rule ends a request slower than ``min_rate`` over ``rate_window``
 and lets only a request at that rate start a new failure chain.
@@ -20,11 +20,11 @@ import time
 import fsspec
 import pytest
 
-from fsspec_shards.storage.identity import object_id
-from fsspec_shards.storage.retry import RetriesExhaustedError, RetryPolicy
-from fsspec_shards.storage.streams import CatFileTransport
-from fsspec_shards.storage.transfer import ChunkSizer, FillRate, Target, TooSlow, resume
-from fsspec_shards.storage.versions import Facts, Version, VersionMismatch
+from fsspec_shards.storage.backends.identity import object_id
+from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch
+from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
+from fsspec_shards.storage.transfer.streams import CatFileTransport
+from fsspec_shards.storage.transfer.target import ChunkSizer, FillRate, Target, TooSlow, resume
 from tests.planned_faults import PlannedFaultFileSystem
 
 KiB = 1024

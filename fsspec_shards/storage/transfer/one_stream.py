@@ -43,19 +43,19 @@ from typing import Any, BinaryIO
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends import object_identity
-from fsspec_shards.storage.filling import (
+from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.core.verification import BACKEND, Mismatch
+from fsspec_shards.storage.transfer.range_plan import AUTO_ABOVE, one_request
+from fsspec_shards.storage.transfer.ranges import (
     Gathered,
     OrderedHasher,
     Writeback,
     fill_ranges,
     preallocate,
 )
-from fsspec_shards.storage.range_plan import AUTO_ABOVE, one_request
-from fsspec_shards.storage.transfer import ChunkSizer, Target, resume
-from fsspec_shards.storage.verification import BACKEND, Mismatch
-from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.transfer.target import ChunkSizer, Target, resume
 
-logger = logging.getLogger("fsspec_shards.storage.download")
+logger = logging.getLogger("fsspec_shards.storage.transfer.one_stream")
 
 MiB = 1024 * 1024
 INTEGRITY_PASSES = 2

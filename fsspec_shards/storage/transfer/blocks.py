@@ -7,7 +7,7 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   each block against its digest the moment its last byte arrives. A good block is marked
   verified in a :class:`BlockProgress`; a bad one stops the request it came in, is counted
   in ``integrity_failures`` and fetched again by range from its first byte; a block bad in
-  :data:`~fsspec_shards.storage.download.INTEGRITY_PASSES` downloads raises
+  :data:`~fsspec_shards.storage.transfer.one_stream.INTEGRITY_PASSES` downloads raises
   ``IntegrityError`` naming the object and the block. With several ranges in flight, blocks
   complete out of order; the range holding the block a reader of this process waits on is
   fetched next. The first range is small (``range_plan.FIRST_BYTES``) and its answer decides
@@ -55,17 +55,17 @@ from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
 from fsspec_shards.storage.backends import object_identity
+from fsspec_shards.storage.backends.versions import Version, VersionMismatch
 from fsspec_shards.storage.cache import layout, locks
-from fsspec_shards.storage.download import INTEGRITY_PASSES, read_range
+from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.core.verification import Expectation, Known, WholeHasher
 from fsspec_shards.storage.files import RetryingFile
-from fsspec_shards.storage.filling import Frontier, OrderedHasher, preallocate, pwrite_all
-from fsspec_shards.storage.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
-from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.transfer import FillRate, Target, resume
-from fsspec_shards.storage.verification import Expectation, Known, WholeHasher
-from fsspec_shards.storage.versions import Version, VersionMismatch
+from fsspec_shards.storage.transfer.one_stream import INTEGRITY_PASSES, read_range
+from fsspec_shards.storage.transfer.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
+from fsspec_shards.storage.transfer.ranges import Frontier, OrderedHasher, preallocate, pwrite_all
+from fsspec_shards.storage.transfer.target import FillRate, Target, resume
 
-logger = logging.getLogger("fsspec_shards.storage.progressive")
+logger = logging.getLogger("fsspec_shards.storage.transfer.blocks")
 
 RECORD_INTERVAL_SECONDS = 0.01
 """At most this often the progress record is replaced while blocks verify (the last block

@@ -271,7 +271,7 @@ def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
     # A server that answers every range with the whole object (200): spans in flight would
     # each be sent from byte 0. The first span's answer keeps the fill at one stream, and
     # the rest of the object is one request.
-    from fsspec_shards.storage import range_plan
+    from fsspec_shards.storage.transfer import range_plan
     from tests.integration.fault_proxy import FaultProxy
     from tests.integration.hostile_http import HostileServer, WholeBody
 

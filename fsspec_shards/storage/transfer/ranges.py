@@ -44,11 +44,11 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from fsspec_shards.checksums import Checksum
-from fsspec_shards.storage.range_plan import Ramp, Stopped, run_stream, split_point
-from fsspec_shards.storage.retry import TransientError
-from fsspec_shards.storage.transfer import ChunkSizer, FillRate, Target, resume
-from fsspec_shards.storage.verification import WholeHasher
-from fsspec_shards.storage.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.core.verification import WholeHasher
+from fsspec_shards.storage.transfer.range_plan import Ramp, Stopped, run_stream, split_point
+from fsspec_shards.storage.transfer.target import ChunkSizer, FillRate, Target, resume
 
 _READ_BACK = 8 * 1024 * 1024
 _PIECES_QUEUED = 64

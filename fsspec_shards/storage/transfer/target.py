@@ -35,18 +35,18 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.storage.backends import backend_checksums, file_info, protocol_of
-from fsspec_shards.storage.identity import ObjectId
-from fsspec_shards.storage.range_plan import endpoint_of, link_of
-from fsspec_shards.storage.retry import Attempts, RetryPolicy, TransientError, http_status
-from fsspec_shards.storage.streams import Transport, transport_for
-from fsspec_shards.storage.verification import Expectation, Known, expected
-from fsspec_shards.storage.versions import (
+from fsspec_shards.storage.backends.identity import ObjectId
+from fsspec_shards.storage.backends.versions import (
     Facts,
     Unproven,
     Version,
     VersionMismatch,
     expected_version,
 )
+from fsspec_shards.storage.core.retry import Attempts, RetryPolicy, TransientError, http_status
+from fsspec_shards.storage.core.verification import Expectation, Known, expected
+from fsspec_shards.storage.transfer.range_plan import endpoint_of, link_of
+from fsspec_shards.storage.transfer.streams import Transport, transport_for
 
 MiB = 1024 * 1024
 Counter = Callable[[str, int], None]

@@ -12,11 +12,11 @@ import uuid
 import pytest
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.download import ChunkSizer, Target, download, read_range
-from fsspec_shards.storage.identity import object_id
-from fsspec_shards.storage.integrity import Checksum
-from fsspec_shards.storage.retry import RetriesExhaustedError, RetryPolicy
-from fsspec_shards.storage.verification import Known
+from fsspec_shards.storage.backends.identity import object_id
+from fsspec_shards.storage.core.integrity import Checksum
+from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
+from fsspec_shards.storage.core.verification import Known
+from fsspec_shards.storage.transfer.one_stream import ChunkSizer, Target, download, read_range
 from tests.planned_faults import (
     Flip,
     PlannedFaultFileSystem,

@@ -1,4 +1,4 @@
-"""Hashing off the receiving thread and early writeback (storage/filling.py).
+"""Hashing off the receiving thread and early writeback (storage/transfer/ranges.py).
 
 Ranges in flight against real servers and faults are in tests/integration/test_faults.py
 and test_versions.py.
@@ -16,8 +16,10 @@ import uuid
 
 import pytest
 
-from fsspec_shards.storage import filling, range_plan
-from fsspec_shards.storage.filling import (
+from fsspec_shards.storage.backends.identity import object_id
+from fsspec_shards.storage.core.retry import RetryPolicy
+from fsspec_shards.storage.transfer import range_plan, ranges
+from fsspec_shards.storage.transfer.ranges import (
     Frontier,
     Gathered,
     OrderedHasher,
@@ -25,9 +27,7 @@ from fsspec_shards.storage.filling import (
     fill_ranges,
     preallocate,
 )
-from fsspec_shards.storage.identity import object_id
-from fsspec_shards.storage.retry import RetryPolicy
-from fsspec_shards.storage.transfer import Target
+from fsspec_shards.storage.transfer.target import Target
 from tests.planned_faults import PlannedFaultFileSystem
 
 DATA = random.Random(5).randbytes(3 * 1024 * 1024 + 17)
@@ -103,7 +103,7 @@ def test_a_huge_fixed_number_of_ranges_starts_no_more_threads_than_can_run(tmp_p
             started.append(self.name)
             super().start()
 
-    monkeypatch.setattr(filling.threading, "Thread", Counted)
+    monkeypatch.setattr(ranges.threading, "Thread", Counted)
     fs = PlannedFaultFileSystem()
     path = f"/fill-{uuid.uuid4().hex}/shard.tar"
     data = DATA[: 256 * 1024]
@@ -115,8 +115,8 @@ def test_a_huge_fixed_number_of_ranges_starts_no_more_threads_than_can_run(tmp_p
         preallocate(out.fileno(), len(data))
         fill_ranges(target, out.fileno(), expect, None, lambda amount: None)
         assert os.pread(out.fileno(), len(data), 0) == data
-    ranges = [name for name in started if name.startswith("fsspec-shards-range-")]
-    assert len(ranges) <= range_plan.PROCESS_MAX + 1, len(ranges)
+    range_threads = [name for name in started if name.startswith("fsspec-shards-range-")]
+    assert len(range_threads) <= range_plan.PROCESS_MAX + 1, len(range_threads)
 
 
 def test_the_frontier_of_many_ranges_costs_the_same_at_any_point_of_the_fill():
@@ -124,8 +124,8 @@ def test_the_frontier_of_many_ranges_costs_the_same_at_any_point_of_the_fill():
     # lock with 2 MiB ranges of 64 KiB pieces, growing with the square of the range count
     import time
 
-    from fsspec_shards.storage.filling import _Layout, _Range
-    from fsspec_shards.storage.range_plan import Ramp
+    from fsspec_shards.storage.transfer.range_plan import Ramp
+    from fsspec_shards.storage.transfer.ranges import _Layout, _Range
 
     spans, pieces, piece = 4096, 4, 1024
     span = pieces * piece
@@ -144,8 +144,8 @@ def test_the_frontier_of_many_ranges_costs_the_same_at_any_point_of_the_fill():
 
 
 def test_a_stream_without_a_range_takes_the_second_half_of_the_widest_one(monkeypatch):
-    from fsspec_shards.storage.filling import _Layout
-    from fsspec_shards.storage.range_plan import Ramp
+    from fsspec_shards.storage.transfer.range_plan import Ramp
+    from fsspec_shards.storage.transfer.ranges import _Layout
 
     MiB = 2**20
     monkeypatch.setattr(range_plan, "_learned", {"test:split": (2, 0)})
@@ -184,7 +184,7 @@ def test_received_pieces_are_written_in_large_writes_that_end_on_aligned_boundar
     writes: list[tuple[int, bytes]] = []
     gathered = Gathered(lambda at, view: writes.append((at, bytes(view))))
     rng = random.Random(31)
-    data = rng.randbytes(3 * filling._WRITE_BYTES + 12345)
+    data = rng.randbytes(3 * ranges._WRITE_BYTES + 12345)
     start = position = 777
     while position - start < len(data):
         size = rng.randint(1, 200_000)
@@ -196,5 +196,5 @@ def test_received_pieces_are_written_in_large_writes_that_end_on_aligned_boundar
         itertools.accumulate([start] + [len(piece) for _, piece in writes[:-1]])
     )
     assert len(writes) <= 5
-    assert all((at + len(piece)) % filling._WRITE_BYTES == 0 for at, piece in writes[:-1])
-    assert all(len(piece) == filling._WRITE_BYTES for _, piece in writes[1:-1])
+    assert all((at + len(piece)) % ranges._WRITE_BYTES == 0 for at, piece in writes[:-1])
+    assert all(len(piece) == ranges._WRITE_BYTES for _, piece in writes[1:-1])

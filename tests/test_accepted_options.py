@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsspec_shards.errors import OptionError
-from fsspec_shards.storage.backend_options import accepted_options, check_backend_options
+from fsspec_shards.storage.backends.accepted_options import accepted_options, check_backend_options
 
 
 def test_a_misspelt_s3_option_is_named_with_the_one_meant():

@@ -15,7 +15,7 @@ import pytest
 from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.filesystem import WdsFileSystem
-from fsspec_shards.storage.progressive import (
+from fsspec_shards.storage.transfer.blocks import (
     BlockProgress,
     ProgressiveReader,
     ProgressRecord,
@@ -219,7 +219,7 @@ def test_a_span_stalled_while_another_failed_asks_no_more(tmp_path):
 def test_the_plan_starts_with_a_small_span_and_merges_the_rest_on_request(tmp_path):
     # 11 blocks, spans of 4 after a first span of 1: [0,1) [1,5) [5,9) [9,11); a fill whose
     # server ignores Range takes what is left in one request (rest=True).
-    from fsspec_shards.storage.progressive import _Plan
+    from fsspec_shards.storage.transfer.blocks import _Plan
 
     blocks = _blocks()
     plan = _Plan(blocks, BlockProgress(blocks, str(tmp_path / "t"), None), 4, 1)

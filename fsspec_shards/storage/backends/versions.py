@@ -22,7 +22,7 @@ after a cut, both transports):
   transport that cannot carry identity at all (``Facts.says_version`` False: a backend read
   through ``cat_file``), whose caller asks ``info()`` again instead (``unconfirmed``).
 - A partial response (206) must start at the byte asked for; otherwise it is a retryable
-  :class:`~fsspec_shards.storage.retry.TransientError` and its bytes are not used.
+  :class:`~fsspec_shards.storage.core.retry.TransientError` and its bytes are not used.
 - ETags compare by their opaque part (quotes and a weak marker aside); Last-Modified by whole
   seconds, as HTTP dates carry them.
 """
@@ -38,7 +38,7 @@ from typing import Any
 
 from fsspec_shards.config import is_number
 from fsspec_shards.storage.backends import backend_of
-from fsspec_shards.storage.retry import TransientError
+from fsspec_shards.storage.core.retry import TransientError
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 

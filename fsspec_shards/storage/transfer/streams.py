@@ -45,13 +45,7 @@ from typing import Any, Protocol
 import fsspec
 
 from fsspec_shards.storage.backends import azure, call, gcs, http, protocol_of, s3
-from fsspec_shards.storage.deps import adlfs as adlfs_deps
-from fsspec_shards.storage.deps import azure as azure_deps
-from fsspec_shards.storage.deps import fsspec as fsspec_deps
-from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
-from fsspec_shards.storage.deps import s3fs as s3fs_deps
-from fsspec_shards.storage.retry import http_status
-from fsspec_shards.storage.versions import (
+from fsspec_shards.storage.backends.versions import (
     Facts,
     Version,
     VersionMismatch,
@@ -60,6 +54,12 @@ from fsspec_shards.storage.versions import (
     parse_content_range,
     timestamp,
 )
+from fsspec_shards.storage.core.retry import http_status
+from fsspec_shards.storage.deps import adlfs as adlfs_deps
+from fsspec_shards.storage.deps import azure as azure_deps
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
+from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+from fsspec_shards.storage.deps import s3fs as s3fs_deps
 
 PIECE = 1024 * 1024
 _PIECES_IN_FLIGHT = 8

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 
 from fsspec_shards.checksums import StreamingHasher, parse_checksum
-from fsspec_shards.storage.worker_thread import WorkerThread
+from fsspec_shards.storage.core.worker_thread import WorkerThread
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
