@@ -152,8 +152,8 @@ class WdsFileSystem(ChainedFileSystem):
                 "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
                 "target_protocol=..., or fs=..."
             )
+        # the options' retry policy, its timeout shortened below to the backend's if shorter
         self.policy = self.options.retry_policy
-        """The options' retry policy; its timeout shortened below to a backend's shorter one."""
         self._target_protocol = target_protocol
         self._target_options = dict(target_options or {})
         self._state = _ProcessState(os.getpid(), given_fs=fs)

@@ -86,7 +86,7 @@ def unavailable_reason() -> str | None:
 
 
 def choose_transport(
-    protocol: str, options: Mapping[str, Any] | None, transport: str = "auto"
+    protocol: str, options: Mapping[str, Any] | None, transport: str
 ) -> ObstoreTransport | None:
     """The obstore transport for a backend, or None where the fsspec backend should serve.
 
