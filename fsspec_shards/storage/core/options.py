@@ -2,8 +2,8 @@
 and :class:`StorageOptions`, the parsed values the filesystem and its downloads read.
 
 The table is the one place a default lives: the filesystem, :class:`RetryPolicy`, the
-download targets, the command line's flags and docs/configuration.md take it from here
-(tests hold the last two to it).
+download targets and the command line's storage flags take theirs from here, and tests hold
+docs/configuration.md's table to it.
 """
 
 from __future__ import annotations
