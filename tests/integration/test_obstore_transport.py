@@ -562,3 +562,58 @@ def test_a_stream_waiting_for_the_server_lets_other_threads_run(s3_backend, faul
     waiting.join(timeout=60)
     assert proxy.requests("GET")[-1].fault_applied
     assert counted > 100_000  # a wait holding the GIL would stop this loop until the stall ends
+
+
+# --------------------------------------------------------------------------- info (the stat)
+
+
+def _what_the_rules_read(protocol: str, info: dict) -> tuple:
+    """What the version rule, the checksum rule and the cache key take from an ``info()``."""
+    from fsspec_shards.storage.backends import backend_checksums, object_identity
+    from fsspec_shards.storage.backends.versions import expected_version
+
+    return (
+        info["size"],
+        info["type"],
+        repr(expected_version(protocol, info)),
+        backend_checksums(protocol, info),
+        object_identity(info),
+    )
+
+
+def test_an_s3_info_through_obstore_gives_what_s3fs_info_gives(s3_backend):
+    """The stat a download starts with comes from obstore's HEAD on S3: every field the
+    version rule, the checksum rule and the cache key read is s3fs's, in a versioned bucket
+    (the version id) and an unversioned one (no version id, the MD5 ETag a checksum)."""
+    fs = s3_backend.filesystem()
+    transport = choose_transport("s3", s3_backend.storage_options, "obstore")
+    versioned = f"versioned-{servers.unique_prefix()}"
+    fs.mkdir(versioned)
+    fs.call_s3(
+        "put_bucket_versioning", Bucket=versioned, VersioningConfiguration={"Status": "Enabled"}
+    )
+    plain = Target(s3_backend, "s3", s3_backend.storage_options, s3_backend.address()).put(DATA)
+    for path in (plain, f"{versioned}/{NAME}"):
+        fs.pipe_file(path, DATA)
+        fs.pipe_file(path, OTHER)  # the version id then names the second version
+        ours, theirs = transport.info(path, TIMEOUT), fs.info(path)
+        assert _what_the_rules_read("s3", ours) == _what_the_rules_read("s3", theirs)
+        assert ours["name"] == theirs["name"]
+    assert _what_the_rules_read("s3", ours)[3], "the MD5 ETag is a checksum"
+    assert transport.info(f"{versioned}/{NAME}", TIMEOUT)["VersionId"]
+    assert transport.info(plain, TIMEOUT)["VersionId"] is None
+
+
+def test_info_through_obstore_leaves_to_the_backend_what_a_head_cannot_say(request, s3_backend):
+    """A missing object or a prefix (the backend tells a directory from nothing), a path
+    naming a version, and backends whose ``info()`` carries checksums obstore's answer
+    lacks (GCS's md5Hash and crc32c, Azure's content MD5) are the backend's to answer."""
+    target = Target(s3_backend, "s3", s3_backend.storage_options, s3_backend.address())
+    path = target.put(DATA)
+    transport = target.transport()
+    assert transport.info(path.rsplit("/", 1)[0], TIMEOUT) is None  # a prefix
+    assert transport.info(path + "-missing", TIMEOUT) is None
+    assert transport.info(path + "?versionId=null", TIMEOUT) is None
+    for name in ("gcs", "az", "http"):
+        other = _target(request, name)
+        assert other.transport().info(other.put(DATA), TIMEOUT) is None

@@ -22,12 +22,15 @@ A backend module has: ``PROTOCOLS``; ``location(fs)`` (for the cache key);
 ``VERSION_FIELDS``; ``checksums(info)``; ``socket_timeouts(fs)``;
 ``tamed_options(options, timeout)``; ``tame_instance(fs)``; where its options can be
 checked, ``passed_on()`` and ``OPTION_TABLES`` (``backend_options`` applies them); and,
-where obstore has a store for it, ``obstore_store(options)`` (``obstore_options``).
+where obstore has a store for it, ``obstore_store(options)`` (``obstore_options``); and,
+where obstore's HEAD carries every field of its ``info()`` that the layer reads,
+``info_from_head(meta, name)``.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
@@ -110,6 +113,15 @@ def file_info(fs: fsspec.AbstractFileSystem, path: str, timeout: float | None) -
         except FileNotFoundError:
             pass
     return call(fs, "info", path, timeout=timeout)
+
+
+def info_from_head(protocol: str) -> Callable[[dict[str, Any], str], dict[str, Any]] | None:
+    """How the backend's ``info()`` of an object (its name: ``bucket/key``) is made from
+    obstore's answer to a HEAD of it, where that answer carries every field of the backend's
+    ``info()`` that the version and checksum rules read (its module's ``info_from_head``:
+    S3); None elsewhere (GCS's and Azure's ``info()`` carry checksums that obstore's answer
+    does not)."""
+    return getattr(backend_of(protocol), "info_from_head", None)
 
 
 def object_identity(info: dict[str, Any]) -> str:

@@ -158,6 +158,20 @@ def checksums(info: Mapping[str, Any]) -> list[Checksum]:
     return found
 
 
+def info_from_head(meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """s3fs's ``info()`` of object ``name`` (``bucket/key``) from obstore's answer to a HEAD
+    of it: the same size, ``ETag``, ``VersionId`` and ``LastModified`` (the version fields
+    and the checksum ``checksums`` reads: s3fs's ``info()`` carries no checksum header)."""
+    return {
+        "name": name,
+        "type": "file",
+        "size": meta["size"],
+        "ETag": meta["e_tag"] or "",
+        "LastModified": meta["last_modified"],
+        "VersionId": meta["version"],
+    }
+
+
 def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
     """botocore's ``connect_timeout`` and ``read_timeout`` as configured on ``fs``."""
     config = getattr(fs, "config_kwargs", None) or {}

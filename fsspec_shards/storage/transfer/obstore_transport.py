@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
+from fsspec_shards.storage.backends import info_from_head
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch, check_response
 from fsspec_shards.storage.core.options import TRANSPORTS
@@ -166,6 +167,16 @@ class DownloadTransport:
                 errno.ENOTSUP, f"transport='obstore' cannot read {redact_url(path)}: {reason}"
             )
         return self.fallback.stream(path, start, end, sink, timeout, rest_of_body, expect)
+
+    def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
+        """The backend's ``info()`` of ``path`` through obstore where it serves
+        (:meth:`ObstoreTransport.info`); None where the backend must be asked."""
+        if self.unserved or self.fast.unserved_reason(path):
+            return None
+        try:
+            return self.fast.info(path, timeout)
+        except TransportUnavailable:  # a forked child, a server obstore cannot read
+            return None
 
 
 def download_transport(
@@ -519,6 +530,27 @@ class ObstoreTransport:
         finally:
             del result  # not kept by the traceback of a failure: see _pump
         return facts
+
+    def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
+        """The backend's ``info()`` of ``path`` from one HEAD (``backends.info_from_head``),
+        so that a process reading through obstore never builds the backend's client for
+        its stat (an aiobotocore client: 100-250 ms, most of a DataLoader worker's first
+        batch). None where the backend must be asked: its ``info()`` carries fields the HEAD
+        does not, the path names a version, or no object is there (the backend tells a
+        directory from nothing)."""
+        import obstore
+
+        mapper = info_from_head(self.protocol)
+        if mapper is None:
+            return None
+        origin, store, key, path_version, url = self._open(path, timeout)
+        if path_version is not None:
+            return None
+        try:
+            meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
+        except FileNotFoundError:
+            return None
+        return mapper(meta, f"{origin}/{key}")
 
     def _pump(self, body: Any, sink: Sink, skip: int, stop: int | None, url: str, action: str):
         """Hand the body to ``sink``: ``skip`` bytes dropped first, at most ``stop`` passed.

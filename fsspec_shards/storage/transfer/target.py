@@ -134,7 +134,7 @@ class Target:
         ``IsADirectoryError``: its bytes are no file's."""
         self.fs.invalidate_cache(self.path)
         info = self.policy.call(
-            lambda: file_info(self.fs, self.path, self.policy.timeout),
+            self._fresh_info,
             self.shown,
             "info",
             lambda: self.incr("retries"),
@@ -143,6 +143,17 @@ class Target:
         if info.get("type") == "directory":
             raise IsADirectoryError(errno.EISDIR, f"is a directory: {self.shown}")
         return info
+
+    def _fresh_info(self) -> dict[str, Any]:
+        """The object's ``info()``: through the download transport where it gives every field
+        the backend's ``info()`` gives (obstore's HEAD on S3: a DataLoader worker then never
+        builds the backend's client), else the backend's own."""
+        through_transport = getattr(self.transport, "info", None)
+        if through_transport is not None:
+            info = through_transport(self.path, self.policy.timeout)
+            if info is not None:
+                return info
+        return file_info(self.fs, self.path, self.policy.timeout)
 
     def expectation(self, info: dict[str, Any]) -> Expectation:
         """Every checksum the object's bytes must have: the manifests' and those ``info``
