@@ -275,6 +275,7 @@ class WdsFileSystem(ChainedFileSystem):
         with self._process.lock:
             if self._manifest is None:
                 source = self.options.checksums
+                self.download_transport  # noqa: B018 - chosen before its two reads run at once
                 self._manifest = self.policy.call(
                     lambda: load_manifest(source, self.fs, self._read_whole),
                     source if isinstance(source, str) else "checksums",
