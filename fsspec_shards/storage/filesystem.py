@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import fsspec
@@ -345,8 +346,8 @@ class WdsFileSystem(ChainedFileSystem):
             with _MEMORY_COUNTERS_LOCK:
                 self._memory_counters[name] = self._memory_counters.get(name, 0) + amount
 
-    def _target(self, backend_path: str) -> Target:
-        manifest = self.manifest
+    def _target(self, backend_path: str, with_manifest: bool = True) -> Target:
+        manifest = self.manifest if with_manifest else None
         return Target(
             fs=self.fs,
             path=backend_path,
@@ -472,8 +473,7 @@ class WdsFileSystem(ChainedFileSystem):
         cache = self.shard_cache
         for _ in range(_WRITE_RACE_ATTEMPTS):
             since = cache.generation(obj)
-            target = self._target(backend_path)
-            info = target.stat()
+            target, info = self._stated_target(backend_path)
             try:
                 blocks = self._blocks_of(backend_path)
                 if blocks is not None:
@@ -490,6 +490,25 @@ class WdsFileSystem(ChainedFileSystem):
                 continue
             return CachedFile(raw, self, backend_path)
         return None
+
+    def _stated_target(self, backend_path: str) -> tuple[Target, dict[str, Any]]:
+        """The download target of ``backend_path`` and its fresh ``info()`` (``Target.stat``).
+        A manifest not loaded yet loads beside the stat: a DataLoader worker's first file
+        waits for the longer of the two, not for both."""
+        if self.options.checksums is None or self._manifest is not None:
+            target = self._target(backend_path)
+            return target, target.stat()
+        self.download_transport  # noqa: B018 - chosen here, not by the two threads at once
+        target = self._target(backend_path, with_manifest=False)
+        with ThreadPoolExecutor(1, thread_name_prefix="wds-manifest") as beside:
+            loading = beside.submit(lambda: self.manifest)
+            try:
+                info = target.stat()
+            except Exception:
+                loading.result()  # a manifest that fails is the error, as when it loaded first
+                raise
+            manifest = loading.result()
+        return dataclasses.replace(target, manifest=tuple(manifest.known(backend_path))), info
 
     def _blocks_of(self, backend_path: str) -> BlockList | None:
         """The block manifest's entry of ``backend_path`` (None without one, or when
