@@ -4,7 +4,8 @@
 :func:`choose_transport` applies the user's ``transport="auto" | "obstore" | "fsspec"`` to
 that answer. :class:`ObstoreTransport` then serves what the download layer needs:
 :meth:`~ObstoreTransport.stream` (a ranged GET whose body is handed to a sink as it
-arrives) and :meth:`~ObstoreTransport.info` (size and version of an object).
+arrives) and :meth:`~ObstoreTransport.info` (the backend's ``info()`` of an object from one
+HEAD, where that carries every field the layer reads of it).
 
 Invariants:
 
