@@ -167,6 +167,7 @@ class WdsFileSystem(ChainedFileSystem):
         if fs is None:
             check_backend_options(target_protocol, self._target_options)
             self._build_backend()
+            backends.prepare_for_workers(self.fs)
         shorter = backends.backend_timeout(self.fs)
         if shorter is not None and shorter < self.policy.timeout:
             self.policy = dataclasses.replace(self.policy, timeout=shorter)
