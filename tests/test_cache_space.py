@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from fsspec_shards.storage.cache import CacheFullError, ShardCache, store, trust
+from fsspec_shards.storage.cache import CacheFullError, ShardCache, room, store, trust
 from fsspec_shards.storage.cache.index import Index
 from tests.cache_objects import SmallDisk, fill, obj, payload, small_disk, writer
 
@@ -152,7 +152,7 @@ def test_a_write_invalidation_on_a_full_disk_evicts_and_bumps_the_generation(
 def test_eviction_of_many_entries_takes_one_index_transaction_per_batch(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store, "EVICTION_BATCH", 10)
+    monkeypatch.setattr(room, "EVICTION_BATCH", 10)
     cache = ShardCache(str(tmp_path / "cache"), 100 * 100)
     for number in range(100):
         fill(cache, f"s3://bucket/{number}", 100)

@@ -304,7 +304,7 @@ class Index:
         on_reset: Callable[[], None],
     ) -> None:
         self.directory = directory
-        self.path = os.path.join(directory, layout.INDEX)
+        self.path = layout.index_path(directory)
         self.writable = writable
         self.broken = False
         self._space_lock = space_lock

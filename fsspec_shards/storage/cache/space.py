@@ -66,14 +66,10 @@ def free_bytes(directory: str) -> int:
     return usage.f_bavail * usage.f_frsize
 
 
-def reserve_path(directory: str) -> str:
-    return os.path.join(directory, layout.RESERVE)
-
-
 def make_reserve(directory: str, spare: int = RESERVE_BYTES) -> bool:
     """Make the reserve of ``directory`` if it is missing and fits with ``spare`` bytes
     still free after it; whether it is there now."""
-    path = reserve_path(directory)
+    path = layout.reserve_path(directory)
     if os.path.lexists(path):
         return True
     try:
@@ -95,7 +91,7 @@ def make_reserve(directory: str, spare: int = RESERVE_BYTES) -> bool:
 def release_reserve(directory: str) -> bool:
     """Delete the reserve (the disk is full: the index may use its space); whether there
     was one. Called with the space lock held."""
-    return layout.remove_file(reserve_path(directory))
+    return layout.remove_file(layout.reserve_path(directory))
 
 
 def _allocate(descriptor: int, size: int) -> None:
