@@ -10,7 +10,7 @@ processes with filelock, :mod:`.space` handles a full disk, and :mod:`.shared` i
 all nodes mount.
 """
 
-from fsspec_shards.storage.cache.index import ReadOnlyCacheError
+from fsspec_shards.storage.cache.index_database import ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import CacheWarning
 from fsspec_shards.storage.cache.room import CacheFullError
 from fsspec_shards.storage.cache.store import COUNTERS, ShardCache, WrittenWhileReadingError

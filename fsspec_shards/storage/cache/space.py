@@ -3,7 +3,7 @@ always use, and the error that surfaces when no room can be made.
 
 A full disk (``ENOSPC``/``EDQUOT``, SQLite's ``SQLITE_FULL``) is an expected state of a
 cache, not an error path. Every index write and every fill of :class:`~.store.ShardCache`
-goes through :meth:`~.store.ShardCache._with_room`: on a full disk it releases the
+goes through :meth:`~.room.Room.with_room`: on a full disk it releases the
 reserve (:data:`RESERVE_BYTES` next to the index, kept so that the index transaction dropping
 entries has journal space), evicts least-recently-used entries until enough is free,
 makes the reserve again where it fits, and retries once; a fill that still finds the

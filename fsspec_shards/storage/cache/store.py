@@ -54,7 +54,8 @@ from fsspec_shards.storage.cache.durability import (
     fsync_file_and_directory,
     matches,
 )
-from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError
+from fsspec_shards.storage.cache.index import Index
+from fsspec_shards.storage.cache.index_database import ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.own_files import READ_FLAGS, OwnFiles
 from fsspec_shards.storage.cache.publication import download_and_publish
