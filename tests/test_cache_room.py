@@ -16,6 +16,7 @@ from fsspec_shards.storage.cache import (
     room,
 )
 from fsspec_shards.storage.cache.index import Index
+from fsspec_shards.units import MiB
 from tests.cache_objects import (
     SmallDisk,
     fill,
@@ -26,8 +27,6 @@ from tests.cache_objects import (
 )
 
 __all__ = ["small_disk"]
-
-MiB = 1 << 20
 
 
 @pytest.fixture

@@ -10,11 +10,10 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage.cache import ShardCache, store, trust
+from fsspec_shards.units import MiB
 from tests.cache_objects import SmallDisk, fill, obj, payload, small_disk
 
 __all__ = ["small_disk"]
-
-MiB = 1 << 20
 
 
 def test_a_cache_directory_first_used_on_a_full_disk_works_once_space_is_freed(

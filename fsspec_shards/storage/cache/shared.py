@@ -51,12 +51,13 @@ from fsspec_shards.storage.backends.identity import ObjectId
 from fsspec_shards.storage.cache import layout, locks, trust
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.core.verification import Expectation, WholeHasher
+from fsspec_shards.units import MiB
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
 SCAN_INTERVAL_SECONDS = 30.0
 STALE_TEMP_SECONDS = 3600.0
-_CHUNK = 4 * 1024 * 1024
+_CHUNK = 4 * MiB
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _GENERATION_BYTES = 16
 _TOKEN = re.compile(f"[0-9a-f]{{{2 * _GENERATION_BYTES}}}")

@@ -20,8 +20,9 @@ import sqlite3
 
 from fsspec_shards import exception_chain
 from fsspec_shards.storage.cache import layout
+from fsspec_shards.units import MiB
 
-RESERVE_BYTES = 1 << 20
+RESERVE_BYTES = MiB
 """Bytes kept free for the index (:data:`~.layout.RESERVE`, next to it): an eviction's
 journal on a full disk (a batch of :data:`EMERGENCY_BATCH` entries needs far less)."""
 
