@@ -4,8 +4,9 @@ Invariants:
 
 - Whole and verified, or absent. A download writes into ``tmp/``; only after
   ``download()`` returns (it verifies what it wrote) is the file made read-only, renamed
-  into ``files/`` and recorded in the index. A process killed at any instant leaves a temp
-  file or an unindexed file (both removed later, by name) or a whole entry.
+  into ``files/`` and recorded in the index (:mod:`.publication`). A process killed at any
+  instant leaves a temp file or an unindexed file (both removed later, by name:
+  :mod:`.own_files`) or a whole entry.
 - Durable, or verified again: the fsync of a published file and its directory runs in the
   background (:mod:`fsspec_shards.storage.cache.durability`); until it is done the entry is
   recorded as not durable under this boot, and under another boot (a machine crash may
@@ -13,7 +14,7 @@ Invariants:
   it does not match or none is known. Without a boot id the fsync comes before publishing.
 - One download per key across processes (the key's lock); the bytes of published files
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
-  least-recently-used files (access times batched per process: :mod:`.usage`).
+  least-recently-used files (:mod:`.room`; access times batched per process: :mod:`.usage`).
 - A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
   ``open`` and an ``fstat``: no write transaction. A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
@@ -24,7 +25,8 @@ Invariants:
   caller looked at the backend (``since``, from :meth:`ShardCache.generation`); otherwise
   the caller reads the bytes it downloaded and nothing is published.
 - Everything stored or logged about an object is its ``ObjectId.shown`` (redacted) text.
-- The cache deletes only files it made (:mod:`.layout` names, in its own subdirectories).
+- The cache deletes only files it made (:mod:`.layout` names, in its own subdirectories:
+  :mod:`.own_files`).
 - Degraded modes: a read-only cache serves the entries that check out and raises
   :class:`ReadOnlyCacheError` for misses (the caller streams); a directory that cannot be a
   cache at all serves nothing; both warn once, naming the path.
@@ -131,7 +133,6 @@ class ShardCache:
         )
         self._index: Index | None = None
         self._usage = Usage(None)
-        self._room: Room | None = None
 
     def _set_up_again(self) -> None:
         """A cache that could not be set up on a full disk: try again (at most every
