@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage.cache import (
-    ShardCache,
-)
+from fsspec_shards.storage.cache import ShardCache, own_files
 from tests.cache_objects import (
     fill,
     obj,
@@ -44,3 +42,17 @@ def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
     orphan.write_bytes(payload("s3://bucket/a", 100))
     path = fill(cache, "s3://bucket/a")
     assert not orphan.exists() and Path(path).exists()
+
+
+def test_removing_every_data_file_leaves_the_names_the_cache_does_not_make(
+    cache: ShardCache,
+) -> None:
+    made = Path(fill(cache, "s3://bucket/a"))
+    theirs = [made.parent / "notes.txt", Path(cache.directory) / "files" / "README"]
+    theirs.append(Path(cache.directory) / "tmp" / "draft.part")
+    for path in theirs:
+        path.write_bytes(b"keep")
+    own_files.remove_data_files(cache.directory)
+    assert not made.exists()
+    assert all(path.exists() for path in theirs)
+    assert sorted(own_files.foreign_names(cache.directory)) == sorted(map(str, theirs))
