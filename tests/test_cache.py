@@ -1,5 +1,6 @@
-"""Unit tests of ShardCache: counting, LRU eviction, size cap, failure clean-up, self-healing,
-hits without write transactions, and write generations."""
+"""Unit tests of ShardCache: counting, least-recently-used order, self-healing, hits without
+write transactions, and write generations (the size cap: test_cache_room.py; failure clean-up:
+test_cache_publication.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The index of a cache directory (storage/cache/index.py): published rows, rows not durable
 yet and made durable, generations that keep a download begun before a write from
-publishing, least-recently-used order, and every commit synced (``synchronous=FULL``)."""
+publishing, and least-recently-used order."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The cache's trust boundary and its degraded modes, with real other users, real planted
-index rows, real read-only mounts and real corrupt files."""
+index rows, real read-only mounts and real planted files (a corrupt index:
+test_cache_index_database.py)."""
 
 from __future__ import annotations
 
