@@ -68,7 +68,7 @@ from diskcache.core import MODE_RAW, UNKNOWN
 from fsspec_shards.storage.backends.identity import KEY_FORMAT
 from fsspec_shards.storage.cache import layout, space
 from fsspec_shards.storage.cache.notices import warn_once
-from fsspec_shards.storage.deps.diskcache import delete_raw_keys
+from fsspec_shards.storage.deps.diskcache import delete_raw_keys, open_cache
 
 T = TypeVar("T")
 
@@ -353,7 +353,7 @@ class Index:
         deadline = time.monotonic() + _BUSY_TIMEOUT_SECONDS
         while True:
             try:
-                return diskcache.Cache(
+                return open_cache(
                     self.directory, timeout=_BUSY_TIMEOUT_SECONDS, disk=_IndexDisk, **_SETTINGS
                 )
             except sqlite3.OperationalError as error:
