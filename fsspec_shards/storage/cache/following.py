@@ -87,9 +87,9 @@ class ProgressRecord:
     """
 
     def __init__(self, directory: str, key: str, temp_path: str) -> None:
-        self.directory = os.path.join(directory, layout.TMP)
+        self.root = directory
         self.key = key
-        self.path = os.path.join(self.directory, layout.progress_name(key))
+        self.path = layout.temp_path(directory, layout.progress_name(key))
         self.temp_name = os.path.basename(temp_path)
         self._lock = threading.Lock()
         self._recorded_at = 0.0
@@ -120,7 +120,7 @@ class ProgressRecord:
             if error is not None:
                 record["error"] = str(error)
                 record["integrity"] = isinstance(error, IntegrityError)
-            staging = os.path.join(self.directory, layout.new_progress_name(self.key))
+            staging = layout.temp_path(self.root, layout.new_progress_name(self.key))
             flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 descriptor = os.open(staging, flags, 0o600)
@@ -492,7 +492,7 @@ def _follow(
     if follower is None:
         return None
     try:
-        file = _open_read_only(os.path.join(cache.directory, layout.TMP, follower.temp_name))
+        file = _open_read_only(layout.temp_path(cache.directory, follower.temp_name))
     except FileNotFoundError:
         return None
     cache.incr("hits")
@@ -503,13 +503,13 @@ def _record_follower(directory: str, obj: Any, blocks: BlockList) -> RecordFollo
     """Another process's fill of ``obj`` as its progress record shows it, if one is filling
     (its record says so, describes these blocks, names a temp file, and its lock is held)."""
     key = obj.key
-    record_path = os.path.join(directory, layout.TMP, layout.progress_name(key))
+    record_path = layout.temp_path(directory, layout.progress_name(key))
     record = read_record(record_path)
     if record is None or record.get("state") != "filling" or record.get("size") != blocks.size:
         return None
     if record.get("block_size") != blocks.block_size:
         return None
-    lock_path = os.path.join(directory, layout.LOCKS, layout.key_lock_name(key))
+    lock_path = layout.key_lock_path(directory, key)
     temp_name = record.get("temp")
     if not isinstance(temp_name, str) or layout.parse_temp_name(temp_name) is None:
         return None

@@ -52,10 +52,10 @@ from fsspec_shards.storage.transfer.target import (
     Expected,
     Target,
 )
+from fsspec_shards.units import MiB
 
 logger = logging.getLogger("fsspec_shards.storage.transfer.planner")
 
-MiB = 1024 * 1024
 HASH_ON_A_THREAD_ABOVE = 8 * MiB
 """Larger objects are hashed on a worker thread while they arrive; smaller ones inline (a
 thread per download would cost more than it saves)."""
