@@ -31,9 +31,9 @@ from fsspec_shards.storage.transfer.obstore_transport import (
     ObstoreTransport,
     ServerUnsupported,
     TransportUnavailable,
-    bucket_region,
     choose_transport,
 )
+from fsspec_shards.storage.transfer.s3_region import bucket_region
 from tests.integration import servers
 from tests.integration.fault_proxy import Cut, Reset, Stall, Status
 

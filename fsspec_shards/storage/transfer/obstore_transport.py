@@ -40,8 +40,6 @@ import errno
 import logging
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -56,6 +54,7 @@ from fsspec_shards.storage.core.retry import TransientError
 from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
 from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
 from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
+from fsspec_shards.storage.transfer.s3_region import bucket_region
 
 logger = logging.getLogger("fsspec_shards.storage.transfer.obstore_transport")
 
@@ -170,14 +169,8 @@ class DownloadTransport:
         return self.fallback.stream(path, start, end, sink, timeout, rest_of_body, expect)
 
     def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
-        """The backend's ``info()`` of ``path`` through obstore where it serves
-        (:meth:`ObstoreTransport.info`); None where the backend must be asked."""
-        if self.unserved or self.fast.unserved_reason(path):
-            return None
-        try:
-            return self.fast.info(path, timeout)
-        except TransportUnavailable:  # a forked child, a server obstore cannot read
-            return None
+        """:meth:`ObstoreTransport.info`; None once obstore stopped serving this backend."""
+        return None if self.unserved else self.fast.info(path, timeout)
 
 
 def download_transport(
@@ -253,26 +246,6 @@ def _forget_stores_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_stores_after_fork)
-
-
-def bucket_region(
-    bucket: str, base_url: str = "https://s3.amazonaws.com", timeout: float = 30.0
-) -> str:
-    """The region of an S3 bucket, from the ``x-amz-bucket-region`` header that S3 sends on
-    any answer to an unsigned HEAD of the bucket (what s3fs and object_store do too)."""
-    request = urllib.request.Request(f"{base_url.rstrip('/')}/{bucket}", method="HEAD")
-    error: OSError = OSError(errno.EINVAL, f"S3 names no region for bucket {bucket}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            region = response.headers.get("x-amz-bucket-region")
-    except urllib.error.HTTPError as answer:
-        region = answer.headers.get("x-amz-bucket-region")
-    except OSError as exc:
-        region = None
-        error = TransientError(f"cannot reach S3 to find the region of {bucket}: {exc}")
-    if region:
-        return region
-    raise error
 
 
 PIECES_AS_RECEIVED = 0
@@ -516,23 +489,21 @@ class ObstoreTransport:
         return facts
 
     def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
-        """The backend's ``info()`` of ``path`` from one HEAD (``backends.info_from_head``),
-        so that a process reading through obstore never builds the backend's client for
-        its stat (an aiobotocore client: 100-250 ms, most of a DataLoader worker's first
-        batch). None where the backend must be asked: its ``info()`` carries fields the HEAD
-        does not, the path names a version, or no object is there (the backend tells a
-        directory from nothing)."""
+        """The backend's ``info()`` of ``path`` from one HEAD where that carries all of it
+        (``backends.info_from_head``): a worker then never builds the backend's client for
+        its stat (an aiobotocore client: 100-250 ms). None where the backend must answer: a
+        version in the path, no key obstore can address, nothing there (or a directory)."""
         import obstore
 
         mapper = info_from_head(self.protocol)
         if mapper is None:
             return None
-        origin, store, key, path_version, url = self._open(path, timeout)
-        if path_version is not None:
-            return None
         try:
+            origin, store, key, version, url = self._open(path, timeout)
+            if version is not None:
+                return None
             meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
-        except FileNotFoundError:
+        except (ValueError, FileNotFoundError, TransportUnavailable):
             return None
         return mapper(meta, f"{origin}/{key}")
 
