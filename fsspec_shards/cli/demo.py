@@ -44,7 +44,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsspec_shards.demo import make_cold, make_demo_dataset
+    from fsspec_shards.fleet.demo import make_cold, make_demo_dataset
 
     directory = Path(args.directory or DEFAULT_DEMO_DIR).expanduser().resolve()
     started = time.perf_counter()

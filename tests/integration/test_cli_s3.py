@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.checksums import parse_sums_file
-from fsspec_shards.demo import make_demo_dataset
+from fsspec_shards.fleet.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
 from tests.cli.running import run_cli
 from tests.integration.fault_proxy import Flip
