@@ -22,7 +22,8 @@ from fsspec_shards.storage.transfer.blocks import (
     fill_blocks,
     read_record,
 )
-from tests.planned_faults import Flip, PlannedFaultFileSystem
+from tests.faults import Flip
+from tests.planned_faults import PlannedFaultFileSystem
 
 BLOCK = 4096
 DATA = random.Random(5).randbytes(10 * BLOCK + 17)

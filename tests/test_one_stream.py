@@ -17,14 +17,8 @@ from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
 from fsspec_shards.storage.core.verification import Known
 from fsspec_shards.storage.transfer.one_stream import ChunkSizer, Target, download, read_range
-from tests.planned_faults import (
-    Flip,
-    PlannedFaultFileSystem,
-    Replace,
-    Short,
-    UnknownSizeFileSystem,
-    WholeBody,
-)
+from tests.faults import Flip, Replace, Short, WholeBody
+from tests.planned_faults import PlannedFaultFileSystem, UnknownSizeFileSystem
 
 KiB = 1024
 FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.002, timeout=30.0)

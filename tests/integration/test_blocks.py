@@ -26,8 +26,8 @@ import pytest
 
 from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.errors import IntegrityError
+from tests.faults import Flip, Stall
 from tests.integration.conftest import served
-from tests.integration.fault_proxy import Flip, Stall
 
 BLOCK = 64 * 1024
 SIZE = 20 * BLOCK + 1234
@@ -272,8 +272,9 @@ def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
     # each be sent from byte 0. The first span's answer keeps the fill at one stream, and
     # the rest of the object is one request.
     from fsspec_shards.storage.transfer import range_plan
+    from tests.faults import WholeBody
     from tests.integration.fault_proxy import FaultProxy
-    from tests.integration.hostile_http import HostileServer, WholeBody
+    from tests.integration.hostile_http import HostileServer
 
     block = 1024 * 1024
     data = random.Random(19).randbytes(40 * block + 5)
