@@ -1,5 +1,6 @@
 """The public surface of ``fsspec_shards``: ``__all__`` holds what the contract promises
-(the contract, sections 2 and 5), and every name in it imports."""
+(sections 2 and 5), and every name in it imports; so do the names ``fsspec_shards.storage``
+offers the rest of the package."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def test_star_import_in_a_fresh_interpreter_gives_every_name():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (result.returncode, result.stdout.strip()) == (0, "[]"), result.stderr
+
+
+def test_every_public_name_of_the_storage_layer_imports():
+    import fsspec_shards.storage as storage
+
+    assert all(getattr(storage, name) is not None for name in storage.__all__)
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        storage.NoSuchName  # noqa: B018
 
 
 def test_an_unknown_name_is_an_attribute_error_naming_it():

@@ -118,12 +118,6 @@ def test_fleet_takes_of_storage_only_its_public_names():
     assert wrong == []
 
 
-def test_storage_public_names_load():
-    import fsspec_shards.storage as storage
-
-    assert all(getattr(storage, name) is not None for name in storage.__all__)
-
-
 def test_only_the_command_line_itself_imports_the_cli():
     assert importers_of(import_graph(), f"{PACKAGE}.cli") == {f"{PACKAGE}.__main__"}
 

@@ -26,7 +26,6 @@ from fsspec_shards.storage.transfer import one_stream, range_plan
 from tests.faults import Cut, Delay, Pass, Replace
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
-from tests.integration.fault_proxy import Cut as CutAfter
 from tests.integration.hostile_http import HostileServer, OtherVersion, ShortLabel, WrongStart
 from tests.integration.range_layout import range_starts
 from tests.wds_filesystem import QUICK_RETRIES, wds_filesystem
@@ -162,7 +161,7 @@ def test_an_object_replaced_between_two_ranged_gets_of_one_download_is_read_whol
     replaceable, cache
 ):
     fs, proxy, url, replace = replaceable(cache=cache)
-    proxy.add(CutAfter(after_bytes=4 * MiB), method="GET", has_range=True)  # breaks off
+    proxy.add(Cut(after_bytes=4 * MiB), method="GET", has_range=True)  # breaks off
     outcome = _replaced_while_held(  # ... and the GET resuming it is held
         proxy, lambda: fs.cat_file(url), replace, method="GET", has_range=True
     )
