@@ -37,12 +37,13 @@ NEUTRAL = {
 }
 """Top-level modules any layer may import: vocabulary of the whole package, no layer's own."""
 
-PUBLIC = {PACKAGE} | {
+PUBLIC = {PACKAGE, STORAGE} | {
     f"{PACKAGE}.{name}" for name in ("checksums", "config", "counters", "errors", "redact")
 }
 """What the command line may take besides ``fleet/``: the names of ``fsspec_shards.__all__``
-and the modules of what the contract fixes (its errors, the options' defaults and sizes,
-the manifest format, the stats keys, the redacted display)."""
+and of ``fsspec_shards.storage.__all__`` (never its folders), and the modules of what the
+contract fixes (its errors, the options' defaults and sizes, the manifest format, the stats
+keys, the redacted display)."""
 
 
 def _inside(module: str, package: str) -> bool:

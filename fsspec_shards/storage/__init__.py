@@ -2,9 +2,9 @@
 of it.
 
 The folders below this one (``deps``, ``core``, ``backends``, ``transfer``, ``cache``) are
-the layer's inside; the rest of the package (``fleet/``) takes only the names listed here, or
-goes through the fsspec protocol. They load on first use, so that importing one storage
-module does not load them all.
+the layer's inside; the rest of the package (``fleet/``, ``cli/``) takes only the names
+listed here, or goes through the fsspec protocol. They load on first use, so that importing
+one storage module does not load them all.
 """
 
 from __future__ import annotations
