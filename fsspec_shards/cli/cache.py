@@ -9,11 +9,11 @@ from typing import Any
 from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import SharedOptions, size_argument
 from fsspec_shards.cli.report import print_json
-from fsspec_shards.config import default_cache_dir, default_cache_size
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.fleet.cache import existing_cache
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage import default_of
 
 NAME = "cache"
 
@@ -41,14 +41,14 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
 
 
 def cache_directory(args: argparse.Namespace) -> str:
-    return os.path.abspath(os.path.expanduser(args.cache_dir or default_cache_dir()))
+    return os.path.abspath(os.path.expanduser(args.cache_dir or default_of("cache_dir")))
 
 
 def open_cache(args: argparse.Namespace, *, writable: bool = False) -> Any:
     """The existing cache of --cache-dir (or the default), read-only unless ``writable``;
     None when there is none yet. Never creates one; a directory that is not a cache (or
     not a safe one) is a usage error naming it."""
-    size = size_argument(args.cache_size) if args.cache_size else default_cache_size()
+    size = size_argument(args.cache_size) if args.cache_size else default_of("cache_size")
     return existing_cache(cache_directory(args), size, writable=writable)
 
 

@@ -120,7 +120,7 @@ def storage_check(fs: Any, path: str) -> str:
     checksum the backend gives, else only the size (local files, most HTTP)."""
     from fsspec_shards.storage import backend_checks
 
-    mode = getattr(fs, "verify", None)
+    mode = getattr(getattr(fs, "options", None), "verify", None)
     if mode is None:
         return "none (not read through wds::)"
     if mode is False:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from fsspec_shards.storage.cache.store import ShardCache
     from fsspec_shards.storage.cache.trust import CacheDirectoryError, NotACacheError
     from fsspec_shards.storage.core.integrity import Manifest, load_manifest
+    from fsspec_shards.storage.core.options import OPTIONS, default_of
     from fsspec_shards.storage.filesystem import WdsFileSystem
     from fsspec_shards.storage.read_checks import backend_checks
 
@@ -23,9 +24,11 @@ _HOMES = {
     "CacheDirectoryError": "fsspec_shards.storage.cache.trust",
     "Manifest": "fsspec_shards.storage.core.integrity",
     "NotACacheError": "fsspec_shards.storage.cache.trust",
+    "OPTIONS": "fsspec_shards.storage.core.options",
     "ShardCache": "fsspec_shards.storage.cache.store",
     "WdsFileSystem": "fsspec_shards.storage.filesystem",
     "backend_checks": "fsspec_shards.storage.read_checks",
+    "default_of": "fsspec_shards.storage.core.options",
     "load_manifest": "fsspec_shards.storage.core.integrity",
 }
 
@@ -33,9 +36,11 @@ __all__ = [
     "CacheDirectoryError",
     "Manifest",
     "NotACacheError",
+    "OPTIONS",
     "ShardCache",
     "WdsFileSystem",
     "backend_checks",
+    "default_of",
     "load_manifest",
 ]
 

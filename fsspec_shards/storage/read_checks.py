@@ -12,4 +12,4 @@ def backend_checks(fs: WdsFileSystem, path: str) -> tuple[str, ...]:
     """The checksum algorithms a read of ``path`` through ``fs`` verifies without a
     manifest; empty when only the size is checked (local files, most HTTP, verify off)."""
     found = backend_checksums(protocol_of(fs.fs), fs.info(path))
-    return expected((), found, fs.verify).algorithms
+    return expected((), found, fs.options.verify).algorithms
