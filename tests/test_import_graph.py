@@ -33,17 +33,20 @@ NEUTRAL = {
         "option_shapes",
         "redact",
         "shard_names",
+        "tar_blocks",
+        "units",
     )
 }
 """Top-level modules any layer may import: vocabulary of the whole package, no layer's own."""
 
 PUBLIC = {PACKAGE, STORAGE} | {
-    f"{PACKAGE}.{name}" for name in ("checksums", "config", "counters", "errors", "redact")
+    f"{PACKAGE}.{name}"
+    for name in ("checksums", "config", "counters", "errors", "option_shapes", "redact")
 }
 """What the command line may take besides ``fleet/``: the names of ``fsspec_shards.__all__``
 and of ``fsspec_shards.storage.__all__`` (never its folders), and the modules of what the
-contract fixes (its errors, the options' defaults and sizes, the manifest format, the stats
-keys, the redacted display)."""
+contract fixes (its errors, the options' sizes, the manifest format, the stats keys, the
+shapes storage options come in, the redacted display)."""
 
 
 def _inside(module: str, package: str) -> bool:
