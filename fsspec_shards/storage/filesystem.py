@@ -1,9 +1,10 @@
 """``WdsFileSystem``: the ``wds`` fsspec protocol, a retrying, verifying, caching wrapper.
 
-``wds::s3://bucket/train-0001.tar`` reads the object through any fsspec backend; whole files
-are downloaded once into a shared local cache (:class:`~fsspec_shards.storage.cache.ShardCache`)
-with retries, resume and verification, then read from local disk. Listing calls go to the
-backend with retries; writes go straight to the backend and drop the cached copy.
+``wds::s3://bucket/train-0001.tar`` reads the object through any fsspec backend. This module
+is the fsspec adapter: it parses the options, maps paths to the backend's, delegates listing
+and metadata to the backend with retries, sends writes straight to the backend inside the
+one invalidation rule (:meth:`WdsFileSystem._writing`), and hands reads to this process's
+:class:`~fsspec_shards.storage.fetcher.Fetcher` (the cache, its fills, ranges, prefetch).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class WdsFileSystem(ChainedFileSystem):
         What downloads (cache fills, prefetch, uncached and direct ranged reads) go through:
         ``"auto"`` (default: obstore for s3, gcs, az and http(s) when it is installed and
         the backend's options map onto it, else the fsspec backend), ``"obstore"`` (an
-        error naming what obstore cannot serve) or ``"fsspec"``. Chosen once per process.
+        error naming what obstore cannot serve) or ``"fsspec"``. Chosen when the filesystem
+        is made (again in a forked child).
         Listing, ``info`` and writes always use the fsspec backend.
     ranges_in_flight:
         ``"auto"`` (default): a file over 32 MiB with an ETag, generation or version id is
