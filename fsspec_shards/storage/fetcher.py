@@ -127,7 +127,8 @@ class Fetcher:
                 given = None if given is None else _rebuilt_after_fork(given)
                 protocol, options = self._target_protocol, self._target_options
                 successor = Fetcher(self.options, self.owner, protocol, options, given, self.policy)
-                successor._manifest = self._manifest or successor._manifest  # loaded: kept
+                if self._manifest is not None:  # loaded here already: not read again
+                    successor._manifest = self._manifest
                 self._successor = successor
         return successor
 
