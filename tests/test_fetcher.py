@@ -198,7 +198,7 @@ def test_direct_ranged_reads_read_just_the_range_and_keep_nothing(tmp_path):
     assert results == [DATA[:4], DATA[100:110], DATA[-5:]]
     assert fs.cache_stats()["cached_files"] == 0
     assert sum(length for _, _, length in backend.reads) == 10 + 10 + 4 + 10 + 5
-    assert fs.prefetch(path).startswith(fs.cache_dir)
+    assert fs.prefetch(path).startswith(fs.options.cache_dir)
     reads = len(backend.reads)
     assert fs.cat_file(path, 10, 20) == DATA[10:20]  # a cached copy serves direct reads too
     assert len(backend.reads) == reads

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
     from fsspec_shards.storage.cache import ShardCache
     from fsspec_shards.storage.cache.shared import SharedTier
+    from fsspec_shards.storage.core.options import StorageOptions
 
 logger = logging.getLogger("fsspec_shards.storage.fetcher")
 
@@ -81,7 +82,7 @@ class Fetcher:
 
     def __init__(
         self,
-        options: Any,
+        options: StorageOptions,
         owner: fsspec.AbstractFileSystem,
         target_protocol: str | None,
         target_options: dict | None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,26 +19,18 @@ import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import other_paths, stringify_path
 
-from fsspec_shards import config, option_shapes
-from fsspec_shards.errors import OptionError
+from fsspec_shards import option_shapes
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage import backends
 from fsspec_shards.storage.backends.accepted_options import check_backend_options
-from fsspec_shards.storage.core.integrity import parse_verify
-from fsspec_shards.storage.core.retry import RetryPolicy
+from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.fetcher import Fetcher
 from fsspec_shards.storage.files import DropCachedOnClose
-from fsspec_shards.storage.transfer.obstore_transport import TRANSPORTS
-from fsspec_shards.storage.transfer.range_plan import parse_ranges_in_flight
-from fsspec_shards.storage.transfer.target import MIN_RATE, RATE_WINDOW
 
 if TYPE_CHECKING:
     from fsspec_shards.storage.cache import ShardCache
     from fsspec_shards.storage.transfer.streams import Transport
-
-DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
-RANGED_READS = ("cache", "direct")
 
 
 class WdsFileSystem(ChainedFileSystem):
@@ -49,52 +40,12 @@ class WdsFileSystem(ChainedFileSystem):
     ----------
     target_protocol, target_options, fs:
         The backend, as fsspec's caching filesystems take them (``fs`` wins when given).
-    cache_dir, cache_size:
-        Where cached files live and the most bytes kept (int or ``"50GB"``); defaults from
-        ``FSSPEC_SHARDS_CACHE``/``WDS_CACHE`` and ``FSSPEC_SHARDS_CACHE_SIZE``/``WDS_CACHE_SIZE``.
-    shared_cache_dir, shared_cache_size:
-        A second cache tier on a filesystem all nodes mount, looked up on a local miss before
-        the backend and filled with what is downloaded; defaults from
-        ``FSSPEC_SHARDS_SHARED_CACHE`` and ``FSSPEC_SHARDS_SHARED_CACHE_SIZE``.
-    cache:
-        False streams reads (retried, size-checked, checksum at the end) and keeps nothing.
-    retries:
-        The most attempts for one chain of transient failures (progress starts a new chain).
-    verify:
-        ``"auto"`` (size plus the strongest checksum known), ``"size"`` or False.
-    checksums:
-        A mapping path -> ``"sha256:<hex>"``, or the path/URL of a ``SHA256SUMS``-style file.
-    backoff, max_backoff, deadline, timeout:
-        First backoff and its cap (s, full jitter), the most seconds spent on one failure
-        chain, and the seconds without progress after which a request counts as stalled
-        (a shorter socket time-out given to the backend bounds it too).
-    min_rate, min_rate_window:
-        A request moving slower than ``min_rate`` bytes/s (int or ``"16KiB"``; default
-        16 KiB/s; 0: no floor) over ``min_rate_window`` seconds (default 30) counts as
-        stalled, and only a request at that rate or better starts a new failure chain, so
-        a server that trickles is given up on (curl's ``--speed-limit``/``--speed-time``).
-    ranged_reads:
-        ``"cache"`` (default with the cache on): a ranged read of an uncached file fills the
-        cache with the whole verified file and serves the range from it. ``"direct"``: read
-        just the range, checked for identity and size but not against a checksum (the only
-        choice with ``cache=False``).
-    transport:
-        What downloads (cache fills, prefetch, uncached and direct ranged reads) go through:
-        ``"auto"`` (default: obstore for s3, gcs, az and http(s) when it is installed and
-        the backend's options map onto it, else the fsspec backend), ``"obstore"`` (an
-        error naming what obstore cannot serve) or ``"fsspec"``. Chosen when the filesystem
-        is made (again in a forked child).
-        Listing, ``info`` and writes always use the fsspec backend.
-    ranges_in_flight:
-        ``"auto"`` (default): a file over 32 MiB with an ETag, generation or version id is
-        downloaded into the cache by ranged GETs, as many at once as raise the aggregate
-        rate (one stream where more do not help, e.g. loopback); an int fixes the number
-        (1: one request to the end). See docs/transport.md.
-    block_size:
-        Read size of streamed (uncached) files; 0 (fsspec's "no read-ahead") is the default.
-    check_stale, stale_ttl:
-        Compare a cached file's identity with the backend before using it; with
-        ``stale_ttl`` only when the last check is older than that many seconds.
+    **options:
+        The ``wds`` options (``cache_dir``, ``cache_size``, ``retries``, ``verify``, ...):
+        their defaults, parsers and meanings are the table in
+        :mod:`fsspec_shards.storage.core.options`, parsed into ``self.options``
+        (:class:`~fsspec_shards.storage.core.options.StorageOptions`); see
+        docs/configuration.md.
 
     Every option may also come from ``fsspec.config.conf["wds"]`` (``FSSPEC_WDS_<OPTION>``).
     """
@@ -126,103 +77,25 @@ class WdsFileSystem(ChainedFileSystem):
         target_protocol: str | None = None,
         target_options: dict | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
-        cache_dir: str | None = None,
-        cache_size: int | str | None = None,
-        shared_cache_dir: str | None = None,
-        shared_cache_size: int | str | None = None,
-        cache: bool | str = True,
-        retries: int | str = 5,
-        verify: str | bool = "auto",
-        checksums: dict | str | None = None,
-        backoff: float | str = 0.2,
-        max_backoff: float | str = 10.0,
-        deadline: float | str = 300.0,
-        timeout: float | str = 30.0,
-        min_rate: int | str = MIN_RATE,
-        min_rate_window: float | str = RATE_WINDOW,
-        ranged_reads: str | None = None,
-        transport: str = "auto",
-        ranges_in_flight: int | str = "auto",
-        block_size: int | str | None = None,
-        check_stale: bool | str = False,
-        stale_ttl: float | str | None = None,
         fo: str | None = None,
-        **kwargs: Any,
+        **options: Any,
     ) -> None:
-        """The options once ``__init__`` sorted out the layer's own from the backend's."""
-        unknown = sorted(set(kwargs) - backends.FSSPEC_INSTANCE_OPTIONS)
-        if unknown:
-            raise OptionError(
-                f"wds.{unknown[0]}",
-                f"unknown option(s) for the wds filesystem: {', '.join(unknown)}; backend "
-                "options belong in target_options, or in the backend's own section, e.g. "
-                "storage_options={'wds': {...}, 's3': {...}}",
-            )
-        super().__init__(**kwargs)
+        """The options once ``__init__`` sorted out the layer's own from the backend's:
+        fsspec's instance options go to fsspec, the rest are parsed (``StorageOptions``)."""
+        instance = {k: options.pop(k) for k in set(options) & backends.FSSPEC_INSTANCE_OPTIONS}
+        self.options = StorageOptions.parse(**options)
+        super().__init__(**instance)
         install_log_redaction()
         if fs is None and not target_protocol:
             raise ValueError(
                 "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
                 "target_protocol=..., or fs=..."
             )
-        self.policy = RetryPolicy(
-            attempts=config.parse_int(retries, "retries", minimum=1),
-            backoff=config.parse_float(backoff, "backoff"),
-            max_backoff=config.parse_float(max_backoff, "max_backoff"),
-            deadline=config.parse_float(deadline, "deadline"),
-            timeout=config.parse_float(timeout, "timeout", minimum=0.001),
-        )
-        self.verify = parse_verify(verify)
-        self.cache_enabled = config.parse_bool(cache, "cache")
-        self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
-        self.transport = _parse_transport(transport)
-        self.ranges_in_flight = parse_ranges_in_flight(ranges_in_flight)
-        self.min_rate = _parse_size(min_rate, "min_rate")
-        self.min_rate_window = config.parse_float(min_rate_window, "min_rate_window", 0.001)
-        self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
-        self.cache_size = (
-            config.default_cache_size() if cache_size is None else _parse_size(cache_size)
-        )
-        shared = shared_cache_dir or config.default_shared_cache_dir()
-        self.shared_cache_dir = os.path.expanduser(str(shared)) if shared else None
-        self.shared_cache_size = (
-            config.default_shared_cache_size()
-            if shared_cache_size is None
-            else _parse_size(shared_cache_size, "shared_cache_size")
-        )
-        # 0 is fsspec's "no read-ahead" (datasets streams with it): the default pieces then
-        self.block_size = (
-            DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
-        ) or DEFAULT_BLOCK_SIZE
-        self.check_stale = config.parse_bool(check_stale, "check_stale")
-        self.stale_ttl = None if stale_ttl is None else config.parse_float(stale_ttl, "stale_ttl")
-        if checksums is not None and not isinstance(checksums, dict | str):
-            raise ValueError(
-                f"invalid value for option 'checksums': expected a mapping or a path, "
-                f"got {type(checksums).__name__}"
-            )
-        options = types.SimpleNamespace(
-            cache=self.cache_enabled,
-            cache_dir=self.cache_dir,
-            cache_size=self.cache_size,
-            shared_cache_dir=self.shared_cache_dir,
-            shared_cache_size=self.shared_cache_size,
-            checksums=checksums,
-            verify=self.verify,
-            ranged_reads=self.ranged_reads,
-            transport=self.transport,
-            ranges_in_flight=self.ranges_in_flight,
-            min_rate=self.min_rate,
-            min_rate_window=self.min_rate_window,
-            block_size=self.block_size,
-            check_stale=self.check_stale,
-            stale_ttl=self.stale_ttl,
-            retry_policy=self.policy,
-        )
         if fs is None:
             check_backend_options(target_protocol, target_options or {})
-        self._fetcher = Fetcher(options, self, target_protocol, target_options, fs)
-        self.policy = self._fetcher.policy  # with a shorter time-out the backend was given
+        self._fetcher = Fetcher(self.options, self, target_protocol, target_options, fs)
+        # the options' retry policy, its time-out shortened to the backend's if shorter
+        self.policy = self._fetcher.policy
 
     # -- the fetcher (per process) -------------------------------------------------------
 
@@ -504,38 +377,6 @@ def _move_targets(sources: list[str], destination: Any) -> list[str]:
         for flatten in (False, True):
             targets.update(other_paths(sources, destination, exists=exists, flatten=flatten))
     return sorted(targets)
-
-
-def _parse_size(value: Any, name: str = "cache_size") -> int:
-    try:
-        return config.parse_size(value)
-    except ValueError as exc:
-        raise ValueError(f"invalid value for option {name!r}: {exc}") from None
-
-
-def _parse_transport(value: Any) -> str:
-    if value not in TRANSPORTS:
-        raise ValueError(
-            f"invalid value {value!r} for option 'transport': expected one of "
-            f"{', '.join(TRANSPORTS)}"
-        )
-    return value
-
-
-def _parse_ranged_reads(value: str | None, cache_enabled: bool) -> str:
-    if value is None:
-        return "cache" if cache_enabled else "direct"
-    if value not in RANGED_READS:
-        raise ValueError(
-            f"invalid value {value!r} for option 'ranged_reads': expected one of "
-            f"{', '.join(RANGED_READS)}"
-        )
-    if value == "cache" and not cache_enabled:
-        raise ValueError(
-            "invalid value 'cache' for option 'ranged_reads': with cache=False ranges can only "
-            "be read direct"
-        )
-    return value
 
 
 def _raising_clean_errors(cls: type) -> None:
