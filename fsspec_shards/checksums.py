@@ -109,7 +109,9 @@ class StreamingHasher:
             google_crc32c.Checksum() if algorithm == "crc32c" else hashlib.new(algorithm)
         )
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self.algorithm == "crc32c" and not memoryview(data).readonly:
+            data = bytes(data)  # google-crc32c takes read-only buffers only
         self._hash.update(data)
 
     def checksum(self) -> Checksum:

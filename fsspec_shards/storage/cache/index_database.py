@@ -44,6 +44,7 @@ from diskcache.core import MODE_RAW
 from fsspec_shards.storage.cache import layout, space
 from fsspec_shards.storage.cache.index_rows import IndexDisk, integer
 from fsspec_shards.storage.cache.notices import warn_once
+from fsspec_shards.storage.deps.diskcache import open_cache
 
 T = TypeVar("T")
 
@@ -260,7 +261,7 @@ class Database:
         deadline = time.monotonic() + _BUSY_TIMEOUT_SECONDS
         while True:
             try:
-                return diskcache.Cache(
+                return open_cache(
                     self.directory, timeout=_BUSY_TIMEOUT_SECONDS, disk=IndexDisk, **_SETTINGS
                 )
             except sqlite3.OperationalError as error:
