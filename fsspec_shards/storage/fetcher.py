@@ -32,14 +32,16 @@ from fsspec_shards.storage.backends.identity import ObjectId, object_id
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.integrity import Manifest, load_manifest
 from fsspec_shards.storage.core.retry import RetryPolicy, TransientError
-from fsspec_shards.storage.files import CachedFile, RetryingFile
+from fsspec_shards.storage.files import BlockCheckedFile, CachedFile, RetryingFile
+from fsspec_shards.storage.transfer import planner
 from fsspec_shards.storage.transfer.obstore_transport import (
     DownloadTransport,
     HttpStatusError,
     download_transport,
 )
-from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
+from fsspec_shards.storage.transfer.one_stream import read_range
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
+from fsspec_shards.storage.transfer.target import Target
 
 if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
@@ -416,16 +418,13 @@ class Fetcher:
         since: int,
     ) -> io.RawIOBase:
         """The object from the cache, readable block by block while it fills
-        (:mod:`.transfer.blocks`)."""
-        from fsspec_shards.storage.transfer.blocks import (
-            BlockProgress,
-            fill_blocks,
-            open_while_filling,
-        )
+        (:mod:`.cache.following`)."""
+        from fsspec_shards.storage.cache.following import open_while_filling
+        from fsspec_shards.storage.transfer.blocks import BlockProgress
 
         def fill(out: BinaryIO, progress: BlockProgress) -> dict:
-            download_blocks = lambda into: fill_blocks(  # noqa: E731
-                target, into, info, blocks, progress, target.ranges_in_flight
+            download_blocks = lambda into: planner.fill(  # noqa: E731
+                target, into, info, blocks=blocks, progress=progress
             )
             return self._filler(obj, target, info, download_blocks)(out)
 
@@ -451,19 +450,19 @@ class Fetcher:
         the backend, and keeps a copy, only when it lacks this version), else the backend."""
         shared = self.shared
         if fetch is None:
-            fetch = lambda out: download(target, out, info)  # noqa: E731
+            fetch = lambda out: planner.fill(target, out, info)  # noqa: E731
         if shared is None:
             return fetch
 
         def fill(out: BinaryIO) -> dict:
-            identity = backends.object_identity(info)
+            expected = target.expect(info)
             metadata, source = shared.fill(
-                shared.current_version(obj, identity),
+                shared.current_version(obj, expected.identity),
                 out,
                 fetch,
                 size=info.get("size"),
-                expected=target.expectation(info),
-                identity=identity,
+                expected=expected.checksums,
+                identity=expected.identity,
             )
             self.incr("shared_hits" if source == "shared" else "shared_misses")
             return metadata
@@ -483,7 +482,7 @@ class Fetcher:
         info = target.stat()
         if info.get("size") is None:  # no ranged reads without a size: spool it whole
             with tempfile.TemporaryFile() as spool:
-                download(target, spool, info)
+                planner.fill(target, spool, info)
                 spool.flush()
                 raw = io.FileIO(os.dup(spool.fileno()), "rb")
             raw.seek(0)
@@ -491,8 +490,6 @@ class Fetcher:
         block_size = block_size or self.options.block_size
         blocks = self.blocks_of(backend_path)
         if blocks is not None:
-            from fsspec_shards.storage.transfer.blocks import BlockCheckedFile
-
             return BlockCheckedFile(self.owner, target, info, block_size, blocks)
         return RetryingFile(self.owner, target, info, block_size)
 
@@ -508,7 +505,7 @@ class Fetcher:
                 return _read_local_range(handle, None, None)
         target = self.target(backend_path)
         buffer = io.BytesIO()
-        download(target, buffer, target.stat())
+        planner.fill(target, buffer, target.stat())
         return buffer.getvalue()
 
     def read_ranges(self, backend_path: str, ranges: list[Range]) -> list[bytes]:
@@ -535,14 +532,14 @@ class Fetcher:
         one shape in which they are used, and the ranges cut from it."""
         changed: VersionMismatch | None = None
         for _ in range(self.policy.attempts):
-            expect = target.expected_version(info)
+            expect = target.expect(info).version
             try:
                 return [self._read_backend_range(target, *bounds, expect) for bounds in ranges]
             except VersionMismatch as exc:
                 changed = exc
             except Unproven:  # answers prove no version: the object whole, then the ranges
                 with tempfile.TemporaryFile() as spool:  # on disk: the object may be large
-                    download(target, spool, info)
+                    planner.fill(target, spool, info)
                     return [_read_local_range(spool, *bounds) for bounds in ranges]
             logger.info("%s changed while its ranges were read: reading again", target.shown)
             info = target.stat()
