@@ -54,7 +54,7 @@ def _planned(tmp_path, plan=None, backend=None, **options):
         skip_instance_cache=True,
         **options,
     )
-    assert fs.manifest is not None  # loaded now: the plan is for the shard
+    assert fs.fetcher.manifest is not None  # loaded now: the plan is for the shard
     backend.plan = list(plan or [])
     backend.reads.clear()
     return fs, backend, path
@@ -147,7 +147,7 @@ class FlipsOnce(PlannedFaultFileSystem):
 def test_spans_in_flight_complete_out_of_order_and_a_bad_block_is_fetched_alone(tmp_path):
     fs, backend, path = _planned(tmp_path, backend=FlipsOnce())
     backend.flip_at = 5 * BLOCK + 3
-    target = fs._target(path)
+    target = fs.fetcher.target(path)
     info = target.stat()
     blocks = _blocks()
     progress = BlockProgress(blocks)
@@ -190,7 +190,7 @@ class StallsWhileASiblingFails(PlannedFaultFileSystem):
 
 def test_a_span_stalled_while_another_failed_asks_no_more(tmp_path):
     fs, backend, path = _planned(tmp_path, backend=StallsWhileASiblingFails())
-    target = fs._target(path)
+    target = fs.fetcher.target(path)
     blocks = _blocks()
     progress = BlockProgress(blocks)
     with open(tmp_path / "out", "w+b") as out, pytest.raises(PermissionError):

@@ -227,7 +227,7 @@ def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, trans
             min_rate_window=0.5,
             retries=2,
         )
-        target = fs._target(url)
+        target = fs.fetcher.target(url)
         expect = target.expect(target.stat()).version
         with open(tmp_path / "filled", "w+b") as out:
             preallocate(out.fileno(), len(data))
