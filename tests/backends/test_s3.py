@@ -85,9 +85,10 @@ def test_an_instance_keeps_the_location_it_was_first_resolved_with(aws_config):
 
 
 def test_the_botocore_session_is_made_where_the_filesystem_is_made(aws_config, monkeypatch):
-    """Made in the process that makes the filesystem (a DataLoader's main process), so that
-    workers forked later inherit it; resolving the location at the first read then makes
-    none, and still sees the config file of then."""
+    """Made in the process that makes the filesystem (a DataLoader's main process: choosing
+    the download transport resolves the obstore store's location), so that workers forked
+    later inherit it; resolving the location at the first read then makes none, and still
+    sees the config file of then."""
     import botocore.session
 
     aws_config(CONFIG)

@@ -18,9 +18,9 @@ import pytest
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends import backend_checksums
+from tests.faults import Cut, Flip, Reset, Stall, Status
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
-from tests.integration.fault_proxy import Cut, Flip, Reset, Stall, Status
 from tests.integration.range_layout import range_starts
 
 MiB = 1024 * 1024

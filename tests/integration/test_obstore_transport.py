@@ -34,8 +34,8 @@ from fsspec_shards.storage.transfer.obstore_transport import (
     choose_transport,
 )
 from fsspec_shards.storage.transfer.s3_region import bucket_region
+from tests.faults import Cut, Reset, Stall, Status
 from tests.integration import servers
-from tests.integration.fault_proxy import Cut, Reset, Stall, Status
 
 pytest.importorskip("obstore")
 

@@ -24,8 +24,7 @@ A backend module has: ``PROTOCOLS``; ``location(fs)`` (for the cache key);
 checked, ``passed_on()`` and ``OPTION_TABLES`` (``backend_options`` applies them); and,
 where obstore has a store for it, ``obstore_store(options)`` (``obstore_options``); and,
 where obstore's HEAD carries every field of its ``info()`` that the layer reads,
-``info_from_head(meta, name)``; where a worker would make something a parent can make for
-it, ``prepare_for_workers(fs)``.
+``info_from_head(meta, name)``.
 """
 
 from __future__ import annotations
@@ -81,15 +80,6 @@ def backend_timeout(fs: fsspec.AbstractFileSystem) -> float | None:
 def tame_instance(fs: fsspec.AbstractFileSystem, protocol: str) -> None:
     """Turn down the retries that a backend only exposes on the built instance."""
     backend_of(protocol).tame_instance(fs)
-
-
-def prepare_for_workers(fs: fsspec.AbstractFileSystem) -> None:
-    """Pay now, in the process that makes backend ``fs``, what each DataLoader worker forked
-    later would otherwise pay before its first read (its module's ``prepare_for_workers``:
-    S3's botocore session)."""
-    prepare = getattr(backend_of(protocol_of(fs)), "prepare_for_workers", None)
-    if prepare is not None:
-        prepare(fs)
 
 
 def location(fs: fsspec.AbstractFileSystem) -> str:

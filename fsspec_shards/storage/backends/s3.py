@@ -90,21 +90,6 @@ def resolve(options: Mapping[str, Any]) -> Location:
     return Location(endpoint or None, region or None, session.profile)
 
 
-def prepare_for_workers(fs: fsspec.AbstractFileSystem) -> None:
-    """Make now the botocore session :func:`resolve` will ask for ``fs``, its config files
-    read: in the process that makes the filesystem, so that DataLoader workers forked later
-    inherit it (``deps.botocore.session``) instead of each making one (30-160 ms). Where
-    the objects live is still resolved at the first read, as s3fs makes its client then; a
-    profile or config file botocore cannot use is left for that read to raise."""
-    from fsspec_shards.storage.deps import botocore as botocore_deps
-
-    profile = (getattr(fs, "kwargs", None) or {}).get("profile")
-    try:
-        botocore_deps.session(profile).full_config  # noqa: B018 - read now, inherited
-    except botocore_deps.Error:
-        pass
-
-
 _LOCATIONS: dict[int, Location] = {}
 
 

@@ -31,6 +31,7 @@ import errno
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,24 @@ class Target:
         if info.get("type") == "directory":
             raise IsADirectoryError(errno.EISDIR, f"is a directory: {self.shown}")
         return info
+
+    def stat_beside(
+        self, manifest: Callable[[], tuple[Known, ...]] | None
+    ) -> tuple[Target, dict[str, Any]]:
+        """:meth:`stat`, and this target with ``manifest()``'s checksums where given: run in
+        another thread beside the stat (a manifest still to load: its GETs), so that a
+        process's first file waits for the longer of the two, not for both. A failure of
+        ``manifest`` is raised first, as when it loaded before the stat."""
+        if manifest is None:
+            return self, self.stat()
+        with ThreadPoolExecutor(1, thread_name_prefix="wds-manifest") as beside:
+            loading = beside.submit(manifest)
+            try:
+                info = self.stat()
+            except Exception:
+                loading.result()
+                raise
+            return dataclasses.replace(self, manifest=loading.result()), info
 
     def _fresh_info(self) -> dict[str, Any]:
         """The object's ``info()``: through the download transport where it gives every field
