@@ -314,4 +314,4 @@ def test_a_cold_read_through_obstore_on_s3_never_asks_s3fs(s3_backend, tmp_path,
         assert handle.read() == DATA
     assert asked == []
     path = fs._backend_path(url)
-    assert fs.shard_cache.metadata(fs._object(path))["identity"] == theirs
+    assert fs.shard_cache.metadata(fs.fetcher.object(path))["identity"] == theirs
