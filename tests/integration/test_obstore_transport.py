@@ -33,7 +33,6 @@ from fsspec_shards.storage.transfer.obstore_transport import (
     TransportUnavailable,
     choose_transport,
 )
-from fsspec_shards.storage.transfer.s3_region import bucket_region
 from tests.faults import Cut, Reset, Stall, Status
 from tests.integration import servers
 
@@ -401,10 +400,6 @@ def test_a_server_ignoring_range_gives_the_range_from_the_whole_body(misbehaving
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def test_the_bucket_region_comes_from_the_bucket(s3_backend):
-    assert bucket_region(s3_backend.bucket, base_url=s3_backend.endpoint_url) == "us-east-1"
 
 
 def _stream_in_child(transport: ObstoreTransport, target: Target, queue) -> None:
