@@ -288,7 +288,7 @@ def test_an_option_obstore_cannot_carry_over_is_named_or_sends_auto_to_fsspec(tm
         _wds(target_protocol="s3", target_options=options, transport="obstore")
     fs = _wds(target_protocol="s3", target_options=options, cache_dir=str(tmp_path))
     with caplog.at_level("DEBUG", logger="fsspec_shards.storage.transfer.obstore_transport"):
-        assert type(fs.download_transport).__name__ == "S3Transport"
+        assert type(fs.download_transport.backend).__name__ == "S3Backend"  # fsspec's stream
     assert "config_kwargs.signature_version" in caplog.records[0].getMessage()
 
 
@@ -298,7 +298,7 @@ def test_transport_comes_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setitem(fsspec.config.conf, "wds", conf["wds"])
     fs = _wds(target_protocol="http", cache_dir=str(tmp_path))
     assert fs.transport == "fsspec"
-    assert type(fs.download_transport).__name__ == "HttpTransport"
+    assert type(fs.download_transport.backend).__name__ == "HttpBackend"  # fsspec's stream
 
 
 def test_cat_ranges_reports_a_missing_path_without_failing_the_others(tmp_path):

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from fsspec_shards.storage import backends  # noqa: F401 - teaches retry their error names
 from fsspec_shards.storage.core.retry import (
     Attempts,
     RetriesExhaustedError,

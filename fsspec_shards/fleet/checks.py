@@ -119,7 +119,8 @@ def check_shard(
 def storage_check(fs: Any, path: str) -> str:
     """What the ``wds`` layer verifies when it reads ``path`` without a manifest: every
     checksum the backend gives, else only the size (local files, most HTTP)."""
-    from fsspec_shards.storage.backends import backend_checksums, protocol_of
+    from fsspec_shards.storage.backends import backend_for
+    from fsspec_shards.storage.backends.fields import protocol_of
     from fsspec_shards.storage.core.verification import expected as expectation
 
     mode = getattr(fs, "verify", None)
@@ -127,7 +128,7 @@ def storage_check(fs: Any, path: str) -> str:
         return "none (not read through wds::)"
     if mode is False:
         return "none (verify off)"
-    found = backend_checksums(protocol_of(fs.fs), fs.info(path))
+    found = backend_for(protocol_of(fs.fs)).checksums(fs.info(path))
     expected = expectation((), found, mode)
     return f"backend {', '.join(expected.algorithms)}" if expected else "size only"
 

@@ -29,7 +29,6 @@ from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
-from fsspec_shards.storage.backends import object_identity
 from fsspec_shards.storage.backends.versions import Unproven, VersionMismatch
 from fsspec_shards.storage.core.verification import WholeHasher
 from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
@@ -208,7 +207,7 @@ class RetryingFile(AbstractBufferedFile):
         except BaseException:
             spool.close()
             raise
-        if result["identity"] != object_identity(self._info):
+        if result["identity"] != self.target.identity(self._info):
             spool.close()
             raise VersionMismatch(errno.ESTALE, f"{shown} changed while it was read")
         self._hasher = None  # verified whole by the download

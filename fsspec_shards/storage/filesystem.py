@@ -29,9 +29,12 @@ from fsspec_shards import config, option_shapes
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean, redact_url
-from fsspec_shards.storage import backends
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.accepted_options import check_backend_options
+from fsspec_shards.storage.backends.base import call
+from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId, object_id
+from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.integrity import (
     Manifest,
@@ -210,7 +213,7 @@ class WdsFileSystem(ChainedFileSystem):
         **kwargs: Any,
     ) -> None:
         """The options once ``__init__`` sorted out the layer's own from the backend's."""
-        unknown = sorted(set(kwargs) - backends.FSSPEC_INSTANCE_OPTIONS)
+        unknown = sorted(set(kwargs) - FSSPEC_INSTANCE_OPTIONS)
         if unknown:
             raise OptionError(
                 f"wds.{unknown[0]}",
@@ -274,7 +277,7 @@ class WdsFileSystem(ChainedFileSystem):
         if fs is None:
             check_backend_options(target_protocol, self._target_options)
             self._build_backend()
-        shorter = backends.backend_timeout(self.fs)
+        shorter = backend_for(protocol_of(self.fs)).timeout(self.fs)
         if shorter is not None and shorter < self.policy.timeout:
             self.policy = dataclasses.replace(self.policy, timeout=shorter)
         if isinstance(checksums, dict):  # checked now: a bad entry is a bad option
@@ -316,13 +319,13 @@ class WdsFileSystem(ChainedFileSystem):
         process, so that threads do not each pay for a client (an S3 client takes about a
         second)."""
         protocol = self._target_protocol
-        options = backends.tamed_target_options(protocol, self._target_options, self.policy.timeout)
+        options = backend_for(protocol).tamed_options(self._target_options, self.policy.timeout)
         key = tokenize(protocol, options)  # per process: emptied in a forked child
         with _SHARED_BACKENDS_LOCK:
             backend = _SHARED_BACKENDS.get(key)
             if backend is None:
                 backend = fsspec.filesystem(protocol, **options)
-                backends.tame_instance(backend, protocol)
+                backend_for(protocol).tame_instance(backend)
                 _SHARED_BACKENDS[key] = backend
         self._process.backend = backend
 
@@ -337,7 +340,7 @@ class WdsFileSystem(ChainedFileSystem):
             if state.transport is None:
                 fs = self.fs
                 if state.given_fs is not None:
-                    protocol, options = backends.protocol_of(fs), fs.storage_options
+                    protocol, options = protocol_of(fs), fs.storage_options
                 else:
                     protocol, options = self._target_protocol, self._target_options
                 if isinstance(protocol, tuple | list):
@@ -474,7 +477,7 @@ class WdsFileSystem(ChainedFileSystem):
         single = isinstance(backend_path, str)
         self.fs.invalidate_cache(backend_path if single else None)
         return self.policy.call(
-            lambda: backends.call(
+            lambda: call(
                 self.fs, method, backend_path, *args, timeout=self.policy.timeout, **kwargs
             ),
             self._object(backend_path).shown if single else method,
@@ -550,7 +553,8 @@ class WdsFileSystem(ChainedFileSystem):
         validated = metadata.get("validated_at") or 0
         if self.stale_ttl is not None and time.time() - validated < self.stale_ttl:
             return True
-        current = backends.object_identity(self._retried("info", backend_path))
+        info = self._retried("info", backend_path)
+        current = backend_for(protocol_of(self.fs)).identity(info)
         if current != metadata.get("identity"):
             logger.info("cached copy of %s is stale: downloading again", obj.shown)
             return False
@@ -657,7 +661,7 @@ class WdsFileSystem(ChainedFileSystem):
             return fetch
 
         def fill(out: BinaryIO) -> dict:
-            identity = backends.object_identity(info)
+            identity = target.identity(info)
             metadata, source = shared.fill(
                 shared.current_version(obj, identity),
                 out,
@@ -982,7 +986,7 @@ class WdsFileSystem(ChainedFileSystem):
         backend_path = self._backend_path(path)
         if not callable(getattr(self.fs, method, None)):
             raise NotImplementedError(
-                f"the {backends.protocol_of(self.fs)} backend has no {method}(); "
+                f"the {protocol_of(self.fs)} backend has no {method}(); "
                 f"cannot set attributes of {self._object(backend_path).shown}"
             )
         with self._writing(backend_path):

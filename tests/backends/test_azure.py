@@ -5,7 +5,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import tame_instance, tamed_target_options
+from fsspec_shards.storage.backends import backend_for
 from tests.obstore_helpers import (
     AZ_KEY,
     AZURITE_CS,
@@ -23,9 +23,9 @@ AZURITE = AZURITE_CS
 
 
 def test_azure_sdk_retries_are_off():
-    options = tamed_target_options("az", {"connection_string": AZURITE}, 5.0)
+    options = backend_for("az").tamed_options({"connection_string": AZURITE}, 5.0)
     az = fsspec.filesystem("az", **options)
-    tame_instance(az, "az")
+    backend_for("az").tame_instance(az)
     assert az.service_client._config.retry_policy.total_retries == 0
 
 

@@ -54,7 +54,6 @@ from typing import Any, BinaryIO
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
-from fsspec_shards.storage.backends import object_identity
 from fsspec_shards.storage.backends.versions import Version, VersionMismatch
 from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.core.retry import TransientError
@@ -680,7 +679,7 @@ def fill_blocks(
         progress.mark(len(blocks) - 1)
     return {
         "size": blocks.size,
-        "identity": object_identity(state.info),
+        "identity": state.target.identity(state.info),
         "checksum": str(expected.strongest()),
     }
 

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends import object_identity
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.verification import BACKEND, Mismatch
 from fsspec_shards.storage.transfer.range_plan import AUTO_ABOVE, one_request
@@ -223,7 +222,7 @@ def _download_once(
     out.seek(0)
     out.truncate()
     expect = target.expected_version(info)
-    identity = object_identity(info)
+    identity = target.identity(info)
     expected = target.expectation(info)
     hasher = None
     if expected:

@@ -34,7 +34,9 @@ from typing import Any
 
 import fsspec
 
-from fsspec_shards.storage.backends import backend_checksums, file_info, protocol_of
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.base import Backend
+from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId
 from fsspec_shards.storage.backends.versions import (
     Facts,
@@ -112,6 +114,11 @@ class Target:
         return self.obj.shown
 
     @property
+    def backend(self) -> Backend:
+        """What the wds layer knows of the object's backend."""
+        return backend_for(protocol_of(self.fs))
+
+    @property
     def link(self) -> str:
         """The store the object lives on, as ``range_plan`` keys what it learned."""
         return link_of(protocol_of(self.fs), self.path, endpoint_of(self.fs))
@@ -135,7 +142,7 @@ class Target:
         ``IsADirectoryError``: its bytes are no file's."""
         self.fs.invalidate_cache(self.path)
         info = self.policy.call(
-            lambda: file_info(self.fs, self.path, self.policy.timeout),
+            lambda: self.backend.file_info(self.fs, self.path, self.policy.timeout),
             self.shown,
             "info",
             lambda: self.incr("retries"),
@@ -148,12 +155,16 @@ class Target:
     def expectation(self, info: dict[str, Any]) -> Expectation:
         """Every checksum the object's bytes must have: the manifests' and those ``info``
         gives (``verification.py``)."""
-        found = backend_checksums(protocol_of(self.fs), info)
+        found = self.backend.checksums(info)
         return expected(self.manifest, found, self.verify)
 
     def expected_version(self, info: dict[str, Any]) -> Version:
         """The version ``info`` describes: what every response must be of."""
-        return expected_version(protocol_of(self.fs), info)
+        return expected_version(self.backend.version_fields, info)
+
+    def identity(self, info: dict[str, Any]) -> str:
+        """The identity ``info`` gives the object (kept with its cache entry)."""
+        return self.backend.identity(info)
 
 
 class TooSlow(TransientError):
