@@ -115,3 +115,11 @@ def test_an_azure_key_given_as_credential_string_is_a_key():
 )
 def test_azure_options_without_an_obstore_equivalent_are_refused_by_name(options, option):
     assert refusal_of("az", options).option == option
+
+
+def test_an_sdk_without_the_retry_policy_is_warned_of(caplog):
+    class Changed:
+        service_client = None
+
+    backend_for("az").tame_instance(Changed())
+    assert "cannot turn down the Azure SDK's own retries" in caplog.text

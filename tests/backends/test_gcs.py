@@ -112,3 +112,12 @@ def test_the_tamed_gcs_options_of_the_wds_filesystem_map():
     given = {"token": "anon", "endpoint_url": "http://h:1"}
     options = backend_for("gcs").tamed_options(given, 30.0)
     assert isinstance(map_options("gcs", options), StoreSpec)
+
+
+def test_a_gcsfs_without_the_undecorated_request_is_warned_of(caplog):
+    class Changed:
+        async def _request(self):
+            """No ``__wrapped__``: gcsfs moved its retries."""
+
+    backend_for("gcs").tame_instance(Changed())
+    assert "gcsfs changed: cannot turn down its own retries" in caplog.text

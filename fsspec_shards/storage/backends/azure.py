@@ -2,7 +2,8 @@
 
 Where its objects live (the account and its blob endpoint), which ``info()`` fields name a
 version (``etag``, ``version_id``) and carry a checksum (``content_md5``), adlfs's socket
-time-outs, the taming of the Azure SDK's own retries, and the obstore mapping
+time-outs, the taming of the Azure SDK's own retries, azure-core's failure names, the
+streaming GET (:meth:`AzureBackend.open_range`), and the obstore mapping
 (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
 """
 
@@ -35,7 +36,7 @@ from fsspec_shards.storage.deps import adlfs as adlfs_deps
 from fsspec_shards.storage.deps import azure as azure_deps
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 
-logger = logging.getLogger("fsspec_shards.storage.backends")
+logger = logging.getLogger(__name__)
 
 
 class AzureBackend(Backend):

@@ -4,8 +4,9 @@ Where its objects live (the endpoint as gcsfs resolves it, for the cache key and
 obstore store alike: ``endpoint_url``, ``STORAGE_EMULATOR_HOST`` unless ``default``, else
 Google's in ``GOOGLE_CLOUD_UNIVERSE_DOMAIN``), which ``info()`` fields name a version
 (``generation``) and carry checksums (``md5Hash``, ``crc32c``), gcsfs's socket time-out,
-the taming of its own retries, and the obstore mapping (:data:`OBSTORE_TABLE` plus
-:func:`obstore_credentials`).
+the taming of its own retries, how its errors say their status, the one-request
+``info()``, the streaming GET (:meth:`GcsBackend.open_range`), and the obstore mapping
+(:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
 
 GOOGLE = "https://storage.googleapis.com"
-logger = logging.getLogger("fsspec_shards.storage.backends")
+logger = logging.getLogger(__name__)
 
 
 class GcsBackend(Backend):

@@ -1,8 +1,9 @@
 """HTTP(S) (fsspec's aiohttp filesystem; obstore's HTTP store): what the layer knows of it.
 
 The URL is the whole address (no location beyond it); ``ETag`` and ``Last-Modified`` name
-a version, ``Content-MD5`` is a checksum; the session's socket time-outs; the obstore
-mapping (headers, basic auth, ``ssl=False``).
+a version, ``Content-MD5`` is a checksum; the session's socket time-outs; aiohttp's failure
+names; the streaming GET (:meth:`HttpBackend.open_range`); the obstore mapping (headers,
+basic auth, ``ssl=False``).
 
 Redirects: aiohttp follows a redirect to another origin with every header but
 ``Authorization``/``Cookie``/``Proxy-Authorization``, so a custom credential header

@@ -2,8 +2,9 @@
 
 - Where one configuration's objects live (:func:`resolve`, for the cache key and the
   obstore store alike), which fields of ``info()`` name a version and carry checksums,
-  the socket time-outs, the taming of s3fs's and botocore's own retries, and the obstore
-  mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
+  the socket time-outs, the taming of s3fs's and botocore's own retries, botocore's failure
+  names and AWS's throttling codes, the streaming GET (:meth:`S3Backend.open_range`), and
+  the obstore mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
 
 Invariant: the cache key (``identity``) and the obstore store (``obstore_options``) take
 the endpoint and the region from :func:`resolve`, which resolves them as botocore does
