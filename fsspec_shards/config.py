@@ -137,42 +137,6 @@ def user_cache_dir() -> Path:
     return base / "fsspec-shards"
 
 
-def default_cache_dir() -> str:
-    """``FSSPEC_SHARDS_CACHE``, then webdataset's ``WDS_CACHE``, then the user cache directory."""
-    for name in ("FSSPEC_SHARDS_CACHE", "WDS_CACHE"):
-        if os.environ.get(name):
-            return os.path.expanduser(os.environ[name])
-    return str(user_cache_dir())
-
-
-def default_cache_size() -> int:
-    """``FSSPEC_SHARDS_CACHE_SIZE``, then ``WDS_CACHE_SIZE``, then :data:`DEFAULT_CACHE_SIZE`."""
-    for name in ("FSSPEC_SHARDS_CACHE_SIZE", "WDS_CACHE_SIZE"):
-        if os.environ.get(name):
-            try:
-                return parse_size(os.environ[name])
-            except ValueError as exc:
-                raise ValueError(f"environment variable {name}: {exc}") from None
-    return DEFAULT_CACHE_SIZE
-
-
-def default_shared_cache_dir() -> str | None:
-    """``FSSPEC_SHARDS_SHARED_CACHE``: the shared cache tier all nodes mount, if any."""
-    value = os.environ.get("FSSPEC_SHARDS_SHARED_CACHE")
-    return os.path.expanduser(value) if value else None
-
-
-def default_shared_cache_size() -> int:
-    """``FSSPEC_SHARDS_SHARED_CACHE_SIZE``, then :data:`DEFAULT_CACHE_SIZE`."""
-    value = os.environ.get("FSSPEC_SHARDS_SHARED_CACHE_SIZE")
-    if not value:
-        return DEFAULT_CACHE_SIZE
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise ValueError(f"environment variable FSSPEC_SHARDS_SHARED_CACHE_SIZE: {exc}") from None
-
-
 def verbose_cache() -> bool:
     """webdataset's ``WDS_VERBOSE_CACHE``: log every cache download at INFO on stderr."""
     return parse_bool(os.environ.get("WDS_VERBOSE_CACHE", "0"), "WDS_VERBOSE_CACHE")

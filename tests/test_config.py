@@ -1,7 +1,7 @@
 import pytest
 
 from fsspec_shards import config
-from fsspec_shards.storage.core.integrity import parse_verify
+from fsspec_shards.storage.core.options import parse_verify
 
 
 @pytest.mark.parametrize(
@@ -27,36 +27,6 @@ def test_parse_size_accepts_decimal_and_binary_units(text, expected):
 def test_parse_size_rejects_garbage_with_a_clear_message(bad):
     with pytest.raises(ValueError, match="invalid size"):
         config.parse_size(bad)
-
-
-def test_cache_dir_prefers_fsspec_shards_over_webdataset_variable(monkeypatch, tmp_path):
-    monkeypatch.setenv("WDS_CACHE", str(tmp_path / "wds"))
-    assert config.default_cache_dir() == str(tmp_path / "wds")
-    monkeypatch.setenv("FSSPEC_SHARDS_CACHE", str(tmp_path / "ours"))
-    assert config.default_cache_dir() == str(tmp_path / "ours")
-
-
-def test_cache_dir_defaults_to_the_user_cache_directory(monkeypatch, tmp_path):
-    monkeypatch.delenv("WDS_CACHE", raising=False)
-    monkeypatch.delenv("FSSPEC_SHARDS_CACHE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert config.default_cache_dir() == str(tmp_path / "fsspec-shards")
-
-
-def test_cache_size_is_bounded_by_default_and_read_from_the_environment(monkeypatch):
-    monkeypatch.delenv("WDS_CACHE_SIZE", raising=False)
-    monkeypatch.delenv("FSSPEC_SHARDS_CACHE_SIZE", raising=False)
-    assert config.default_cache_size() == config.DEFAULT_CACHE_SIZE
-    monkeypatch.setenv("WDS_CACHE_SIZE", "1GiB")
-    assert config.default_cache_size() == 1024**3
-    monkeypatch.setenv("FSSPEC_SHARDS_CACHE_SIZE", "2GB")
-    assert config.default_cache_size() == 2 * 1000**3
-
-
-def test_bad_cache_size_in_the_environment_names_the_variable(monkeypatch):
-    monkeypatch.setenv("FSSPEC_SHARDS_CACHE_SIZE", "lots")
-    with pytest.raises(ValueError, match="FSSPEC_SHARDS_CACHE_SIZE"):
-        config.default_cache_size()
 
 
 @pytest.mark.parametrize(

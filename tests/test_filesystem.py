@@ -80,7 +80,7 @@ def test_options_come_from_fsspec_config_and_explicit_arguments_win(monkeypatch,
     )
     monkeypatch.setitem(fsspec.config.conf, "wds", conf["wds"])
     fs = _wds(target_protocol="file", cache_dir=str(tmp_path))
-    assert (fs.policy.attempts, fs.cache_size, fs.verify) == (3, 1024**3, "size")
+    assert (fs.policy.attempts, fs.options.cache_size, fs.options.verify) == (3, 1024**3, "size")
     fs = _wds(target_protocol="file", cache_dir=str(tmp_path), retries=7)
     assert fs.policy.attempts == 7
 
@@ -94,7 +94,7 @@ def test_cache_location_and_size_default_from_the_environment(monkeypatch, tmp_p
     monkeypatch.setenv("FSSPEC_SHARDS_CACHE", str(tmp_path / "c"))
     monkeypatch.setenv("WDS_CACHE_SIZE", "5MB")
     fs = _wds(target_protocol="file")
-    assert (fs.cache_dir, fs.cache_size) == (str(tmp_path / "c"), 5_000_000)
+    assert (fs.options.cache_dir, fs.options.cache_size) == (str(tmp_path / "c"), 5_000_000)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +237,7 @@ def test_direct_ranged_reads_read_just_the_range_and_keep_nothing(tmp_path):
     assert results == [DATA[:4], DATA[100:110], DATA[-5:]]
     assert fs.cache_stats()["cached_files"] == 0
     assert sum(length for _, _, length in backend.reads) == 10 + 10 + 4 + 10 + 5
-    assert fs.prefetch(path).startswith(fs.cache_dir)
+    assert fs.prefetch(path).startswith(fs.options.cache_dir)
     reads = len(backend.reads)
     assert fs.cat_file(path, 10, 20) == DATA[10:20]  # a cached copy serves direct reads too
     assert len(backend.reads) == reads
@@ -297,7 +297,7 @@ def test_transport_comes_from_the_environment(monkeypatch, tmp_path):
     fsspec.config.set_conf_env(conf, {"FSSPEC_WDS_TRANSPORT": "fsspec"})
     monkeypatch.setitem(fsspec.config.conf, "wds", conf["wds"])
     fs = _wds(target_protocol="http", cache_dir=str(tmp_path))
-    assert fs.transport == "fsspec"
+    assert fs.options.transport == "fsspec"
     assert type(fs.download_transport.backend).__name__ == "HttpBackend"  # fsspec's stream
 
 
@@ -469,7 +469,7 @@ def test_sections_reach_the_layer_and_the_backend_and_others_are_dropped(tmp_pat
         s3={"endpoint_url": "http://never-used.invalid"},
         skip_instance_cache=True,
     )
-    assert fs.cache_dir == str(tmp_path / "cache")
+    assert fs.options.cache_dir == str(tmp_path / "cache")
     assert fs.policy.attempts == 2
     assert fs.fs.auto_mkdir is True
     (tmp_path / "a.bin").write_bytes(b"abc")

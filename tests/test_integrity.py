@@ -15,7 +15,6 @@ from fsspec_shards.storage.core.integrity import (
     Manifest,
     load_manifest,
     manifest_from_mapping,
-    parse_verify,
 )
 
 DATA = b"fsspec-shards integrity test data\n" * 1000
@@ -86,19 +85,6 @@ def test_manifest_on_another_protocol_matches_by_trailing_components(tmp_path):
     memory = fsspec.filesystem("memory")
     manifest = load_manifest(f"file://{tmp_path}/MD5SUMS", memory)
     assert manifest.lookup("/bucket/shards/a.tar") == Checksum("md5", MD5)
-
-
-@pytest.mark.parametrize(
-    ("value", "mode"),
-    [("auto", "auto"), (True, "auto"), ("size", "size"), (False, False), ("false", False)],
-)
-def test_verify_option_accepts_modes_and_environment_strings(value, mode):
-    assert parse_verify(value) == mode
-
-
-def test_verify_option_rejects_unknown_modes():
-    with pytest.raises(ValueError, match="verify"):
-        parse_verify("sha256")
 
 
 def _b64(hexdigest: str) -> str:

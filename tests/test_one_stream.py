@@ -27,7 +27,7 @@ from tests.planned_faults import (
 )
 
 KiB = 1024
-FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.002, timeout=30.0)
+FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.002, deadline=300.0, timeout=30.0)
 
 
 def _object(size: int, seed: int = 0) -> bytes:

@@ -1,5 +1,5 @@
-"""The ranges-in-flight rule (storage/transfer/range_plan.py): option, gate, bounds,
-what is learned.
+"""The ranges-in-flight rule (storage/transfer/range_plan.py): gate, bounds, what is
+learned (the option's parser: tests/test_options.py).
 
 The adaptive ramp against a link that rewards ranges (and one that does not) is in
 tests/integration/test_ranges_in_flight.py, through a pacing proxy.
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from fsspec_shards.storage.transfer import range_plan
-from fsspec_shards.storage.transfer.range_plan import Ramp, link_of, parse_ranges_in_flight
+from fsspec_shards.storage.transfer.range_plan import Ramp, link_of
 
 
 @pytest.fixture(autouse=True)
@@ -22,19 +22,6 @@ def _fresh_process_state(monkeypatch):
     monkeypatch.setattr(range_plan, "_learned", {})
     monkeypatch.setattr(range_plan, "_recalled", set())
     monkeypatch.setattr(range_plan, "_slots_taken", 0)
-
-
-@pytest.mark.parametrize(
-    ("value", "parsed"), [("auto", "auto"), (" AUTO ", "auto"), (4, 4), ("8", 8)]
-)
-def test_the_option_is_auto_or_a_positive_int(value, parsed):
-    assert parse_ranges_in_flight(value) == parsed
-
-
-@pytest.mark.parametrize("value", [0, -1, "many", True, 2.5, None])
-def test_other_values_are_refused_naming_the_option(value):
-    with pytest.raises(ValueError, match="ranges_in_flight"):
-        parse_ranges_in_flight(value)
 
 
 def test_the_link_is_the_store_not_the_object():

@@ -94,7 +94,7 @@ def test_a_plain_path_with_a_wds_section_is_read_through_the_layer(tmp_path):
     options = {"wds": {"cache_dir": str(cache_dir)}, "s3": {"endpoint_url": "http://x.invalid"}}
     reader = ShardReader(options)
     fs, _ = reader.locate(str(path))
-    assert fs.protocol == "wds" and fs.cache_dir == str(cache_dir)
+    assert fs.protocol == "wds" and fs.options.cache_dir == str(cache_dir)
     assert len(list(reader.samples(str(path)))) == 3
     assert fs.cache_stats()["cached_files"] == 1
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import random
 
 import pytest
 
 from fsspec_shards.storage import backends  # noqa: F401 - teaches retry their error names
+from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.core.retry import (
     Attempts,
     RetriesExhaustedError,
@@ -18,6 +20,13 @@ from fsspec_shards.storage.core.retry import (
     is_transient,
     permanent_error,
 )
+
+DEFAULT_POLICY = StorageOptions.parse().retry_policy
+
+
+def _policy(**fields) -> RetryPolicy:
+    """The default policy with ``fields`` changed."""
+    return dataclasses.replace(DEFAULT_POLICY, **fields)
 
 
 class _StatusError(Exception):
@@ -192,7 +201,7 @@ def test_a_backend_message_quoting_a_signed_url_is_not_chained_to_the_raised_err
     leaky = _wrapped(
         FileNotFoundError("https://host/k.tar?X-Amz-Signature=deadbeefsecret"), _StatusError(404)
     )
-    tracker = Attempts(RetryPolicy(), "https://host/k.tar", "read")
+    tracker = Attempts(DEFAULT_POLICY, "https://host/k.tar", "read")
     with pytest.raises(FileNotFoundError) as raised:
         tracker.failed(leaky)
     assert "deadbeefsecret" not in str(raised.value)
@@ -201,7 +210,7 @@ def test_a_backend_message_quoting_a_signed_url_is_not_chained_to_the_raised_err
 
 @pytest.mark.parametrize("failure", [1, 2, 5, 10, 30])
 def test_backoff_is_full_jitter_below_the_exponential_ceiling_and_the_cap(failure):
-    policy = RetryPolicy(backoff=0.5, max_backoff=4.0)
+    policy = _policy(backoff=0.5, max_backoff=4.0)
     rng = random.Random(7)
     delays = [policy.delay(failure, rng) for _ in range(200)]
     ceiling = min(4.0, 0.5 * 2 ** (failure - 1))
@@ -224,7 +233,7 @@ def test_transient_failures_are_retried_until_success_and_counted():
     outcomes = [ConnectionResetError("reset"), _StatusError(503), b"data"]
     sleeps: list[float] = []
     retries: list[int] = []
-    tracker = _attempts(RetryPolicy(attempts=5, backoff=0.01), sleeps, retries)
+    tracker = _attempts(_policy(attempts=5, backoff=0.01), sleeps, retries)
     while True:
         outcome = outcomes.pop(0)
         if isinstance(outcome, bytes):
@@ -234,7 +243,7 @@ def test_transient_failures_are_retried_until_success_and_counted():
 
 
 def test_spent_attempts_raise_with_the_url_and_the_last_reason():
-    tracker = _attempts(RetryPolicy(attempts=3, backoff=0.0), [], [])
+    tracker = _attempts(_policy(attempts=3, backoff=0.0), [], [])
     tracker.failed(ConnectionResetError("reset"))
     tracker.failed(ConnectionResetError("reset"))
     with pytest.raises(RetriesExhaustedError, match=r"s3://b/k failed after 3 attempts.*reset"):
@@ -242,16 +251,14 @@ def test_spent_attempts_raise_with_the_url_and_the_last_reason():
 
 
 def test_progress_starts_a_new_failure_chain():
-    tracker = _attempts(RetryPolicy(attempts=2, backoff=0.0), [], [])
+    tracker = _attempts(_policy(attempts=2, backoff=0.0), [], [])
     for _ in range(10):
         tracker.failed(ConnectionResetError("reset"))
         tracker.progressed()
 
 
 def test_deadline_stops_retrying_before_the_attempts_are_spent():
-    tracker = _attempts(
-        RetryPolicy(attempts=100, backoff=10.0, max_backoff=10.0, deadline=0.5), [], []
-    )
+    tracker = _attempts(_policy(attempts=100, backoff=10.0, max_backoff=10.0, deadline=0.5), [], [])
     with pytest.raises(RetriesExhaustedError, match="deadline"):
         for _ in range(100):
             tracker.failed(TimeoutError("stalled"))
@@ -259,7 +266,7 @@ def test_deadline_stops_retrying_before_the_attempts_are_spent():
 
 def test_permanent_failure_is_raised_at_once_without_sleeping():
     sleeps: list[float] = []
-    tracker = _attempts(RetryPolicy(attempts=5), sleeps, [])
+    tracker = _attempts(_policy(attempts=5), sleeps, [])
     with pytest.raises(FileNotFoundError, match="s3://b/k"):
         tracker.failed(_StatusError(404))
     assert sleeps == []
@@ -274,7 +281,7 @@ def test_call_returns_the_result_after_transient_failures():
             raise error
         return 42
 
-    assert RetryPolicy(attempts=3, backoff=0.0).call(flaky, "gs://b/k", "info") == 42
+    assert _policy(attempts=3, backoff=0.0).call(flaky, "gs://b/k", "info") == 42
 
 
 def _raised_from(outer: BaseException, inner: BaseException) -> BaseException:

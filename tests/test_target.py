@@ -29,7 +29,7 @@ from tests.planned_faults import PlannedFaultFileSystem
 
 KiB = 1024
 DATA = random.Random(5).randbytes(400 * KiB)
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002, timeout=30.0)
+FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002, deadline=300.0, timeout=30.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import Any
 from fsspec_shards.cli.errors import EXIT_OK, UsageError
 from fsspec_shards.cli.options import SharedOptions, size_argument
 from fsspec_shards.cli.report import print_json
-from fsspec_shards.config import default_cache_dir, default_cache_size
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.redact import redact_url
+from fsspec_shards.storage.core.options import default_of
 
 NAME = "cache"
 
@@ -40,7 +40,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
 
 
 def cache_directory(args: argparse.Namespace) -> str:
-    return os.path.abspath(os.path.expanduser(args.cache_dir or default_cache_dir()))
+    return os.path.abspath(os.path.expanduser(args.cache_dir or default_of("cache_dir")))
 
 
 def open_cache(args: argparse.Namespace, *, writable: bool = False):
@@ -50,7 +50,7 @@ def open_cache(args: argparse.Namespace, *, writable: bool = False):
     from fsspec_shards.storage.cache import CacheDirectoryError, NotACacheError, ShardCache
 
     directory = cache_directory(args)
-    size = size_argument(args.cache_size) if args.cache_size else default_cache_size()
+    size = size_argument(args.cache_size) if args.cache_size else default_of("cache_size")
     try:
         return ShardCache.existing(directory, size, writable=writable)
     except NotACacheError as error:

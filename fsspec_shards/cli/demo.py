@@ -11,9 +11,9 @@ from typing import Any
 from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import SharedOptions, positive_int
 from fsspec_shards.cli.stream import stream_pass
-from fsspec_shards.config import default_cache_dir
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.fleet.shards import shard_urls
+from fsspec_shards.storage.core.options import default_of
 
 NAME = "demo"
 DEFAULT_DEMO_DIR = "fsspec-shards-demo"
@@ -78,5 +78,5 @@ def demo_cache_dir(args: argparse.Namespace, directory: Path) -> str:
     if args.cache_dir:
         return os.path.abspath(os.path.expanduser(args.cache_dir))
     if any(os.environ.get(name) for name in CACHE_VARIABLES):
-        return os.path.abspath(default_cache_dir())
+        return os.path.abspath(default_of("cache_dir"))
     return str(directory / "cache")

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fsspec_shards.cli.errors import EXIT_USAGE, UsageError
-from fsspec_shards.config import DEFAULT_CACHE_SIZE, DEFAULT_MAX_MEMBER_SIZE, parse_size
+from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, parse_size
 from fsspec_shards.fleet.errors import InputError
 from fsspec_shards.fleet.executors import Executor, ThreadExecutor
 from fsspec_shards.fleet.report import format_bytes
+from fsspec_shards.storage.core.options import OPTIONS
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -67,20 +68,12 @@ def shared_options() -> SharedOptions:
         metavar="FILE",
         help='storage options from a .json or .toml file: {"s3": {...}, "wds": {...}}',
     )
-    group.add_argument(
-        "--retries", type=int, metavar="N", help="most attempts for a transient failure"
-    )
+    group.add_argument("--retries", type=int, metavar="N", help=wds_help("retries"))
 
     cache = CommandParser(add_help=False)
     group = cache.add_argument_group("cache")
-    group.add_argument(
-        "--cache-dir", metavar="DIR", help="cache directory (default: FSSPEC_SHARDS_CACHE, ...)"
-    )
-    group.add_argument(
-        "--cache-size",
-        metavar="SIZE",
-        help=f'cache bound, e.g. "50GB" (default {format_bytes(DEFAULT_CACHE_SIZE)})',
-    )
+    group.add_argument("--cache-dir", metavar="DIR", help=wds_help("cache_dir"))
+    group.add_argument("--cache-size", metavar="SIZE", help=wds_help("cache_size"))
     group.add_argument(
         "--no-cache", action="store_true", help="stream with retries and checks, keep nothing"
     )
@@ -116,6 +109,16 @@ def shared_options() -> SharedOptions:
         "--json", action="store_true", help="print the report as one JSON object on stdout"
     )
     return SharedOptions(output, storage, cache, jobs, reading, json_output)
+
+
+def wds_help(name: str) -> str:
+    """The help of a flag that sets the ``wds`` option ``name``: its doc line, variables and
+    default, from the options table (sizes in binary units)."""
+    option = OPTIONS[name]
+    built_in = option.default() if callable(option.default) else option.default
+    shown = format_bytes(built_in) if option.bytes else str(built_in)
+    environment = f"; from {' or '.join(option.env)} when set" if option.env else ""
+    return f"{option.doc}{environment} (default {shown})"
 
 
 def positive_int(text: str) -> int:

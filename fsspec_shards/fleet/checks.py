@@ -123,7 +123,7 @@ def storage_check(fs: Any, path: str) -> str:
     from fsspec_shards.storage.backends.fields import protocol_of
     from fsspec_shards.storage.core.verification import expected as expectation
 
-    mode = getattr(fs, "verify", None)
+    mode = getattr(getattr(fs, "options", None), "verify", None)
     if mode is None:
         return "none (not read through wds::)"
     if mode is False:

@@ -49,7 +49,8 @@ def fetch_shard(url: str, options: dict[str, dict]) -> Fetched:
 def cache_counters(url: str, options: dict[str, dict]) -> tuple[tuple[str, str], dict[str, int]]:
     """(host, cache directory) and the counters of the cache a shard is fetched into here."""
     fs, _ = open_filesystem(url, options)
-    return (socket.gethostname(), str(getattr(fs, "cache_dir", ""))), storage_stats(fs)
+    cache_dir = getattr(getattr(fs, "options", None), "cache_dir", "")  # a wds filesystem's
+    return (socket.gethostname(), str(cache_dir)), storage_stats(fs)
 
 
 @dataclass

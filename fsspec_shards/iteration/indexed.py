@@ -68,7 +68,8 @@ class _Shard:
         self.fs = fs
         self.path = path
         self.compressed = compressed
-        self.keep_open = getattr(fs, "ranged_reads", None) == "cache"
+        options = getattr(fs, "options", None)  # a wds filesystem's
+        self.keep_open = getattr(options, "ranged_reads", None) == "cache"
 
 
 class IndexedShardDataset(_DatasetBase):

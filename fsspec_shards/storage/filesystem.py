@@ -25,9 +25,8 @@ import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.utils import other_paths, stringify_path, tokenize
 
-from fsspec_shards import config, option_shapes
+from fsspec_shards import option_shapes
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
-from fsspec_shards.errors import OptionError
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean, redact_url
 from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.accepted_options import check_backend_options
@@ -36,24 +35,18 @@ from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId, object_id
 from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
-from fsspec_shards.storage.core.integrity import (
-    Manifest,
-    load_manifest,
-    parse_verify,
-)
-from fsspec_shards.storage.core.retry import RetryPolicy, TransientError
+from fsspec_shards.storage.core.integrity import Manifest, load_manifest
+from fsspec_shards.storage.core.options import StorageOptions
+from fsspec_shards.storage.core.retry import TransientError
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.transfer.obstore_transport import (
-    TRANSPORTS,
     DownloadTransport,
     HttpStatusError,
     download_transport,
 )
 from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
-from fsspec_shards.storage.transfer.range_plan import parse_ranges_in_flight
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
-from fsspec_shards.storage.transfer.target import MIN_RATE, RATE_WINDOW
 
 if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
@@ -62,10 +55,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("fsspec_shards.storage.filesystem")
 
-DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _WRITE_RACE_ATTEMPTS = 3
 _REMEMBERED_OBJECTS = 65536
-RANGED_READS = ("cache", "direct")
 _SHARED_BACKENDS: dict[str, fsspec.AbstractFileSystem] = {}
 _SHARED_BACKENDS_LOCK = threading.Lock()
 # Counters with the cache off, per cache directory and process: fsspec makes one instance per
@@ -113,51 +104,12 @@ class WdsFileSystem(ChainedFileSystem):
     ----------
     target_protocol, target_options, fs:
         The backend, as fsspec's caching filesystems take them (``fs`` wins when given).
-    cache_dir, cache_size:
-        Where cached files live and the most bytes kept (int or ``"50GB"``); defaults from
-        ``FSSPEC_SHARDS_CACHE``/``WDS_CACHE`` and ``FSSPEC_SHARDS_CACHE_SIZE``/``WDS_CACHE_SIZE``.
-    shared_cache_dir, shared_cache_size:
-        A second cache tier on a filesystem all nodes mount, looked up on a local miss before
-        the backend and filled with what is downloaded; defaults from
-        ``FSSPEC_SHARDS_SHARED_CACHE`` and ``FSSPEC_SHARDS_SHARED_CACHE_SIZE``.
-    cache:
-        False streams reads (retried, size-checked, checksum at the end) and keeps nothing.
-    retries:
-        The most attempts for one chain of transient failures (progress starts a new chain).
-    verify:
-        ``"auto"`` (size plus the strongest checksum known), ``"size"`` or False.
-    checksums:
-        A mapping path -> ``"sha256:<hex>"``, or the path/URL of a ``SHA256SUMS``-style file.
-    backoff, max_backoff, deadline, timeout:
-        First backoff and its cap (s, full jitter), the most seconds spent on one failure
-        chain, and the seconds without progress after which a request counts as stalled
-        (a shorter socket time-out given to the backend bounds it too).
-    min_rate, min_rate_window:
-        A request moving slower than ``min_rate`` bytes/s (int or ``"16KiB"``; default
-        16 KiB/s; 0: no floor) over ``min_rate_window`` seconds (default 30) counts as
-        stalled, and only a request at that rate or better starts a new failure chain, so
-        a server that trickles is given up on (curl's ``--speed-limit``/``--speed-time``).
-    ranged_reads:
-        ``"cache"`` (default with the cache on): a ranged read of an uncached file fills the
-        cache with the whole verified file and serves the range from it. ``"direct"``: read
-        just the range, checked for identity and size but not against a checksum (the only
-        choice with ``cache=False``).
-    transport:
-        What downloads (cache fills, prefetch, uncached and direct ranged reads) go through:
-        ``"auto"`` (default: obstore for s3, gcs, az and http(s) when it is installed and
-        the backend's options map onto it, else the fsspec backend), ``"obstore"`` (an
-        error naming what obstore cannot serve) or ``"fsspec"``. Chosen once per process.
-        Listing, ``info`` and writes always use the fsspec backend.
-    ranges_in_flight:
-        ``"auto"`` (default): a file over 32 MiB with an ETag, generation or version id is
-        downloaded into the cache by ranged GETs, as many at once as raise the aggregate
-        rate (one stream where more do not help, e.g. loopback); an int fixes the number
-        (1: one request to the end). See docs/transport.md.
-    block_size:
-        Read size of streamed (uncached) files; 0 (fsspec's "no read-ahead") is the default.
-    check_stale, stale_ttl:
-        Compare a cached file's identity with the backend before using it; with
-        ``stale_ttl`` only when the last check is older than that many seconds.
+    **options:
+        The ``wds`` options (``cache_dir``, ``cache_size``, ``retries``, ``verify``, ...):
+        their defaults, parsers and meanings are the table in
+        :mod:`fsspec_shards.storage.core.options`, parsed into ``self.options``
+        (:class:`~fsspec_shards.storage.core.options.StorageOptions`); see
+        docs/configuration.md.
 
     Every option may also come from ``fsspec.config.conf["wds"]`` (``FSSPEC_WDS_<OPTION>``).
     """
@@ -189,82 +141,22 @@ class WdsFileSystem(ChainedFileSystem):
         target_protocol: str | None = None,
         target_options: dict | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
-        cache_dir: str | None = None,
-        cache_size: int | str | None = None,
-        shared_cache_dir: str | None = None,
-        shared_cache_size: int | str | None = None,
-        cache: bool | str = True,
-        retries: int | str = 5,
-        verify: str | bool = "auto",
-        checksums: dict | str | None = None,
-        backoff: float | str = 0.2,
-        max_backoff: float | str = 10.0,
-        deadline: float | str = 300.0,
-        timeout: float | str = 30.0,
-        min_rate: int | str = MIN_RATE,
-        min_rate_window: float | str = RATE_WINDOW,
-        ranged_reads: str | None = None,
-        transport: str = "auto",
-        ranges_in_flight: int | str = "auto",
-        block_size: int | str | None = None,
-        check_stale: bool | str = False,
-        stale_ttl: float | str | None = None,
         fo: str | None = None,
-        **kwargs: Any,
+        **options: Any,
     ) -> None:
-        """The options once ``__init__`` sorted out the layer's own from the backend's."""
-        unknown = sorted(set(kwargs) - FSSPEC_INSTANCE_OPTIONS)
-        if unknown:
-            raise OptionError(
-                f"wds.{unknown[0]}",
-                f"unknown option(s) for the wds filesystem: {', '.join(unknown)}; backend "
-                "options belong in target_options, or in the backend's own section, e.g. "
-                "storage_options={'wds': {...}, 's3': {...}}",
-            )
-        super().__init__(**kwargs)
+        """The options once ``__init__`` sorted out the layer's own from the backend's:
+        fsspec's instance options go to fsspec, the rest are parsed (``StorageOptions``)."""
+        instance = {k: options.pop(k) for k in set(options) & FSSPEC_INSTANCE_OPTIONS}
+        self.options = StorageOptions.parse(**options)
+        super().__init__(**instance)
         install_log_redaction()
         if fs is None and not target_protocol:
             raise ValueError(
                 "the wds filesystem needs a backend: a chained URL like 'wds::s3://bucket/key', "
                 "target_protocol=..., or fs=..."
             )
-        self.policy = RetryPolicy(
-            attempts=config.parse_int(retries, "retries", minimum=1),
-            backoff=config.parse_float(backoff, "backoff"),
-            max_backoff=config.parse_float(max_backoff, "max_backoff"),
-            deadline=config.parse_float(deadline, "deadline"),
-            timeout=config.parse_float(timeout, "timeout", minimum=0.001),
-        )
-        self.verify = parse_verify(verify)
-        self.cache_enabled = config.parse_bool(cache, "cache")
-        self.ranged_reads = _parse_ranged_reads(ranged_reads, self.cache_enabled)
-        self.transport = _parse_transport(transport)
-        self.ranges_in_flight = parse_ranges_in_flight(ranges_in_flight)
-        self.min_rate = _parse_size(min_rate, "min_rate")
-        self.min_rate_window = config.parse_float(min_rate_window, "min_rate_window", 0.001)
-        self.cache_dir = os.path.expanduser(str(cache_dir or config.default_cache_dir()))
-        self.cache_size = (
-            config.default_cache_size() if cache_size is None else _parse_size(cache_size)
-        )
-        shared = shared_cache_dir or config.default_shared_cache_dir()
-        self.shared_cache_dir = os.path.expanduser(str(shared)) if shared else None
-        self.shared_cache_size = (
-            config.default_shared_cache_size()
-            if shared_cache_size is None
-            else _parse_size(shared_cache_size, "shared_cache_size")
-        )
-        # 0 is fsspec's "no read-ahead" (datasets streams with it): the default pieces then
-        self.block_size = (
-            DEFAULT_BLOCK_SIZE if block_size is None else _parse_size(block_size, "block_size")
-        ) or DEFAULT_BLOCK_SIZE
-        self.check_stale = config.parse_bool(check_stale, "check_stale")
-        self.stale_ttl = None if stale_ttl is None else config.parse_float(stale_ttl, "stale_ttl")
-        if checksums is not None and not isinstance(checksums, dict | str):
-            raise ValueError(
-                f"invalid value for option 'checksums': expected a mapping or a path, "
-                f"got {type(checksums).__name__}"
-            )
-        self._checksums_source = checksums
+        # the options' retry policy, its timeout shortened below to the backend's if shorter
+        self.policy = self.options.retry_policy
         self._target_protocol = target_protocol
         self._target_options = dict(target_options or {})
         self._state = _ProcessState(os.getpid(), given_fs=fs)
@@ -272,7 +164,7 @@ class WdsFileSystem(ChainedFileSystem):
         self._manifest: Manifest | None = None
         with _MEMORY_COUNTERS_LOCK:
             self._memory_counters = _MEMORY_COUNTERS.setdefault(
-                self.cache_dir, dict.fromkeys(COUNTERS, 0)
+                self.options.cache_dir, dict.fromkeys(COUNTERS, 0)
             )
         if fs is None:
             check_backend_options(target_protocol, self._target_options)
@@ -280,9 +172,9 @@ class WdsFileSystem(ChainedFileSystem):
         shorter = backend_for(protocol_of(self.fs)).timeout(self.fs)
         if shorter is not None and shorter < self.policy.timeout:
             self.policy = dataclasses.replace(self.policy, timeout=shorter)
-        if isinstance(checksums, dict):  # checked now: a bad entry is a bad option
-            self._manifest = load_manifest(checksums, self.fs)
-        if self.transport == "obstore":  # an option obstore cannot carry over is a bad option
+        if isinstance(self.options.checksums, dict):  # checked now: a bad entry is a bad option
+            self._manifest = load_manifest(self.options.checksums, self.fs)
+        if self.options.transport == "obstore":  # what obstore cannot carry over is a bad option
             self.download_transport  # noqa: B018 - chosen now for the error
 
     # -- the backend, the cache and the manifest (per process) ----------------------------
@@ -346,27 +238,27 @@ class WdsFileSystem(ChainedFileSystem):
                 if isinstance(protocol, tuple | list):
                     protocol = protocol[0]
                 state.transport = download_transport(
-                    protocol, options, self.transport, fallback=transport_for(fs)
+                    protocol, options, self.options.transport, fallback=transport_for(fs)
                 )
             return state.transport
 
     @property
     def shard_cache(self) -> ShardCache | None:
         """The :class:`ShardCache` behind this filesystem (None with ``cache=False``)."""
-        if not self.cache_enabled:
+        if not self.options.cache:
             return None
         state = self._process
         with state.lock:
             if state.cache is None:
                 from fsspec_shards.storage.cache import ShardCache
 
-                state.cache = ShardCache(self.cache_dir, self.cache_size)
+                state.cache = ShardCache(self.options.cache_dir, self.options.cache_size)
             return state.cache
 
     @property
     def shared_tier(self) -> SharedTier | None:
         """The :class:`SharedTier` (None without ``shared_cache_dir`` or with the cache off)."""
-        if not self.cache_enabled or self.shared_cache_dir is None:
+        if not self.options.cache or self.options.shared_cache_dir is None:
             return None
         state = self._process
         with state.lock:
@@ -374,18 +266,18 @@ class WdsFileSystem(ChainedFileSystem):
                 from fsspec_shards.storage.cache.shared import SharedTier
 
                 state.shared = SharedTier(
-                    self.shared_cache_dir, self.shared_cache_size, count=self._count
+                    self.options.shared_cache_dir, self.options.shared_cache_size, count=self._count
                 )
             return state.shared
 
     @property
     def manifest(self) -> Manifest | None:
         """The ``checksums`` option, loaded on first use."""
-        if self._checksums_source is None:
+        if self.options.checksums is None:
             return None
         with self._process.lock:
             if self._manifest is None:
-                source = self._checksums_source
+                source = self.options.checksums
                 self._manifest = self.policy.call(
                     lambda: load_manifest(source, self.fs, self._read_whole),
                     source if isinstance(source, str) else "checksums",
@@ -462,14 +354,14 @@ class WdsFileSystem(ChainedFileSystem):
             path=backend_path,
             obj=self._object(backend_path),
             policy=self.policy,
-            verify=self.verify,
+            verify=self.options.verify,
             manifest=tuple(manifest.known(backend_path)) if manifest is not None else (),
             count=self._count,
             transport=self.download_transport,
-            ranges_in_flight=self.ranges_in_flight,
-            plan_dir=self.cache_dir if self.cache_enabled else None,
-            min_rate=self.min_rate,
-            rate_window=self.min_rate_window,
+            ranges_in_flight=self.options.ranges_in_flight,
+            plan_dir=self.options.cache_dir if self.options.cache else None,
+            min_rate=self.options.min_rate,
+            rate_window=self.options.min_rate_window,
         )
 
     def _retried(self, method: str, backend_path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -494,10 +386,10 @@ class WdsFileSystem(ChainedFileSystem):
         cache = self.shard_cache
         if cache is not None:
             stats = cache.stats()
-            if self.shared_cache_dir is not None:
+            if self.options.shared_cache_dir is not None:
                 for name in SHARED_COUNTERS:
                     stats.setdefault(name, 0)
-                stats["shared_cache_dir"] = self.shared_cache_dir
+                stats["shared_cache_dir"] = self.options.shared_cache_dir
             return stats
         with _MEMORY_COUNTERS_LOCK:
             stats = dict(self._memory_counters)
@@ -516,11 +408,11 @@ class WdsFileSystem(ChainedFileSystem):
     def prefetch(self, path: str) -> str | None:
         """Make sure ``path`` is in the cache; its local path (None when it is not cached:
         the cache is off, read-only or too small, or the file was written meanwhile)."""
-        if not self.cache_enabled:
+        if not self.options.cache:
             return None
         backend_path = self._backend_path(path)
         obj = self._object(backend_path)
-        if not self.check_stale:
+        if not self.options.check_stale:
             local = self.shard_cache.get(obj, count=False)
             if local is not None:
                 return local
@@ -538,7 +430,7 @@ class WdsFileSystem(ChainedFileSystem):
         """The cached copy opened for reading, or None; drops it first if it went stale."""
         cache = self.shard_cache
         obj = obj or self._object(backend_path)
-        if self.check_stale and not self._still_fresh(cache, obj, backend_path):
+        if self.options.check_stale and not self._still_fresh(cache, obj, backend_path):
             cache.discard(obj)
             return None
         prefetched = self._process.prefetched
@@ -551,7 +443,7 @@ class WdsFileSystem(ChainedFileSystem):
         if metadata is None:
             return True
         validated = metadata.get("validated_at") or 0
-        if self.stale_ttl is not None and time.time() - validated < self.stale_ttl:
+        if self.options.stale_ttl is not None and time.time() - validated < self.options.stale_ttl:
             return True
         info = self._retried("info", backend_path)
         current = backend_for(protocol_of(self.fs)).identity(info)
@@ -606,7 +498,7 @@ class WdsFileSystem(ChainedFileSystem):
         """The block manifest's entry of ``backend_path`` (None without one, or when
         checksums are not verified)."""
         manifest = self.manifest
-        if manifest is None or self.verify != "auto":
+        if manifest is None or self.options.verify != "auto":
             return None
         return manifest.lookup_blocks(backend_path)
 
@@ -680,10 +572,10 @@ class WdsFileSystem(ChainedFileSystem):
         them in flight (in any process) from publishing; every host's next read of them
         skips the shared tier's copies made before (a new write generation there)."""
         paths = backend_paths if isinstance(backend_paths, list) else [backend_paths]
-        if self.cache_enabled and self.shared_cache_dir is not None:
+        if self.options.cache and self.options.shared_cache_dir is not None:
             for path in paths:
                 self.shared_tier.new_generation(self._object(path))
-        if not self.cache_enabled or not os.path.isdir(self.cache_dir):
+        if not self.options.cache or not os.path.isdir(self.options.cache_dir):
             return  # no cache directory: nothing was ever cached there
         cache = self.shard_cache
         for path in paths:
@@ -720,7 +612,7 @@ class WdsFileSystem(ChainedFileSystem):
                 backend_path, mode, block_size=block_size, autocommit=autocommit, **kwargs
             )
             return DropCachedOnClose(handle, lambda: self._drop_cached(backend_path))
-        if self.cache_enabled:
+        if self.options.cache:
             handle = self._open_cached(backend_path)
             if handle is not None:
                 return handle
@@ -734,11 +626,12 @@ class WdsFileSystem(ChainedFileSystem):
             raw.seek(0)
             return CachedFile(raw, self, backend_path)
         blocks = self._blocks_of(backend_path)
+        block_size = block_size or self.options.block_size
         if blocks is not None:
             from fsspec_shards.storage.transfer.blocks import BlockCheckedFile
 
-            return BlockCheckedFile(self, target, info, block_size or self.block_size, blocks)
-        return RetryingFile(self, target, info, block_size or self.block_size)
+            return BlockCheckedFile(self, target, info, block_size, blocks)
+        return RetryingFile(self, target, info, block_size)
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
@@ -748,7 +641,7 @@ class WdsFileSystem(ChainedFileSystem):
         a ranged miss reads just the range)."""
         backend_path = self._backend_path(path)
         whole = start in (None, 0) and end is None
-        handle = self._local_copy(backend_path, fill=whole or self.ranged_reads == "cache")
+        handle = self._local_copy(backend_path, fill=whole or self.options.ranged_reads == "cache")
         if handle is not None:
             with handle:
                 return _read_local_range(handle, start, end)
@@ -763,7 +656,7 @@ class WdsFileSystem(ChainedFileSystem):
     def _local_copy(self, backend_path: str, fill: bool) -> BinaryIO | None:
         """The cached copy opened for reading; with ``fill``, downloaded on a miss. None with
         the cache off, on a miss without ``fill``, or when the file cannot be cached."""
-        if not self.cache_enabled:
+        if not self.options.cache:
             return None
         return self._open_cached(backend_path) if fill else self._cached_handle(backend_path)
 
@@ -840,7 +733,7 @@ class WdsFileSystem(ChainedFileSystem):
         ends: list[int | None],
         results: list[bytes | Exception],
     ) -> None:
-        handle = self._local_copy(backend_path, fill=self.ranged_reads == "cache")
+        handle = self._local_copy(backend_path, fill=self.options.ranged_reads == "cache")
         if handle is not None:
             with handle:
                 for index in indices:
@@ -1015,13 +908,6 @@ def _rebuilt_after_fork(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSys
     return type(fs)(*fs.storage_args, **fs.storage_options)
 
 
-def _parse_size(value: Any, name: str = "cache_size") -> int:
-    try:
-        return config.parse_size(value)
-    except ValueError as exc:
-        raise ValueError(f"invalid value for option {name!r}: {exc}") from None
-
-
 def _resolve_range(start: int | None, end: int | None, size: int | None) -> tuple[int, int]:
     """``[start, end)`` as absolute offsets, with Python's negative-index and clamping rules."""
     if size is None:
@@ -1038,31 +924,6 @@ def _read_local_range(handle: BinaryIO, start: int | None, end: int | None) -> b
     first, last = _resolve_range(start, end, size)
     handle.seek(first)
     return handle.read(last - first)
-
-
-def _parse_transport(value: Any) -> str:
-    if value not in TRANSPORTS:
-        raise ValueError(
-            f"invalid value {value!r} for option 'transport': expected one of "
-            f"{', '.join(TRANSPORTS)}"
-        )
-    return value
-
-
-def _parse_ranged_reads(value: str | None, cache_enabled: bool) -> str:
-    if value is None:
-        return "cache" if cache_enabled else "direct"
-    if value not in RANGED_READS:
-        raise ValueError(
-            f"invalid value {value!r} for option 'ranged_reads': expected one of "
-            f"{', '.join(RANGED_READS)}"
-        )
-    if value == "cache" and not cache_enabled:
-        raise ValueError(
-            "invalid value 'cache' for option 'ranged_reads': with cache=False ranges can only "
-            "be read direct"
-        )
-    return value
 
 
 def _raising_clean_errors(cls: type) -> None:

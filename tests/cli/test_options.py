@@ -8,7 +8,9 @@ import pytest
 
 from fsspec_shards.cli import build_parser
 from fsspec_shards.cli.errors import UsageError
-from fsspec_shards.cli.options import parse_option, storage_options_from
+from fsspec_shards.cli.options import parse_option, shared_options, storage_options_from
+from fsspec_shards.fleet.report import format_bytes
+from fsspec_shards.storage.core.options import OPTIONS
 from tests.cli.running import run_cli
 
 
@@ -70,3 +72,26 @@ def test_help_shows_the_defaults_from_their_one_definition_in_binary_units(capsy
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"])
         assert expected in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_storage_flags_name_wds_options_with_the_tables_defaults():
+    shared = shared_options()
+    flags = {
+        action.dest: action
+        for parser in (shared.storage, shared.cache)
+        for action in parser._actions
+        if action.dest in OPTIONS
+    }
+    assert sorted(flags) == ["cache_dir", "cache_size", "retries"]
+    for name, action in flags.items():
+        option = OPTIONS[name]
+        built_in = option.default() if callable(option.default) else option.default
+        shown = format_bytes(built_in) if option.bytes else str(built_in)
+        assert action.help.startswith(option.doc) and f"(default {shown})" in action.help
+        assert all(variable in action.help for variable in option.env)
+    args = build_parser().parse_args(
+        ["prefetch", "x", "--retries", "4", "--cache-dir", "/c", "--cache-size", "1KiB"]
+    )
+    assert set(storage_options_from(args)["wds"]) == set(flags)
+    args = build_parser().parse_args(["prefetch", "x", "--no-cache"])
+    assert storage_options_from(args)["wds"] == {"cache": False}  # --no-cache: cache=False

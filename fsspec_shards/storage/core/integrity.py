@@ -27,7 +27,6 @@ from fsspec_shards.checksums import (
     parse_checksum,
     parse_sums_file,
 )
-from fsspec_shards.config import bool_word
 from fsspec_shards.redact import redact_url
 from fsspec_shards.shard_names import by_trailing_path
 from fsspec_shards.storage.core.verification import Known
@@ -40,7 +39,6 @@ __all__ = [
     "load_manifest",
     "manifest_from_mapping",
     "parse_checksum",
-    "parse_verify",
 ]
 
 logger = logging.getLogger("fsspec_shards.storage.core.integrity")
@@ -262,23 +260,3 @@ def _check_agreement(
                 f"sha256 {listed.sha256}, manifest {redact_url(source)} with {checksum.hexdigest}: "
                 "one of them is stale (write both again, e.g. with fsspec-shards manifest --blocks)"
             )
-
-
-def parse_verify(value: Any) -> str | bool:
-    """Validate the ``verify`` option: ``"auto"``, ``"size"`` or ``False`` (strings from the
-    environment like ``"false"``/``"0"`` mean False; ``True`` means ``"auto"``)."""
-    if value is True:
-        return "auto"
-    if value is False or value is None:
-        return False
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "auto" or bool_word(text) is True:
-            return "auto"
-        if text == "size":
-            return "size"
-        if text == "none" or bool_word(text) is False:
-            return False
-    raise ValueError(
-        f"invalid value {value!r} for option 'verify': expected 'auto', 'size' or False"
-    )

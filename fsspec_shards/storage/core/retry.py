@@ -287,13 +287,14 @@ class RetryPolicy:
     """How hard to try: ``attempts`` per failure chain, exponential backoff with full jitter
     capped at ``max_backoff``, no retry once ``deadline`` seconds have passed since the chain's
     first failure, and ``timeout`` seconds for any single request before it counts as stalled.
+    Built from the options (``StorageOptions.retry_policy``), where the defaults live.
     """
 
-    attempts: int = 5
-    backoff: float = 0.2
-    max_backoff: float = 10.0
-    deadline: float = 300.0
-    timeout: float = 60.0
+    attempts: int
+    backoff: float
+    max_backoff: float
+    deadline: float
+    timeout: float
 
     def delay(self, failure: int, rng: random.Random) -> float:
         """Seconds to wait after the ``failure``-th consecutive failure (1-based)."""

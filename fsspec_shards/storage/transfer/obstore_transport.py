@@ -49,6 +49,7 @@ from urllib.parse import unquote, urlsplit
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch, check_response
+from fsspec_shards.storage.core.options import TRANSPORTS
 from fsspec_shards.storage.core.retry import TransientError
 from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
 from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
@@ -56,7 +57,6 @@ from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
 
 logger = logging.getLogger("fsspec_shards.storage.transfer.obstore_transport")
 
-TRANSPORTS = ("auto", "obstore", "fsspec")
 Sink = Callable[[bytes], None]
 
 _NO_OVERALL_LIMIT = timedelta(days=7)
@@ -86,7 +86,7 @@ def unavailable_reason() -> str | None:
 
 
 def choose_transport(
-    protocol: str, options: Mapping[str, Any] | None, transport: str = "auto"
+    protocol: str, options: Mapping[str, Any] | None, transport: str
 ) -> ObstoreTransport | None:
     """The obstore transport for a backend, or None where the fsspec backend should serve.
 

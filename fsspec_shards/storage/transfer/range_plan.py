@@ -110,24 +110,6 @@ def forget() -> None:
         _recalled.clear()
 
 
-def parse_ranges_in_flight(value: int | str) -> int | str:
-    """The ``ranges_in_flight`` option: ``"auto"`` or an int >= 1 (also as a string)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number < 1:
-        raise ValueError(
-            f"invalid value {value!r} for option 'ranges_in_flight': expected 'auto' or an "
-            "integer >= 1"
-        )
-    return number
-
-
 def link_of(protocol: str, path: str, endpoint: str | None = None) -> str:
     """The store a path lives on, as the key of what its link settled on: the protocol and
     the host and port requests go to (``endpoint``, or the URL's), else the bucket; never

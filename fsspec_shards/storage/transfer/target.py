@@ -45,6 +45,7 @@ from fsspec_shards.storage.backends.versions import (
     VersionMismatch,
     expected_version,
 )
+from fsspec_shards.storage.core.options import default_of
 from fsspec_shards.storage.core.retry import Attempts, RetryPolicy, TransientError, http_status
 from fsspec_shards.storage.core.verification import Expectation, Known, expected
 from fsspec_shards.storage.transfer.range_plan import endpoint_of, link_of
@@ -53,10 +54,6 @@ from fsspec_shards.storage.transfer.streams import Transport, transport_for
 MiB = 1024 * 1024
 Counter = Callable[[str, int], None]
 Sink = Callable[[bytes], None]
-MIN_RATE = 16 * 1024
-"""Default ``min_rate``: bytes per second below which a moving request counts as stalled."""
-RATE_WINDOW = 30.0
-"""Default ``rate_window``: the seconds over which ``min_rate`` is measured."""
 
 
 @dataclass
@@ -89,16 +86,18 @@ class Target:
     path: str
     obj: ObjectId
     policy: RetryPolicy
-    verify: str | bool = "auto"
+    verify: str | bool = default_of("verify")
     manifest: tuple[Known, ...] = ()
     """Every checksum the manifests give the object (``Manifest.known``)."""
     count: Counter | None = None
     transport: Transport | None = None
-    ranges_in_flight: int | str = "auto"
+    ranges_in_flight: int | str = default_of("ranges_in_flight")
     """Ranged GETs at once when a large object with a version identity fills a file:
     ``"auto"`` (as many as the link rewards: ``range_plan.py``) or a fixed number."""
-    min_rate: float = MIN_RATE
-    rate_window: float = RATE_WINDOW
+    min_rate: float = default_of("min_rate")
+    """Bytes per second below which a moving request counts as stalled."""
+    rate_window: float = default_of("min_rate_window")
+    """The seconds over which ``min_rate`` is measured."""
     plan_dir: str | None = None
     """The cache directory that keeps what each store's ranges settled on (``range_plan``)."""
     fill: FillRate | None = None
