@@ -26,11 +26,13 @@ class RecordingFileSystem(LocalFileSystem):
 
     protocol = PROTOCOL
     calls: list[str] = []
+    threads: list[threading.Thread] = []
     failing: set[str] = set()
     gate = threading.Event()
 
     def prefetch(self, path):
         self.calls.append(path)
+        self.threads.append(threading.current_thread())
         if not self.gate.wait(60):
             raise TimeoutError("test gate never opened")
         if path in self.failing:
@@ -41,6 +43,7 @@ class RecordingFileSystem(LocalFileSystem):
 def recorded(tmp_path):
     fsspec.register_implementation(PROTOCOL, RecordingFileSystem, clobber=True)
     RecordingFileSystem.calls = []
+    RecordingFileSystem.threads = []
     RecordingFileSystem.failing = set()
     RecordingFileSystem.gate = threading.Event()
     RecordingFileSystem.gate.set()
@@ -72,6 +75,16 @@ def test_the_next_shards_are_prefetched_while_one_is_read(recorded):
     assert RecordingFileSystem.calls[2] == paths[3]
     assert len(list(iterator)) == 24
     assert sorted(RecordingFileSystem.calls) == paths[1:]
+
+
+def test_quick_prefetches_share_a_waiting_thread(recorded):
+    """A prefetch that ends at once (a cached shard) leaves its thread waiting for the next
+    one: a stream does not start a thread per shard, and its end ends the thread."""
+    paths, urls = recorded
+    assert len(list(ShardDataset(urls, shuffle_shards=False, prefetch=1))) == 30
+    assert RecordingFileSystem.calls == paths[1:]
+    assert len({id(thread) for thread in RecordingFileSystem.threads}) < len(paths) - 1
+    wait_for(lambda: not prefetch_threads())
 
 
 def test_prefetch_follows_this_consumers_order(recorded, monkeypatch):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards.iteration.lengths import SampleCountError
 from fsspec_shards.iteration.order import Consumer
@@ -31,6 +33,26 @@ def test_a_sample_range_is_found_by_its_headers_and_kept(source):
 def test_a_count_above_what_the_shard_holds_is_a_sample_count_error(source):
     with pytest.raises(SampleCountError, match="holds 5 samples from byte 0, but its count says"):
         source.byte_range(source.urls[0], Segment(0, skip=2, count=4))
+
+
+def test_a_plain_shards_size_comes_from_its_open_file(tmp_path, monkeypatch):
+    """Through the cache, the cached copy's size: no ``info`` request to the backend (a
+    resumed worker's cursor check); elsewhere the file's size."""
+    paths = write_shards(tmp_path, 1, 4)
+    plain = ShardSource(paths, ShardReader({}))
+    assert plain.plain_size(paths[0]) == os.path.getsize(paths[0])
+    options = {"wds": {"cache_dir": str(tmp_path / "cache")}}
+    cached = ShardSource([f"wds::file://{paths[0]}"], ShardReader(options))
+    assert len(list(cached.samples(cached.urls[0]))) == 4  # now in the cache
+    asked = []
+    real_info = LocalFileSystem.info
+    monkeypatch.setattr(
+        LocalFileSystem,
+        "info",
+        lambda fs, path, **kw: asked.append(path) or real_info(fs, path, **kw),
+    )
+    assert cached.plain_size(cached.urls[0]) == os.path.getsize(paths[0])
+    assert asked == []
 
 
 def test_the_policy_raises_or_counts_a_broken_shard(source, caplog):

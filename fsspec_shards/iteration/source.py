@@ -107,9 +107,16 @@ class ShardSource:
 
     def plain_size(self, url: str) -> int | None:
         """The byte size of a plain tar shard; None for a compressed one (its tar size is unknown).
-        Asks for the size and four bytes, never a block of the shard."""
+        Reads four bytes, never a block of the shard. The size is the open file's: through a
+        cache, the copy the stream reads, with no request to the backend (a resumed
+        DataLoader worker's ``info`` request started its backend's client: most of its first
+        batch on a warm cache); elsewhere the size the open asks for."""
         fs, path = self.reader.locate(url)
-        return None if is_compressed_file(fs, path) else int(fs.size(path))
+        if is_compressed_file(fs, path):
+            return None
+        with fs.open(path, "rb") as handle:
+            size = getattr(handle, "size", None)
+        return int(fs.size(path) if size is None else size)
 
     def shown_url(self, url: str) -> str:
         """``url`` for display: redacted (no query values, no password)."""
