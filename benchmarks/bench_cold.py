@@ -325,7 +325,7 @@ def transport_no_fsync(setup: Setup) -> None:
     directory = setup.fresh_dir("nofsync")
     try:
         for _, key, size, expected in setup.objects:
-            hasher = OrderedHasher("sha256")
+            hasher = OrderedHasher(("sha256",))
             with open(os.path.join(directory, "part"), "wb") as out:
 
                 def sink(data: bytes, out=out, hasher=hasher) -> None:
@@ -333,7 +333,7 @@ def transport_no_fsync(setup: Setup) -> None:
                     hasher.update(data)
 
                 transport.stream(key, 0, size, sink, TIMEOUT)
-            _check(key, hasher.checksum().hexdigest, expected)
+            _check(key, hasher.checksums()[0].hexdigest, expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -38,15 +38,18 @@ import google_crc32c
 
 from fsspec_shards.config import is_int
 from fsspec_shards.redact import redact_text, redact_url
+from fsspec_shards.units import MiB
 
 ALGORITHMS = ("sha256", "md5", "crc32c")
 """Known algorithms, strongest first."""
 
+SUMS_NAME = "SHA256SUMS"
+"""The usual name of a sums file (GNU ``sha256sum``'s): the one the writer and the demo write."""
 BLOCK_MANIFEST_SUFFIX = ".blocks"
 """A block manifest is named after its sums file: ``SHA256SUMS`` -> ``SHA256SUMS.blocks``."""
 BLOCK_MANIFEST_FORMAT = "fsspec-shards-blocks"
 BLOCK_MANIFEST_VERSION = 1
-DEFAULT_BLOCK_SIZE = 2 * 1024 * 1024
+DEFAULT_BLOCK_SIZE = 2 * MiB
 """Bytes per block: small enough that the first block of a far shard arrives within a couple
 of webdataset's first-sample times, large enough that a 1 GB shard lists 512 digests (34 kB)."""
 MIN_BLOCK_SIZE = 4096
@@ -106,7 +109,9 @@ class StreamingHasher:
             google_crc32c.Checksum() if algorithm == "crc32c" else hashlib.new(algorithm)
         )
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self.algorithm == "crc32c" and not memoryview(data).readonly:
+            data = bytes(data)  # google-crc32c takes read-only buffers only
         self._hash.update(data)
 
     def checksum(self) -> Checksum:

@@ -15,11 +15,10 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsspec_shards.checksums import Checksum, StreamingHasher, format_sums
+from fsspec_shards.checksums import SUMS_NAME, Checksum, StreamingHasher, format_sums
 from fsspec_shards.fleet.shards import open_filesystem
 
 JPEG_SIGNATURE = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
-MANIFEST_NAME = "SHA256SUMS"
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def make_demo_dataset(
         path = root / f"demo-{shard_index:06d}.tar"
         write_shard(path, members)
         paths.append(path)
-    manifest = root / MANIFEST_NAME
+    manifest = root / SUMS_NAME
     manifest.write_text(format_sums((path.name, sha256_file(path)) for path in paths))
     return DemoDataset(root, paths, manifest, samples_per_shard)
 

@@ -32,6 +32,7 @@ from fsspec_shards.fleet.manifest import make_manifest
 from fsspec_shards.fleet.prefetch import PrefetchReport, prefetch_shards
 from fsspec_shards.fleet.shards import shard_urls
 from fsspec_shards.fleet.verify import VerifyReport, verify_shards
+from fsspec_shards.option_shapes import LAYER
 
 __all__ = ["DaskExecutor", "dask_executor", "manifest", "prefetch", "verify"]
 
@@ -43,7 +44,7 @@ def _executor(client: Any, executor: Executor | None) -> Executor:
 def _options(storage_options: dict[str, dict] | None, cache: bool) -> dict[str, dict]:
     options = {protocol: dict(table) for protocol, table in (storage_options or {}).items()}
     if not cache:
-        options.setdefault("wds", {})["cache"] = False
+        options.setdefault(LAYER, {})["cache"] = False
     return options
 
 

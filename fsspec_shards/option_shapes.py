@@ -71,6 +71,12 @@ def url_protocols(url: str) -> list[str]:
     return protocols
 
 
+def cache_is_off(options: Mapping[str, Any]) -> bool:
+    """Whether options in sections turn the layer's cache off (``{"wds": {"cache": False}}``)."""
+    layer = options.get(LAYER)
+    return isinstance(layer, Mapping) and layer.get("cache") is False
+
+
 def section(options: Mapping[str, Any], protocol: str) -> dict[str, Any] | None:
     """The section of ``options`` for ``protocol`` under any of its names, or None."""
     for name in protocol_aliases(protocol):

@@ -86,7 +86,7 @@ def read_only_view(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
 def index_query(directory: str, sql: str, *args) -> list[tuple]:
     """Rows of ``sql`` run (and committed) on the cache's index database: diskcache's
     tables, as another program sees them."""
-    connection = sqlite3.connect(os.path.join(directory, layout.INDEX))
+    connection = sqlite3.connect(layout.index_path(directory))
     try:
         rows = connection.execute(sql, args).fetchall()
         connection.commit()
@@ -121,7 +121,7 @@ def plant_row(
 ) -> None:
     """Insert a row into diskcache's table the way another program would: straight into the
     database (``mode`` 1 is diskcache's raw value, 4 a pickle; ``filename`` its value file)."""
-    connection = sqlite3.connect(os.path.join(directory, layout.INDEX))
+    connection = sqlite3.connect(layout.index_path(directory))
     connection.execute(
         "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, "
         "size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, ?, ?, ?, ?)",

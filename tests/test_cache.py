@@ -1,5 +1,6 @@
-"""Unit tests of ShardCache: counting, LRU eviction, size cap, failure clean-up, self-healing,
-hits without write transactions, and write generations."""
+"""Unit tests of ShardCache: counting, least-recently-used order, self-healing, hits without
+write transactions, and write generations (the size cap: test_cache_room.py; failure clean-up:
+test_cache_publication.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends.identity import KEY_FORMAT
 from fsspec_shards.storage.cache import (
-    CacheFullError,
     ShardCache,
     WrittenWhileReadingError,
     layout,
@@ -75,19 +74,6 @@ def test_get_of_uncached_object_returns_none_and_counts_nothing(cache: ShardCach
     assert cache.stats()["misses"] == 0 and cache.stats()["hits"] == 0
 
 
-def test_least_recently_used_file_is_evicted_first_and_touching_protects_it(
-    tmp_path: Path, slow_flushes: None
-) -> None:
-    cache = ShardCache(str(tmp_path / "c"), 300)
-    for name in ("a", "b", "c"):
-        fill(cache, f"s3://bucket/{name}")
-    assert cache.get(obj("s3://bucket/a")) is not None  # batched, not yet written
-    fill(cache, "s3://bucket/d")  # its eviction writes this process's batch first
-    assert cached_urls(cache) == ["s3://bucket/c", "s3://bucket/a", "s3://bucket/d"]
-    assert cache.get(obj("s3://bucket/b")) is None
-    assert cache.stats()["evictions"] == 1
-
-
 def test_hits_write_nothing_to_the_index_until_the_batch_is_flushed(
     cache: ShardCache, slow_flushes: None
 ) -> None:
@@ -145,125 +131,6 @@ def test_hits_of_a_child_process_are_written_when_it_exits(
         child.join(120)
         assert child.exitcode == 0
     assert cache.stats()["hits"] == 3
-
-
-def test_evicted_file_is_deleted_from_disk(tmp_path: Path) -> None:
-    cache = ShardCache(str(tmp_path / "c"), 200)
-    first = fill(cache, "s3://bucket/a")
-    fill(cache, "s3://bucket/b")
-    fill(cache, "s3://bucket/c")
-    assert not os.path.exists(first)
-    files = [f for _, _, names in os.walk(tmp_path / "c" / "files") for f in names]
-    assert len(files) == 2
-
-
-def test_cap_holds_counting_bytes_reserved_by_downloads_in_flight(tmp_path: Path) -> None:
-    cache = ShardCache(str(tmp_path / "c"), 300)
-    for name in ("a", "b", "c"):
-        fill(cache, f"s3://bucket/{name}")
-    observed = []
-
-    def slow_download(file) -> dict:
-        # While this 200-byte download is in flight, its reservation already displaced two files.
-        observed.append((cache.stats()["cached_bytes"], cached_urls(cache)))
-        file.write(payload("big", 200))
-        return {}
-
-    cache.fetch(obj("s3://bucket/big"), slow_download, expected_size=200).close()
-    assert observed == [(100, ["s3://bucket/c"])]
-    assert cache.stats()["cached_bytes"] == 300
-
-
-def test_second_download_waits_for_room_held_by_a_reservation(tmp_path: Path) -> None:
-    cache = ShardCache(str(tmp_path / "c"), 250)
-    first_written, release_first = threading.Event(), threading.Event()
-    disk_peaks = []
-
-    def disk_bytes() -> int:
-        root = tmp_path / "c"
-        files = [p for d in ("files", "tmp") for p in (root / d).rglob("*") if p.is_file()]
-        return sum(p.stat().st_size for p in files)
-
-    def held_download(file) -> dict:
-        file.write(payload("one", 150))
-        file.flush()
-        first_written.set()
-        assert release_first.wait(60)
-        return {}
-
-    def second_download(file) -> dict:
-        file.write(payload("two", 150))
-        file.flush()
-        disk_peaks.append(disk_bytes())
-        return {}
-
-    def second() -> None:
-        # Needs 150 bytes while 150 are reserved: waits for the first to publish, then evicts it.
-        cache.fetch(obj("s3://bucket/two"), second_download, expected_size=150).close()
-
-    first = threading.Thread(
-        target=lambda: cache.fetch(obj("s3://bucket/one"), held_download, expected_size=150).close()
-    )
-    first.start()
-    assert first_written.wait(60)
-    thread = threading.Thread(target=second)
-    thread.start()
-    thread.join(1.0)
-    assert thread.is_alive() and disk_peaks == []
-    release_first.set()
-    first.join(60)
-    thread.join(60)
-    assert disk_peaks == [150]
-    assert cached_urls(cache) == ["s3://bucket/two"]
-    assert cache.stats()["evictions"] == 1
-
-
-def test_object_larger_than_the_cache_raises_cache_full_without_downloading(
-    cache: ShardCache,
-) -> None:
-    calls = []
-    with pytest.raises(CacheFullError) as raised:
-        cache.fetch(obj("s3://bucket/huge"), lambda f: calls.append(f) or {}, expected_size=1001)
-    assert isinstance(raised.value, OSError) and raised.value.errno == 28
-    assert calls == [] and "s3://bucket/huge" in str(raised.value)
-
-
-def test_download_exception_propagates_unchanged_and_leaves_nothing(cache: ShardCache) -> None:
-    class BackendDown(ConnectionError):
-        pass
-
-    def failing(file) -> dict:
-        file.write(b"partial")
-        raise BackendDown("reset")
-
-    with pytest.raises(BackendDown):
-        cache.fetch(obj("s3://bucket/a"), failing, expected_size=100)
-    assert cache.get(obj("s3://bucket/a")) is None
-    assert os.listdir(Path(cache.directory) / "tmp") == []
-    assert cache.stats()["cached_files"] == 0
-    assert fill(cache, "s3://bucket/a")
-
-
-def test_size_different_from_expected_is_an_integrity_error_and_not_cached(
-    cache: ShardCache,
-) -> None:
-    with pytest.raises(IntegrityError):
-        cache.fetch(obj("s3://bucket/a"), writer(b"short"), expected_size=100)
-    assert cache.get(obj("s3://bucket/a")) is None
-    assert cache.stats()["integrity_failures"] == 1
-    assert os.listdir(Path(cache.directory) / "tmp") == []
-
-
-def test_stale_temp_file_of_a_dead_download_is_removed(cache: ShardCache) -> None:
-    key = obj("s3://bucket/a").key
-    tmp = Path(cache.directory) / "tmp"
-    (tmp / f"{key}.999999.deadbeef.100.part").write_bytes(b"partial")
-    other = obj("s3://bucket/other").key
-    (tmp / f"{other}.999999.deadbeef.900.part").write_bytes(b"partial")
-    # The stale 900-byte reservation of "other" must not keep this 100-byte file out.
-    path = fill(cache, "s3://bucket/a")
-    assert Path(path).read_bytes() == payload("s3://bucket/a", 100)
-    assert os.listdir(tmp) == []
 
 
 @pytest.mark.parametrize("damage", ["missing", "short", "directory"])
@@ -394,22 +261,6 @@ def test_a_fetch_whose_object_was_written_since_it_looked_does_not_download(
     assert cache.get(obj(url)) is not None
 
 
-def test_a_write_during_a_download_keeps_it_from_being_published(cache: ShardCache) -> None:
-    url = "s3://bucket/a"
-
-    def download_then_written(file) -> dict:
-        file.write(b"old version")
-        cache.discard(obj(url))  # the write lands while the download is in flight
-        return {}
-
-    with cache.fetch(obj(url), download_then_written) as handle:
-        assert handle.read() == b"old version"  # the reader gets what it downloaded
-    assert cache.get(obj(url)) is None
-    assert cache.stats()["cached_files"] == 0
-    assert list((Path(cache.directory) / "files").rglob("*.*")) == []
-    assert os.listdir(Path(cache.directory) / "tmp") == []
-
-
 def test_no_interleaving_of_writes_and_downloads_leaves_an_old_version_cached(
     cache: ShardCache,
 ) -> None:
@@ -514,51 +365,6 @@ def test_threads_fetching_one_object_download_it_once(cache: ShardCache) -> None
     assert results == [payload("shared", 100)] * 6
 
 
-def _fetch_in_forked_child(directory: str, results) -> None:
-    try:
-        fill(ShardCache(directory, 1000), "s3://bucket/child")
-        results.put("ok")
-    except BaseException as error:  # noqa: BLE001 - reported to the parent
-        results.put(repr(error))
-
-
-def test_a_child_forked_while_a_thread_writes_the_index_can_use_the_cache(
-    cache: ShardCache,
-) -> None:
-    """DataLoader workers fork while a prefetch thread updates the cache: sqlite's lock state
-    of a write in flight must not be inherited (the child saw "database is locked" forever)."""
-    inside = threading.Event()
-
-    def hold_a_write(store) -> None:
-        inside.set()
-        threading.Event().wait(2.0)
-
-    writer_thread = threading.Thread(target=lambda: cache._index._write(hold_a_write))
-    writer_thread.start()
-    assert inside.wait(60)
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    child = context.Process(target=_fetch_in_forked_child, args=(cache.directory, results))
-    child.start()
-    try:
-        assert results.get(timeout=120) == "ok"
-    finally:
-        child.join(60)
-        writer_thread.join(60)
-    assert cache.get(obj("s3://bucket/child")) is not None
-
-
-def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
-    cache: ShardCache,
-) -> None:
-    key = obj("s3://bucket/a").key
-    orphan = Path(cache.directory) / "files" / key[:2] / f"{key}.deadbeef"
-    orphan.parent.mkdir(parents=True, exist_ok=True)
-    orphan.write_bytes(payload("s3://bucket/a", 100))
-    path = fill(cache, "s3://bucket/a")
-    assert not orphan.exists() and Path(path).exists()
-
-
 def test_verbose_cache_logs_downloads_and_evictions_at_info_without_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -585,33 +391,6 @@ def test_verbose_cache_adds_no_handler_and_sets_no_level(
     monkeypatch.setattr(cache_logger, "level", logging.NOTSET)
     ShardCache(str(tmp_path / "c"), 100)
     assert cache_logger.handlers == [] and cache_logger.level == logging.NOTSET
-
-
-def test_cache_full_error_survives_pickling_between_processes() -> None:
-    import pickle
-
-    error = CacheFullError("https://host/a.tar?sig=SECRET", "too big")
-    clone = pickle.loads(pickle.dumps(error))
-    assert str(clone) == str(error) and clone.errno == error.errno == 28
-    assert "SECRET" not in str(clone)
-
-
-def test_download_of_unknown_size_larger_than_the_cache_raises_once_and_evicts_nothing(
-    cache: ShardCache,
-) -> None:
-    kept = fill(cache, "s3://bucket/kept")
-    calls = []
-
-    def too_big(file) -> dict:
-        calls.append(1)
-        file.write(b"x" * 1001)
-        return {}
-
-    with pytest.raises(CacheFullError):
-        cache.fetch(obj("s3://bucket/big"), too_big)
-    assert calls == [1]
-    assert cache.get(obj("s3://bucket/kept")) == kept
-    assert os.listdir(Path(cache.directory) / "tmp") == []
 
 
 def test_entries_of_another_key_format_are_dropped_with_their_files(tmp_path: Path) -> None:
@@ -681,3 +460,16 @@ def test_an_index_rebuilt_by_another_process_is_the_one_this_process_uses_next(
         assert handle.read() == b"after the rebuild"
     fill(cache, "s3://bucket/third")
     assert sorted(e["url"] for e in cache.entries()) == ["s3://bucket/new", "s3://bucket/third"]
+
+
+def test_least_recently_used_file_is_evicted_first_and_touching_protects_it(
+    tmp_path: Path, slow_flushes: None
+) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 300)
+    for name in ("a", "b", "c"):
+        fill(cache, f"s3://bucket/{name}")
+    assert cache.get(obj("s3://bucket/a")) is not None  # batched, not yet written
+    fill(cache, "s3://bucket/d")  # its eviction writes this process's batch first
+    assert cached_urls(cache) == ["s3://bucket/c", "s3://bucket/a", "s3://bucket/d"]
+    assert cache.get(obj("s3://bucket/b")) is None
+    assert cache.stats()["evictions"] == 1

@@ -1,5 +1,5 @@
-"""Durability off the critical path (storage/cache/durability.py, storage/cache/store.py): a file
-is published once written and verified, synced in the background; after a reboot an entry
+"""Durability off the critical path (storage/cache/durability.py, publication.py, store.py):
+a file is published once written and verified, synced in the background; after a reboot an entry
 that was not yet durable is verified again before its first use, a durable one is not.
 
 A reboot is a changed boot id (``FSSPEC_SHARDS_BOOT_ID``); a crash before the background
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from fsspec_shards.storage.cache import ShardCache, durability
+from fsspec_shards.storage.cache import ShardCache, durability, publication
 from fsspec_shards.storage.cache import store as store_module
 from tests.cache_objects import obj, payload, read_only_view, writer  # noqa: F401
 
@@ -42,7 +42,7 @@ class _CrashedSyncer:
 
 @pytest.fixture
 def crash_before_sync(monkeypatch):
-    monkeypatch.setattr(store_module, "SYNCER", _CrashedSyncer())
+    monkeypatch.setattr(publication, "SYNCER", _CrashedSyncer())
 
 
 def _fill(cache: ShardCache, metadata: dict | None = None) -> str:
@@ -141,8 +141,8 @@ def test_on_the_same_boot_a_not_yet_durable_entry_is_served_as_it_is(
 
 
 def test_without_a_boot_id_the_file_is_durable_before_it_is_published(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_module, "boot_id", lambda: None)
-    monkeypatch.setattr(store_module, "SYNCER", _CrashedSyncer())
+    monkeypatch.setattr(publication, "boot_id", lambda: None)
+    monkeypatch.setattr(publication, "SYNCER", _CrashedSyncer())
     cache = ShardCache(str(tmp_path / "c"), 10**9)
     _fill(cache)
     assert _pending(cache) is None

@@ -1,11 +1,10 @@
 """The index of a cache directory (storage/cache/index.py): published rows, rows not durable
 yet and made durable, generations that keep a download begun before a write from
-publishing, least-recently-used order, and every commit synced (``synchronous=FULL``)."""
+publishing, and least-recently-used order."""
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 
 import pytest
 
@@ -84,17 +83,3 @@ def test_making_an_entry_durable_keeps_its_place(index):
     _publish(index, "b")
     index.mark_durable("a", "a.bin")
     assert [row.key for row in index.rows()] == ["a", "b"]
-
-
-def test_every_commit_is_synced_full_on_a_rollback_journal(index, tmp_path):
-    _publish(index, "k")
-    # diskcache's connection (Index._diskcache, diskcache.Cache._con): the one that commits
-    connection = index._diskcache()._con
-    assert connection.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
-    assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)
-    # and what every other process opening the index applies to its own connection
-    with sqlite3.connect(f"file:{tmp_path / 'cache.db'}?mode=ro", uri=True) as reader:
-        setting = reader.execute(
-            "SELECT value FROM Settings WHERE key = 'sqlite_synchronous'"
-        ).fetchone()
-    assert setting == (2,)

@@ -3,50 +3,17 @@ stream; an error that still surfaces is an ENOSPC OSError naming the cache direc
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 import fsspec
 import pytest
 
-from fsspec_shards.storage.cache import CacheFullError, ShardCache, store, trust
-from fsspec_shards.storage.cache.index import Index
-from tests.cache_objects import SmallDisk, fill, obj, payload, small_disk, writer
+from fsspec_shards.storage.cache import ShardCache, store, trust
+from fsspec_shards.units import MiB
+from tests.cache_objects import SmallDisk, fill, obj, payload, small_disk
 
 __all__ = ["small_disk"]
-
-MiB = 1 << 20
-
-
-def test_a_miss_on_a_full_disk_evicts_and_is_served_from_the_cache(
-    small_disk: SmallDisk,
-) -> None:
-    cache = ShardCache(str(small_disk.path / "cache"), 100 * MiB)
-    for number in range(4):
-        fill(cache, f"s3://bucket/old-{number}", 256 * 1024)
-    cache.flush()
-    small_disk.fill()
-    url = "s3://bucket/new"
-    with cache.fetch(obj(url), writer(payload(url, 200_000)), expected_size=200_000) as handle:
-        assert handle.read() == payload(url, 200_000)
-    assert cache.get(obj(url)) is not None
-    stats = cache.stats()
-    assert stats["evictions"] >= 1 and stats["cached_files"] < 5
-
-
-def test_a_full_disk_with_nothing_to_evict_is_an_enospc_cache_full_error(
-    small_disk: SmallDisk,
-) -> None:
-    directory = str(small_disk.path / "cache")
-    cache = ShardCache(directory, 100 * MiB)
-    small_disk.fill()
-    url = "s3://bucket/new"
-    with pytest.raises(CacheFullError) as raised:
-        fill(cache, url, 200_000)
-    assert raised.value.errno == errno.ENOSPC and directory in str(raised.value)
-    assert cache.get(obj(url)) is None
-    assert not [n for n in os.listdir(os.path.join(directory, "tmp")) if n.endswith(".part")]
 
 
 def test_a_cache_directory_first_used_on_a_full_disk_works_once_space_is_freed(
@@ -132,40 +99,3 @@ def test_an_index_first_opened_on_a_full_disk_reads_without_the_cache(
     with pytest.warns(UserWarning, match=f"{directory}.*reading without the cache"):
         cache = ShardCache(str(directory), 100 * MiB)
     assert not cache.writable and cache.get(obj("s3://bucket/a")) is None
-
-
-def test_a_write_invalidation_on_a_full_disk_evicts_and_bumps_the_generation(
-    small_disk: SmallDisk,
-) -> None:
-    cache = ShardCache(str(small_disk.path / "cache"), 100 * MiB)
-    for number in range(3):
-        fill(cache, f"s3://bucket/old-{number}", 256 * 1024)
-    cache.flush()
-    os.remove(small_disk.path / "cache" / "index.reserve")  # the hardest case
-    small_disk.fill()
-    before = cache.generation(obj("s3://bucket/old-2"))
-    cache.discard(obj("s3://bucket/old-2"))
-    assert cache.generation(obj("s3://bucket/old-2")) == before + 1
-    assert cache.get(obj("s3://bucket/old-2")) is None
-
-
-def test_eviction_of_many_entries_takes_one_index_transaction_per_batch(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(store, "EVICTION_BATCH", 10)
-    cache = ShardCache(str(tmp_path / "cache"), 100 * 100)
-    for number in range(100):
-        fill(cache, f"s3://bucket/{number}", 100)
-    cache.flush()
-    transactions = []
-    drop = Index.drop_least_recent
-
-    def counted(self, limit, covering=None):
-        dropped = drop(self, limit, covering)
-        transactions.append(len(dropped))
-        return dropped
-
-    monkeypatch.setattr(Index, "drop_least_recent", counted)
-    cache.size_limit = 50 * 100 + 100
-    fill(cache, "s3://bucket/new", 100)
-    assert transactions == [10, 10, 10, 10, 10] and cache.stats()["cached_files"] == 51

@@ -1,5 +1,6 @@
 """The cache's trust boundary and its degraded modes, with real other users, real planted
-index rows, real read-only mounts and real corrupt files."""
+index rows, real read-only mounts and real planted files (a corrupt index:
+test_cache_index_database.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from fsspec_shards.storage.cache import (
     layout,
 )
 from tests import cache_objects
-from tests.cache_objects import as_a_new_process, fill, obj, payload, plant_row, tree, writer
+from tests.cache_objects import as_a_new_process, fill, obj, payload, plant_row, tree
 
 read_only_view = cache_objects.read_only_view  # the fixture, for the tests below
 
@@ -504,85 +505,3 @@ def test_a_cache_directory_that_cannot_be_created_streams_everything_with_one_wa
             assert fs.cat_file(str(source / "a.bin")) == payload("a", 3000)
     assert len([w for w in caught if issubclass(w.category, CacheWarning)]) == 1
     assert fs.cache_stats()["bytes_downloaded"] == 3 * 3000
-
-
-@pytest.mark.parametrize("damage", ["garbage", "truncated"])
-def test_a_corrupt_index_is_moved_aside_and_the_cache_starts_empty(
-    tmp_path: Path, damage: str
-) -> None:
-    cache = ShardCache(str(tmp_path / "cache"), 1000)
-    old = Path(fill(cache, "s3://bucket/a"))
-    as_a_new_process()
-    index = Path(cache.directory) / layout.INDEX
-    if damage == "garbage":
-        index.write_bytes(b"this is not a database" * 100)
-    else:
-        content = index.read_bytes()
-        index.write_bytes(content[:100] + b"\0" * (len(content) - 100))
-    with pytest.warns(CacheWarning) as caught:
-        cache = ShardCache(cache.directory, 1000)
-        assert cache.open(obj("s3://bucket/a")) is None
-    assert any(str(index) in str(w.message) for w in caught)
-    assert (Path(cache.directory) / f"{layout.INDEX}.corrupt").exists()
-    assert not old.exists()  # the files the lost index described are gone with it
-    assert Path(fill(cache, "s3://bucket/a")).read_bytes() == payload("s3://bucket/a", 100)
-    assert cache.stats()["cached_files"] == 1
-
-
-def test_an_index_corrupted_while_in_use_is_replaced_at_the_next_operation(
-    tmp_path: Path,
-) -> None:
-    cache = ShardCache(str(tmp_path / "cache"), 1000)
-    fill(cache, "s3://bucket/a")
-    Path(cache.directory, layout.INDEX).write_bytes(b"\xff" * 8192)
-    with pytest.warns(CacheWarning, match="corrupt"):
-        assert cache.open(obj("s3://bucket/a")) is None
-    assert Path(fill(cache, "s3://bucket/b")).read_bytes() == payload("s3://bucket/b", 100)
-
-
-def test_a_corrupt_index_on_a_read_only_cache_streams_with_a_warning(
-    tmp_path: Path, read_only_view
-) -> None:
-    cache = ShardCache(str(tmp_path / "cache"), 1000)
-    fill(cache, "s3://bucket/a")
-    as_a_new_process()
-    Path(cache.directory, layout.INDEX).write_bytes(b"not a database" * 500)
-    view = read_only_view(Path(cache.directory))
-    with pytest.warns(CacheWarning) as caught:
-        broken = ShardCache(str(view), 1000)
-        assert broken.open(obj("s3://bucket/a")) is None
-        with pytest.raises(ReadOnlyCacheError):
-            broken.fetch(obj("s3://bucket/a"), writer(b"x"))
-    assert any("corrupt" in str(w.message) and str(view) in str(w.message) for w in caught)
-
-
-def test_a_read_only_cache_whose_index_was_never_set_up_is_an_empty_one(
-    tmp_path: Path, read_only_view
-) -> None:
-    source = tmp_path / "a.bin"
-    source.write_bytes(payload("a", 2000))
-    cache = ShardCache(str(tmp_path / "cache"), 1000)
-    os.truncate(os.path.join(cache.directory, layout.INDEX), 0)  # made, killed before set-up
-    as_a_new_process()
-    view = read_only_view(Path(cache.directory))
-    fs = fsspec.filesystem(
-        "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
-    )
-    with pytest.warns(CacheWarning, match="read-only"):
-        assert fs.cat_file(str(source)) == payload("a", 2000)
-    assert fs.cache_stats()["cached_files"] == 0 and fs.shard_cache.entries() == []
-
-
-def test_a_read_only_cache_without_an_index_is_an_empty_one(tmp_path: Path, read_only_view) -> None:
-    source = tmp_path / "a.bin"
-    source.write_bytes(payload("a", 2000))
-    cache = ShardCache(str(tmp_path / "cache"), 1000)
-    os.remove(os.path.join(cache.directory, layout.INDEX))
-    as_a_new_process()
-    view = read_only_view(Path(cache.directory))
-    fs = fsspec.filesystem(
-        "wds", target_protocol="file", cache_dir=str(view), skip_instance_cache=True
-    )
-    with pytest.warns(CacheWarning, match="read-only"):
-        assert fs.cat_file(str(source)) == payload("a", 2000)
-    assert fs.cache_stats()["cached_files"] == 0

@@ -103,3 +103,11 @@ def test_aliases_come_from_the_registry_without_importing_the_backend():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_cache_is_off_only_where_the_layer_section_says_so():
+    assert option_shapes.cache_is_off({"wds": {"cache": False}, "s3": S3})
+    assert not option_shapes.cache_is_off({"wds": {"cache": True}})
+    assert not option_shapes.cache_is_off({"wds": {}})
+    assert not option_shapes.cache_is_off({"s3": {"cache": False}})
+    assert not option_shapes.cache_is_off({})

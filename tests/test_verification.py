@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 
 import google_crc32c
+import pytest
 
 from fsspec_shards.checksums import Checksum
+from fsspec_shards.storage.core import verification
 from fsspec_shards.storage.core.verification import (
     BACKEND,
     Expectation,
@@ -51,3 +53,40 @@ def test_only_the_size_is_checked_with_verify_size_or_off():
     assert not expected([Known(SHA, "manifest SUMS")], [MD5], "size")
     assert not expected([Known(SHA, "manifest SUMS")], [MD5], False)
     assert expected([], [], "auto").strongest() is None
+
+
+def test_large_pieces_are_hashed_by_every_algorithm_at_once_into_the_same_checksums():
+    # pieces from CONCURRENT_FROM on go to helper threads for all but one algorithm;
+    # update() returns once every algorithm has the piece, so a reused buffer is safe
+    data = DATA * 40  # 5 MiB
+    expectation = expected([Known(SHA, "manifest SUMS")], [MD5, CRC], "auto")
+    hasher = WholeHasher(expectation.algorithms)
+    buffer = bytearray(verification.CONCURRENT_FROM * 3)
+    for start in range(0, len(data), len(buffer)):
+        piece = data[start : start + len(buffer)]
+        buffer[: len(piece)] = piece
+        hasher.update(memoryview(buffer)[: len(piece)])
+        buffer[:] = bytes(len(buffer))  # the caller reuses its buffer at once
+    assert hasher.checksums() == [
+        Checksum("sha256", hashlib.sha256(data).hexdigest()),
+        Checksum("md5", hashlib.md5(data).hexdigest()),
+        Checksum("crc32c", google_crc32c.Checksum(data).digest().hex()),
+    ]
+
+
+def test_a_helper_threads_failure_is_raised_to_the_caller_of_update():
+    class Broken:
+        def update(self, data):
+            raise RuntimeError("cannot hash")
+
+    hasher = WholeHasher(["sha256", "md5"])
+    hasher._hashers[1] = Broken()
+    with pytest.raises(RuntimeError, match="cannot hash"):
+        hasher.update(bytes(verification.CONCURRENT_FROM))
+
+
+def test_crc32c_takes_a_writable_buffer_as_a_file_read_back_hands_it_over():
+    # the ranges fill reads the file back into one reused bytearray (ranges.OrderedHasher)
+    hasher = WholeHasher(["crc32c"])
+    hasher.update(memoryview(bytearray(DATA)))
+    assert hasher.checksums() == [CRC]

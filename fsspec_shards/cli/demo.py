@@ -13,6 +13,7 @@ from fsspec_shards.cli.options import SharedOptions, positive_int
 from fsspec_shards.cli.stream import stream_pass
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.fleet.shards import shard_urls
+from fsspec_shards.option_shapes import LAYER
 from fsspec_shards.storage.core.options import default_of
 
 NAME = "demo"
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         f"{demo.manifest.name} to {directory} in {time.perf_counter() - started:.2f} s"
     )
     cache_dir = demo_cache_dir(args, directory)
-    options = {"wds": {"cache_dir": cache_dir, "checksums": str(demo.manifest)}}
+    options = {LAYER: {"cache_dir": cache_dir, "checksums": str(demo.manifest)}}
     urls = shard_urls(demo.pattern, {})
     make_cold(urls, options, own_cache=cache_dir == str(directory / "cache"))
     kwargs = {"shuffle_shards": False, "split_by_node": False, "split_by_worker": False}

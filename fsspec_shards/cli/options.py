@@ -21,6 +21,7 @@ from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE, parse_size
 from fsspec_shards.fleet.errors import InputError
 from fsspec_shards.fleet.executors import Executor, ThreadExecutor
 from fsspec_shards.fleet.report import format_bytes
+from fsspec_shards.option_shapes import LAYER
 from fsspec_shards.storage.core.options import OPTIONS
 
 
@@ -211,7 +212,7 @@ def storage_options_from(args: argparse.Namespace) -> dict[str, dict]:
             if not isinstance(table, dict):
                 raise UsageError(f"--option {'.'.join(path)} nests under a non-table value")
         table[path[-1]] = value
-    wds = options.setdefault("wds", {})
+    wds = options.setdefault(LAYER, {})
     if getattr(args, "retries", None) is not None:
         wds["retries"] = args.retries
     if getattr(args, "cache_dir", None):
@@ -226,7 +227,7 @@ def storage_options_from(args: argparse.Namespace) -> dict[str, dict]:
 def streaming_options(args: argparse.Namespace) -> dict[str, dict]:
     """Storage options for reading each shard once: straight from storage, no cache."""
     options = storage_options_from(args)
-    options["wds"]["cache"] = False
+    options[LAYER]["cache"] = False
     return options
 
 

@@ -18,6 +18,7 @@ from fsspec_shards.fleet.errors import ShardsFailed
 from fsspec_shards.fleet.prefetch import Fetched, prefetch_shards
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.fleet.shards import shard_urls
+from fsspec_shards.option_shapes import cache_is_off
 
 NAME = "prefetch"
 
@@ -44,7 +45,7 @@ def bytes_postfix(fetched_bytes: int, seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     options = storage_options_from(args)
-    if options["wds"].get("cache") is False:
+    if cache_is_off(options):
         raise UsageError("prefetch fills the cache: it cannot run with --no-cache")
     urls = shard_urls(args.url_pattern, options)
     done = 0

@@ -22,6 +22,7 @@ from fsspec_shards.fleet.errors import InputError, describe_error
 from fsspec_shards.fleet.executors import Executor
 from fsspec_shards.fleet.report import format_bytes, shown, storage_stats
 from fsspec_shards.fleet.shards import open_filesystem
+from fsspec_shards.option_shapes import cache_is_off
 from fsspec_shards.redact import redact_url
 
 
@@ -83,7 +84,7 @@ def prefetch_shards(
     each shard's outcome as it finishes. Shards that cannot be fetched are the report's
     ``failures``; with the cache off, or URLs not read through ``wds::``, an
     :class:`InputError` before any work."""
-    if options.get("wds", {}).get("cache") is False:
+    if cache_is_off(options):
         raise InputError("prefetch fills the cache: it cannot run with the cache off")
     fs, _ = open_filesystem(urls[0], options)
     if not hasattr(fs, "prefetch"):

@@ -19,8 +19,8 @@ from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.fleet.errors import InputError, describe_error
 from fsspec_shards.fleet.report import format_bytes, shown, storage_stats
 from fsspec_shards.fleet.shards import open_filesystem
-
-MEBIBYTE = 1024**2
+from fsspec_shards.option_shapes import cache_is_off
+from fsspec_shards.units import MiB
 
 
 @dataclass
@@ -89,7 +89,7 @@ class PassReport:
             ("samples", f"{self.samples}"),
             ("time", f"{self.seconds:.2f} s"),
             ("samples/s", f"{self.samples / seconds:,.0f}"),
-            ("MiB/s", f"{self.payload_bytes / seconds / MEBIBYTE:,.1f}"),
+            ("MiB/s", f"{self.payload_bytes / seconds / MiB:,.1f}"),
             ("cache hit rate", self.shard_hit_rate()),
             ("downloaded", self.downloaded()),
             ("retries", f"{self.storage['retries']}"),
@@ -122,7 +122,7 @@ def stream_pass(
     except ValueError as exc:
         raise InputError(str(exc)) from None
     dataset.set_epoch(epoch)
-    report = PassReport(title, cache_enabled=options.get("wds", {}).get("cache") is not False)
+    report = PassReport(title, cache_enabled=not cache_is_off(options))
     started = time.perf_counter()
     for sample in dataset:
         report.samples += 1

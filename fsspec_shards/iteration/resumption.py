@@ -30,6 +30,7 @@ from fsspec_shards.iteration.state import (
     remainder_from_list,
 )
 from fsspec_shards.iteration.stream import ConsumerStream, Streams
+from fsspec_shards.tar_blocks import BLOCK_SIZE
 
 logger = logging.getLogger("fsspec_shards.dataset")
 
@@ -223,7 +224,7 @@ class Resumption:
                 )
             if (
                 segment.start < 0
-                or segment.start % 512
+                or segment.start % BLOCK_SIZE
                 or (segment.end is not None and segment.end <= segment.start)
                 or segment.skip < 0
                 or (segment.count is not None and segment.count < 0)

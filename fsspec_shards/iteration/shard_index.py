@@ -35,13 +35,13 @@ from fsspec_shards.iteration.lengths import MAX_SAMPLE_COUNT
 from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import redact_text, redact_url
 from fsspec_shards.shard_names import by_trailing_path
+from fsspec_shards.tar_blocks import BLOCK_SIZE
 
 logger = logging.getLogger("fsspec_shards.dataset")
 
 DEFAULT_INDEX = "sample-index.json"
 FORMAT = "fsspec-shards sample index"
 VERSION = 1
-BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ def format_index(entries: Iterable[tuple[str, ShardIndex]]) -> str:
     shards = {}
     for name, index in entries:
         offsets = index.offsets
-        blocks = [offsets[0] // BLOCK] + [
-            (offsets[k + 1] - offsets[k]) // BLOCK for k in range(len(offsets) - 1)
+        blocks = [offsets[0] // BLOCK_SIZE] + [
+            (offsets[k + 1] - offsets[k]) // BLOCK_SIZE for k in range(len(offsets) - 1)
         ]
         shards[name] = {"size": index.size, "blocks": blocks}
     document = {"format": FORMAT, "version": VERSION, "shards": shards}
@@ -120,7 +120,7 @@ def _entry(entry: Any, where: str) -> ShardIndex:
         raise ValueError(f'{where}: "blocks" must be a non-empty list of non-negative ints')
     if len(blocks) - 1 > MAX_SAMPLE_COUNT or (len(blocks) > 1 and min(blocks[1:]) < 1):
         raise ValueError(f"{where}: every sample spans at least one block")
-    return ShardIndex(size, array("q", (BLOCK * b for b in accumulate(blocks))))
+    return ShardIndex(size, array("q", (BLOCK_SIZE * b for b in accumulate(blocks))))
 
 
 def _is_count(value: Any) -> bool:

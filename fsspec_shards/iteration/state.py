@@ -26,12 +26,11 @@ from fsspec_shards.config import is_int
 from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import EpochPlan, Segment
 from fsspec_shards.redact import without_signing
+from fsspec_shards.tar_blocks import BLOCK_SIZE
 
 STATE_VERSION = 2
 CONSUMER_FIELDS = ("rank", "world_size", "worker", "num_workers")
 """The fingerprint fields that name the consumer a position is of."""
-BLOCK = 512
-"""Tar offsets are multiples of the block size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +179,7 @@ def check_position(state: StreamState, plan: EpochPlan, buffer_size: int) -> Non
     # An equal-length stream that fell short reads further passes, past the plan's limit.
     if not 0 <= state.shard <= limit and not (plan.length is not None and state.shard > limit):
         raise _bad("shard", f"{state.shard} is outside this consumer's segments 0..{limit}")
-    if state.offset < 0 or state.offset % BLOCK:
+    if state.offset < 0 or state.offset % BLOCK_SIZE:
         raise _bad("offset", f"{state.offset} is not a tar block boundary (a multiple of 512)")
     if state.shard == limit and state.offset and plan.length is None:
         raise _bad("offset", f"{state.offset} at the end of the segments must be 0")
@@ -218,7 +217,7 @@ def _check_window(state: StreamState) -> None:
         return
     if not state.buffered:
         raise _bad("window", "set, but no sample is buffered")
-    if window.offset < 0 or window.offset % BLOCK:
+    if window.offset < 0 or window.offset % BLOCK_SIZE:
         raise _bad("window", f"offset {window.offset} is not a tar block boundary")
     if not 0 <= window.shard <= state.shard:
         raise _bad("window", f"segment {window.shard} is outside 0..shard ({state.shard})")

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn
 
+from fsspec_shards import tar_blocks
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.iteration.zstd import (
@@ -34,10 +35,10 @@ from fsspec_shards.iteration.zstd import (
     starts_zstd,
 )
 from fsspec_shards.redact import redact_url
+from fsspec_shards.tar_blocks import BLOCK_SIZE
 
 logger = logging.getLogger("fsspec_shards.tar")
 
-BLOCK_SIZE = 512
 MAX_RATIO = 200
 RATIO_GRACE = 64 << 20
 GUARDED_READ_SIZE = 1 << 20
@@ -226,7 +227,7 @@ def iter_members(
             kind = header[156:157]
             if plain and 0 <= size <= small and kind in _PLAIN_REGULAR_TYPES:
                 # One read for data and padding: small members dominate the call count.
-                padded = (size + 511) & -512
+                padded = size + (-size % BLOCK_SIZE)  # tar_blocks.padded, inlined: hottest line
                 data = read(padded)
                 if len(data) != padded:
                     data = entries.rest_of_small_member(data, position, size)
@@ -312,7 +313,7 @@ class _Entries:
             elif offset == 0:
                 raise ShardFormatError(self.shard, 0, "empty shard: no tar data (0 bytes)")
             if block and len(block) != BLOCK_SIZE:
-                reason = f"truncated header ({len(block)} of 512 bytes)"
+                reason = f"truncated header ({len(block)} of {BLOCK_SIZE} bytes)"
                 raise ShardFormatError(self.shard, offset, reason)
             if block and block != _ZERO_BLOCK:
                 return block
@@ -324,7 +325,7 @@ class _Entries:
 
     def rest_of_small_member(self, data: bytes, offset: int, size: int) -> bytes:
         """Complete a small member's data and padding from a short read, or raise."""
-        padded = (size + 511) & -512
+        padded = tar_blocks.padded(size)
         data += _read_exactly(self.read, padded - len(data))
         if len(data) != padded:
             _raise_truncated(self.shard, offset, offset + BLOCK_SIZE, size, len(data))
@@ -333,7 +334,7 @@ class _Entries:
     def sought_member(self, header: bytes, offset: int, size: int) -> TarMember:
         """A plain regular member of a header scan on a seekable stream: its data sought over."""
         data_start = offset + BLOCK_SIZE
-        padded = (size + 511) & -512
+        padded = tar_blocks.padded(size)
         if data_start + padded > self.tar_end:
             self.member_offset = offset
             self._truncated(data_start, size, max(self.tar_end - data_start, 0))
@@ -378,7 +379,7 @@ class _Entries:
             end = self._seek_past(data_start, size)
         else:
             data = self._payload(data_start, size)
-            end = data_start + ((size + 511) & -512)
+            end = data_start + tar_blocks.padded(size)
             if not self.read_data:
                 data = b""
         member = TarMember(name, data, self.member_offset, end)
@@ -388,7 +389,7 @@ class _Entries:
     def _payload(self, data_start: int, size: int) -> bytes:
         """A member's data read in bounded pieces, its padding read and dropped."""
         read = self.read
-        padded = (size + 511) & -512
+        padded = tar_blocks.padded(size)
         if size <= SMALL_MEMBER_SIZE:
             data = read(padded)
             if len(data) != padded:
@@ -414,7 +415,7 @@ class _Entries:
 
     def _seek_past(self, data_start: int, size: int) -> int:
         """Seek over a member's data and padding; its end, or raise when the tar is cut short."""
-        padded = (size + 511) & -512
+        padded = tar_blocks.padded(size)
         if data_start + padded > self.tar_end:
             self._truncated(data_start, size, max(self.tar_end - data_start, 0))
         self.stream.seek(padded, io.SEEK_CUR)
@@ -442,7 +443,7 @@ class _Entries:
         if size > MAX_EXTENDED_HEADER_SIZE:
             reason = f"extended header size {size} exceeds limit {MAX_EXTENDED_HEADER_SIZE}"
             raise ShardFormatError(self.shard, offset, reason)
-        padded = (size + 511) & -512
+        padded = tar_blocks.padded(size)
         payload = _read_exactly(self.read, padded)
         if len(payload) != padded:
             raise ShardFormatError(self.shard, offset, "truncated extended header")
@@ -482,7 +483,7 @@ class _Entries:
             size = self.pax_size
         if size > self.max_member_size:
             _raise_too_large(self.shard, offset, self._name(header), size, self.max_member_size)
-        padded = (size + 511) & -512
+        padded = tar_blocks.padded(size)
         if _skip(self.read, padded) != padded:
             reason = "truncated member of unknown type"
             raise ShardFormatError(self.shard, self.member_offset, reason)

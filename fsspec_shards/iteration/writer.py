@@ -46,6 +46,7 @@ import fsspec
 
 from fsspec_shards.checksums import (
     DEFAULT_BLOCK_SIZE,
+    SUMS_NAME,
     BlockHasher,
     BlockList,
     block_manifest_name,
@@ -60,13 +61,12 @@ from fsspec_shards.iteration.shard_index import DEFAULT_INDEX, build_index, form
 from fsspec_shards.iteration.spool import Spool
 from fsspec_shards.option_shapes import fsspec_arguments
 from fsspec_shards.redact import clean_error, redact_url
+from fsspec_shards.tar_blocks import BLOCK_SIZE, padded
 
 logger = logging.getLogger("fsspec_shards.writer")
 
-DEFAULT_MANIFEST = "SHA256SUMS"
 DEFAULT_COUNTS = "sample-counts.json"
-_BLOCK = 512
-_END_OF_ARCHIVE = bytes(2 * _BLOCK)
+_END_OF_ARCHIVE = bytes(2 * BLOCK_SIZE)
 _GZIP_SUFFIXES = (".gz", ".tgz")
 _LOCAL_PROTOCOLS = frozenset(("file", "local"))
 
@@ -184,7 +184,7 @@ class ShardWriter:
         *,
         storage_options: Mapping[str, Any] | None = None,
         start_shard: int = 0,
-        manifest: str | None = DEFAULT_MANIFEST,
+        manifest: str | None = SUMS_NAME,
         counts: str | None = DEFAULT_COUNTS,
         index: str | None = DEFAULT_INDEX,
         manifest_block_size: int | None = DEFAULT_BLOCK_SIZE,
@@ -255,7 +255,7 @@ class ShardWriter:
             raise ValueError("write to a closed ShardWriter")
         key, members = encode_sample(sample, self.max_member_size)
         entries = [(self._header(name, len(data)), data) for name, data in members]
-        size = sum(len(header) + _padded(len(data)) for header, data in entries)
+        size = sum(len(header) + padded(len(data)) for header, data in entries)
         shard = self._shard
         if shard is not None and shard.tar_size + size + len(_END_OF_ARCHIVE) > self.max_size:
             self._finish_shard()
@@ -271,7 +271,7 @@ class ShardWriter:
             for header, data in entries:
                 shard.output.write(header)
                 shard.output.write(data)
-                shard.output.write(bytes(-len(data) % _BLOCK))
+                shard.output.write(bytes(padded(len(data)) - len(data)))
         except BaseException:
             self.abort()  # the shard holds part of a sample: it must never be published
             raise
@@ -439,10 +439,6 @@ def _compression(name_pattern: str) -> str | None:
     if name.endswith(_GZIP_SUFFIXES):
         return "gzip"
     return "zstd" if name.endswith(zstd.ZSTD_SUFFIXES) else None
-
-
-def _padded(size: int) -> int:
-    return size + (-size % _BLOCK)
 
 
 def _sync(handle: BinaryIO) -> None:

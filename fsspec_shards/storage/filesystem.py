@@ -114,7 +114,7 @@ class WdsFileSystem(ChainedFileSystem):
     Every option may also come from ``fsspec.config.conf["wds"]`` (``FSSPEC_WDS_<OPTION>``).
     """
 
-    protocol = "wds"
+    protocol = option_shapes.LAYER
     _strip_tokenize_options = ("fo",)
     # Exceptions leave every public method (and _open) through clean_error: see the end of
     # this module, where they are wrapped.

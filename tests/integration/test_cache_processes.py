@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fsspec_shards.storage.cache import CacheFullError, ShardCache, locks
+from fsspec_shards.storage.cache import CacheFullError, ShardCache, layout, locks
 from tests.cache_objects import indexed_entries, obj
 
 if TYPE_CHECKING:  # spawned workers import this module: keep it light
@@ -62,9 +62,9 @@ def disk_bytes(directory: str) -> int:
     """Bytes of published and in-flight files, as one snapshot: the cache's space lock
     (held while it reserves, publishes and evicts) keeps files from moving while we count."""
     total = 0
-    with locks.hold(os.path.join(directory, "locks", "space.lock")):
-        for sub in ("files", "tmp"):
-            for root, _, names in os.walk(os.path.join(directory, sub)):
+    with locks.hold(layout.space_lock_path(directory)):
+        for sub in (layout.files_directory(directory), layout.temp_directory(directory)):
+            for root, _, names in os.walk(sub):
                 for name in names:
                     try:
                         total += os.stat(os.path.join(root, name)).st_size

@@ -1,6 +1,8 @@
 """The shard cache: whole, verified files on local disk, shared by any number of processes.
 
-:class:`ShardCache` (:mod:`.store`) keeps the files; :mod:`.trust` decides which directories
+:class:`ShardCache` (:mod:`.store`) keeps the files, :mod:`.publication` publishes a
+download into it, :mod:`.room` keeps it under its size limit and :mod:`.own_files` finds and
+removes the files it made; :mod:`.trust` decides which directories
 it uses and :mod:`.adoption` takes over those of earlier layouts, :mod:`.layout` says which
 names it makes (and so may delete), :mod:`.index` records entries, write generations and
 counters in a diskcache, :mod:`.usage` batches what hits record, :mod:`.locks` serializes
@@ -8,14 +10,10 @@ processes with filelock, :mod:`.space` handles a full disk, and :mod:`.shared` i
 all nodes mount.
 """
 
-from fsspec_shards.storage.cache.index import ReadOnlyCacheError
+from fsspec_shards.storage.cache.index_database import ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import CacheWarning
-from fsspec_shards.storage.cache.store import (
-    COUNTERS,
-    CacheFullError,
-    ShardCache,
-    WrittenWhileReadingError,
-)
+from fsspec_shards.storage.cache.room import CacheFullError
+from fsspec_shards.storage.cache.store import COUNTERS, ShardCache, WrittenWhileReadingError
 from fsspec_shards.storage.cache.trust import CacheDirectoryError, NotACacheError
 
 __all__ = [

@@ -84,7 +84,7 @@ def _remove_format_1(path: str) -> None:
 
 def _take_over_format_2(path: str) -> None:
     entries, generations, counters = _read_format_2_index(os.path.join(path, _FORMAT_2_INDEX))
-    space_lock = os.path.join(path, layout.LOCKS, layout.SPACE_LOCK)
+    space_lock = layout.space_lock_path(path)
     index = Index(path, True, space_lock=lambda: locks.hold(space_lock), on_reset=lambda: None)
     index.adopt(
         [(key, record) for key, record in entries if _checks_out(path, key, record)],
@@ -152,18 +152,12 @@ def _checks_out(path: str, key: str, record: dict) -> bool:
 
 def _remove_data_files(path: str, keep: set) -> None:
     """Delete the cached files (names the cache makes) not named in ``keep``."""
-    files = os.path.join(path, layout.FILES)
-    for shard in layout.list_directory(files):
-        shard_path = os.path.join(files, shard)
-        if layout.is_shard_directory(shard) and layout.is_real_directory(shard_path):
-            for name in layout.list_directory(shard_path):
-                relative = f"{layout.FILES}/{shard}/{name}"
-                if layout.is_data_name(name, shard) and relative not in keep:
-                    layout.remove_file(os.path.join(shard_path, name))
+    for relative, file in list(layout.data_files(path)):
+        if relative not in keep:
+            layout.remove_file(file)
 
 
 def _remove_temp_files(path: str) -> None:
-    temp = os.path.join(path, layout.TMP)
-    for name in layout.list_directory(temp):
+    for name in layout.list_directory(layout.temp_directory(path)):
         if layout.parse_temp_name(name) is not None:
-            layout.remove_file(os.path.join(temp, name))
+            layout.remove_file(layout.temp_path(path, name))

@@ -39,7 +39,7 @@ def is_list_name(name: str) -> bool:
 
 def write_list(directory: str, files: Iterable[str]) -> str:
     """An eviction list of ``files`` (relative names as the index recorded them)."""
-    path = os.path.join(directory, layout.TMP, f"evicted.{os.getpid()}.{secrets.token_hex(4)}")
+    path = layout.temp_path(directory, f"evicted.{os.getpid()}.{secrets.token_hex(4)}")
     text = "\n".join(files).encode()
     layout.write_new_file(path, lambda descriptor: os.write(descriptor, text), read_only=False)
     return path
@@ -71,7 +71,7 @@ def delete_listed(directory: str, path: str) -> None:
 
 
 def _lock_path(directory: str, path: str) -> str:
-    return os.path.join(directory, layout.LOCKS, os.path.basename(path) + ".lock")
+    return layout.lock_path(directory, os.path.basename(path) + ".lock")
 
 
 def _delete_list(directory: str, path: str) -> None:
@@ -95,7 +95,7 @@ DELETER = Deleter()
 def recover(directory: str) -> None:
     """Take over the eviction lists other processes left in ``directory`` (those being
     worked through are skipped by their lock)."""
-    temp = os.path.join(directory, layout.TMP)
+    temp = layout.temp_directory(directory)
     for name in layout.list_directory(temp):
         if is_list_name(name):
             DELETER.submit(directory, os.path.join(temp, name))

@@ -22,13 +22,14 @@ from collections.abc import Callable
 
 from fsspec_shards.checksums import StreamingHasher, parse_checksum
 from fsspec_shards.storage.core.worker_thread import WorkerThread
+from fsspec_shards.units import MiB
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
 BOOT_ID_ENV = "FSSPEC_SHARDS_BOOT_ID"
 """Overrides the boot id (tests: a reboot without one)."""
 _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
-_READ_BACK = 8 * 1024 * 1024
+_READ_BACK = 8 * MiB
 _boot_from_file: list[str | None] = []
 
 

@@ -37,7 +37,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from diskcache.core import DBNAME
 
@@ -63,6 +63,72 @@ _SHARD_DIRECTORY = re.compile(r"[0-9a-f]{2}")
 _PROGRESS_NAME = re.compile(r"([0-9a-f]{64})\.progress(\.[0-9a-f]{8})?")
 
 
+def index_path(root: str) -> str:
+    """The index database of the cache in ``root``."""
+    return os.path.join(root, INDEX)
+
+
+def marker_path(root: str) -> str:
+    """The marker file that says ``root`` is a cache."""
+    return os.path.join(root, MARKER)
+
+
+def reserve_path(root: str) -> str:
+    """The file holding the index's reserve of disk space (:mod:`.space`)."""
+    return os.path.join(root, RESERVE)
+
+
+def files_directory(root: str) -> str:
+    """``files/``: the published data files, in 256 subdirectories."""
+    return os.path.join(root, FILES)
+
+
+def shard_directory_path(root: str, shard: str) -> str:
+    """``files/<shard>``: the subdirectory of the keys starting with ``shard``."""
+    return os.path.join(root, FILES, shard)
+
+
+def temp_directory(root: str) -> str:
+    """``tmp/``: downloads in flight, progress records, eviction lists."""
+    return os.path.join(root, TMP)
+
+
+def temp_path(root: str, name: str) -> str:
+    """The file ``name`` in ``tmp/``."""
+    return os.path.join(root, TMP, name)
+
+
+def lock_path(root: str, name: str) -> str:
+    """The lock file ``name`` in ``locks/``."""
+    return os.path.join(root, LOCKS, name)
+
+
+def key_lock_path(root: str, key: str) -> str:
+    """The lock held by the one download of ``key`` across processes."""
+    return lock_path(root, key_lock_name(key))
+
+
+def space_lock_path(root: str) -> str:
+    """The lock of reservation, publication, eviction and clearing."""
+    return lock_path(root, SPACE_LOCK)
+
+
+def scan_lock_path(root: str) -> str:
+    """The shared tier's eviction scan lock (its mtime: the last scan)."""
+    return lock_path(root, SCAN_LOCK)
+
+
+def data_files(root: str) -> Iterator[tuple[str, str]]:
+    """``(relative, path)`` of every data file the cache made in ``files/`` (names it
+    makes, in real subdirectories); ``relative`` as the index records it."""
+    for shard in list_directory(files_directory(root)):
+        if is_shard_directory(shard):
+            directory = shard_directory_path(root, shard)
+            for name in list_directory(directory):
+                if is_data_name(name, shard):
+                    yield f"{FILES}/{shard}/{name}", os.path.join(directory, name)
+
+
 def check_key(key: str) -> str:
     """``key`` if it is a cache key (64 lowercase hex digits), else ValueError."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
@@ -81,7 +147,7 @@ def data_file_path(root: str, key: str, recorded: str) -> str | None:
     match = _DATA_FILE.fullmatch(recorded) if isinstance(recorded, str) else None
     if match is None or match.group(3) != key or match.group(1) != key[:2]:
         return None
-    return os.path.join(root, FILES, match.group(1), match.group(2))
+    return os.path.join(shard_directory_path(root, match.group(1)), match.group(2))
 
 
 def is_data_name(name: str, shard_directory: str) -> bool:
@@ -93,7 +159,7 @@ def is_data_name(name: str, shard_directory: str) -> bool:
 def shared_data_path(root: str, version: str) -> str:
     """The shared tier's file of ``version`` (a checked 64-digit digest)."""
     check_key(version)
-    return os.path.join(root, FILES, version[:2], version)
+    return os.path.join(shard_directory_path(root, version[:2]), version)
 
 
 def is_shared_data_name(name: str, shard_directory: str) -> bool:

@@ -51,12 +51,13 @@ from fsspec_shards.storage.backends.identity import ObjectId
 from fsspec_shards.storage.cache import layout, locks, trust
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.core.verification import Expectation, WholeHasher
+from fsspec_shards.units import MiB
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
 SCAN_INTERVAL_SECONDS = 30.0
 STALE_TEMP_SECONDS = 3600.0
-_CHUNK = 4 * 1024 * 1024
+_CHUNK = 4 * MiB
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _GENERATION_BYTES = 16
 _TOKEN = re.compile(f"[0-9a-f]{{{2 * _GENERATION_BYTES}}}")
@@ -114,7 +115,7 @@ class SharedTier:
         if not self.writable:
             return
         path = layout.shared_generation_path(self.directory, obj.key)
-        temp = os.path.join(self.directory, layout.TMP, layout.new_temp_name(obj.key, 0))
+        temp = layout.temp_path(self.directory, layout.new_temp_name(obj.key, 0))
         try:
             if not self._directory_is_safe(path, create=True):
                 raise OSError(errno.EPERM, "its generations directory is not private")
@@ -168,7 +169,7 @@ class SharedTier:
             return True
         source.flush()
         size = os.fstat(source.fileno()).st_size
-        temp = os.path.join(self.directory, layout.TMP, layout.new_temp_name(version, 0))
+        temp = layout.temp_path(self.directory, layout.new_temp_name(version, 0))
         try:
             layout.write_new_file(temp, lambda fd: _copy(source.fileno(), fd, size), read_only=True)
             layout.rename_into_place(temp, final)
@@ -312,7 +313,7 @@ class SharedTier:
         if not self.writable:
             yield
             return
-        path = os.path.join(self.directory, layout.LOCKS, layout.key_lock_name(version))
+        path = layout.key_lock_path(self.directory, version)
         with locks.hold_if_supported(path):
             yield
 
@@ -329,7 +330,7 @@ class SharedTier:
         if now - self._last_scan < SCAN_INTERVAL_SECONDS:
             return
         self._last_scan = now
-        marker = os.path.join(self.directory, layout.LOCKS, layout.SCAN_LOCK)
+        marker = layout.scan_lock_path(self.directory)
         last = _modified_at(marker)  # None: the tier was never scanned
         if last is not None and time.time() - last < SCAN_INTERVAL_SECONDS:
             return  # another process, maybe on another host, scanned lately
@@ -339,16 +340,16 @@ class SharedTier:
                 self._evict()
 
     def _evict(self) -> None:
-        files = os.path.join(self.directory, layout.FILES)
         found = []
-        for shard in layout.list_directory(files):
+        for shard in layout.list_directory(layout.files_directory(self.directory)):
+            directory = layout.shard_directory_path(self.directory, shard)
             if not layout.is_shard_directory(shard) or not self._directory_is_safe(
-                os.path.join(files, shard, shard)
+                os.path.join(directory, shard)
             ):
                 continue
-            for name in layout.list_directory(os.path.join(files, shard)):
+            for name in layout.list_directory(directory):
                 if layout.is_shared_data_name(name, shard):
-                    path = os.path.join(files, shard, name)
+                    path = os.path.join(directory, name)
                     try:
                         info = os.lstat(path)
                     except FileNotFoundError:
@@ -365,7 +366,7 @@ class SharedTier:
             total -= size
 
     def _remove_stale_temp_files(self) -> None:
-        temp = os.path.join(self.directory, layout.TMP)
+        temp = layout.temp_directory(self.directory)
         for name in layout.list_directory(temp):
             if layout.parse_temp_name(name) is None:
                 continue

@@ -3,7 +3,7 @@ always use, and the error that surfaces when no room can be made.
 
 A full disk (``ENOSPC``/``EDQUOT``, SQLite's ``SQLITE_FULL``) is an expected state of a
 cache, not an error path. Every index write and every fill of :class:`~.store.ShardCache`
-goes through :meth:`~.store.ShardCache._with_room`: on a full disk it releases the
+goes through :meth:`~.room.Room.with_room`: on a full disk it releases the
 reserve (:data:`RESERVE_BYTES` next to the index, kept so that the index transaction dropping
 entries has journal space), evicts least-recently-used entries until enough is free,
 makes the reserve again where it fits, and retries once; a fill that still finds the
@@ -20,8 +20,9 @@ import sqlite3
 
 from fsspec_shards import exception_chain
 from fsspec_shards.storage.cache import layout
+from fsspec_shards.units import MiB
 
-RESERVE_BYTES = 1 << 20
+RESERVE_BYTES = MiB
 """Bytes kept free for the index (:data:`~.layout.RESERVE`, next to it): an eviction's
 journal on a full disk (a batch of :data:`EMERGENCY_BATCH` entries needs far less)."""
 
@@ -66,14 +67,10 @@ def free_bytes(directory: str) -> int:
     return usage.f_bavail * usage.f_frsize
 
 
-def reserve_path(directory: str) -> str:
-    return os.path.join(directory, layout.RESERVE)
-
-
 def make_reserve(directory: str, spare: int = RESERVE_BYTES) -> bool:
     """Make the reserve of ``directory`` if it is missing and fits with ``spare`` bytes
     still free after it; whether it is there now."""
-    path = reserve_path(directory)
+    path = layout.reserve_path(directory)
     if os.path.lexists(path):
         return True
     try:
@@ -95,7 +92,7 @@ def make_reserve(directory: str, spare: int = RESERVE_BYTES) -> bool:
 def release_reserve(directory: str) -> bool:
     """Delete the reserve (the disk is full: the index may use its space); whether there
     was one. Called with the space lock held."""
-    return layout.remove_file(reserve_path(directory))
+    return layout.remove_file(layout.reserve_path(directory))
 
 
 def _allocate(descriptor: int, size: int) -> None:

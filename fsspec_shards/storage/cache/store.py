@@ -4,8 +4,9 @@ Invariants:
 
 - Whole and verified, or absent. A download writes into ``tmp/``; only after
   ``download()`` returns (it verifies what it wrote) is the file made read-only, renamed
-  into ``files/`` and recorded in the index. A process killed at any instant leaves a temp
-  file or an unindexed file (both removed later, by name) or a whole entry.
+  into ``files/`` and recorded in the index (:mod:`.publication`). A process killed at any
+  instant leaves a temp file or an unindexed file (both removed later, by name:
+  :mod:`.own_files`) or a whole entry.
 - Durable, or verified again: the fsync of a published file and its directory runs in the
   background (:mod:`fsspec_shards.storage.cache.durability`); until it is done the entry is
   recorded as not durable under this boot, and under another boot (a machine crash may
@@ -13,7 +14,7 @@ Invariants:
   it does not match or none is known. Without a boot id the fsync comes before publishing.
 - One download per key across processes (the key's lock); the bytes of published files
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
-  least-recently-used files (access times batched per process: :mod:`.usage`).
+  least-recently-used files (:mod:`.room`; access times batched per process: :mod:`.usage`).
 - A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
   ``open`` and an ``fstat``: no write transaction. A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
@@ -24,7 +25,8 @@ Invariants:
   caller looked at the backend (``since``, from :meth:`ShardCache.generation`); otherwise
   the caller reads the bytes it downloaded and nothing is published.
 - Everything stored or logged about an object is its ``ObjectId.shown`` (redacted) text.
-- The cache deletes only files it made (:mod:`.layout` names, in its own subdirectories).
+- The cache deletes only files it made (:mod:`.layout` names, in its own subdirectories:
+  :mod:`.own_files`).
 - Degraded modes: a read-only cache serves the entries that check out and raises
   :class:`ReadOnlyCacheError` for misses (the caller streams); a directory that cannot be a
   cache at all serves nothing; both warn once, naming the path.
@@ -40,51 +42,33 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
-from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.backends.identity import KEY_FORMAT, ObjectId
-from fsspec_shards.storage.cache import deletion, layout, locks, space, trust
+from fsspec_shards.storage.cache import deletion, layout, locks, own_files, space, trust
 from fsspec_shards.storage.cache.durability import (
     SYNCER,
     boot_id,
     fsync_file_and_directory,
     matches,
 )
-from fsspec_shards.storage.cache.index import Index, ReadOnlyCacheError, Row
+from fsspec_shards.storage.cache.index import Index
+from fsspec_shards.storage.cache.index_database import ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import warn_once
+from fsspec_shards.storage.cache.own_files import READ_FLAGS, OwnFiles
+from fsspec_shards.storage.cache.publication import download_and_publish
+from fsspec_shards.storage.cache.room import Room, check_fits, holding_space
 from fsspec_shards.storage.cache.usage import Usage
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
-
-_WAIT_FOR_ROOM_SECONDS = 0.05
-_BETWEEN_BATCHES_SECONDS = 0.001  # the space lock is free this long between eviction batches
 _SETUP_RETRY_SECONDS = 5.0  # a cache directory that could not be set up on a full disk
-EVICTION_BATCH = 8192
-_DEFERRED_DELETES = 64  # a batch of this many evictions leaves its files to .deletion
-"""Entries one eviction pass drops (one index transaction, the space lock held for it)."""
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SHARED: dict[tuple[str, bool], tuple[Index, Usage]] = {}
 _SHARED_LOCK = threading.Lock()
-_HOLDING_SPACE = threading.local()
-
-
-class CacheFullError(OSError):
-    """There is no room for a file even after evicting everything that may be evicted."""
-
-    def __init__(self, shown: str, detail: str) -> None:
-        self.url = redact_url(shown)
-        self.detail = detail
-        super().__init__(errno.ENOSPC, f"no room in the cache for {self.url}: {detail}")
-
-    def __reduce__(self):
-        return (type(self), (self.url, self.detail))
 
 
 class WrittenWhileReadingError(OSError):
@@ -116,16 +100,17 @@ class ShardCache:
     ) -> None:
         prepared = trust.prepare(directory, create=create)
         self.directory = prepared.path
-        self.size_limit = int(size_limit)
+        self._room: Room | None = None
+        self.size_limit = size_limit
         self._options = (create, read_only)
         self._set_up_again_at: float | None = None
         self._uid = os.geteuid()
-        self._checked_shards: set[str] = set()
         self._dropped: set[str] = set()
         self._verified_since_boot: set[tuple[str, str]] = set()
         """(key, file) of entries verified after a reboot that a read-only index could not
         record durable: not hashed again by this process."""
         self._log_level = logging.INFO if verbose_cache() else logging.DEBUG
+        self._files = OwnFiles(self.directory, self._uid, self._log_level)
         self._set_up(prepared, read_only)
 
     def _set_up(self, prepared: trust.Prepared, read_only: bool) -> None:
@@ -186,6 +171,7 @@ class ShardCache:
             except (ReadOnlyCacheError, space.DiskFullError, PermissionError):
                 pass  # recorded, and made, by a later use
         self._index, self._usage = index, usage
+        self._room = Room(self.size_limit, index, usage, self._files, self._log_level)
 
     @classmethod
     def existing(cls, directory: str, size_limit: int = 0, *, writable: bool = False) -> ShardCache:
@@ -205,12 +191,12 @@ class ShardCache:
                 index = Index(
                     directory,
                     writable,
-                    space_lock=lambda: _holding_space(directory),
-                    on_reset=lambda: _remove_data_files(directory),
+                    space_lock=lambda: holding_space(directory),
+                    on_reset=lambda: own_files.remove_data_files(directory),
                 )
                 if writable and index.key_format() != KEY_FORMAT:
                     for key, file in index.set_key_format():
-                        self._remove_data_file(key, file)
+                        self._files.remove_data_file(key, file)
                 shared = (index, Usage(index))
                 _SHARED[(self.directory, writable)] = shared
             return shared
@@ -220,6 +206,17 @@ class ShardCache:
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, size_limit={self.size_limit})"
+
+    @property
+    def size_limit(self) -> int:
+        """The bytes of published files plus reservations this instance keeps within."""
+        return self._size_limit
+
+    @size_limit.setter
+    def size_limit(self, limit: int) -> None:
+        self._size_limit = int(limit)
+        if self._room is not None:
+            self._room.size_limit = self._size_limit
 
     @property
     def writable(self) -> bool:
@@ -248,7 +245,7 @@ class ShardCache:
             if path is None:
                 return None
             try:
-                descriptor = os.open(path, _OPEN_FLAGS)
+                descriptor = os.open(path, READ_FLAGS)
             except FileNotFoundError:
                 if index.lookup(key) != found:
                     continue  # evicted or replaced between lookup and open
@@ -385,7 +382,7 @@ class ShardCache:
         """Record that the cached copy of ``obj`` was just checked against the backend."""
         if self.writable:
             key = layout.check_key(obj.key)
-            self._with_room(lambda: self._index.touch_validated(key), 0, self._disk_full)
+            self._room.with_room(lambda: self._index.touch_validated(key), 0, self._room.disk_full)
 
     def fetch(
         self,
@@ -408,10 +405,8 @@ class ShardCache:
         and propagates unchanged.
         """
         key = layout.check_key(obj.key)
-        if expected_size is not None and expected_size > self.size_limit:
-            raise CacheFullError(
-                obj.shown, f"{expected_size} bytes exceed the cache size limit of {self.size_limit}"
-            )
+        if expected_size is not None:
+            check_fits(obj.shown, expected_size, self.size_limit)
         handle = self.open(obj)
         if handle is not None:
             return handle
@@ -419,15 +414,15 @@ class ShardCache:
             raise ReadOnlyCacheError(self.directory)
         if since is None:
             since = self._index.generation(key)
-        with locks.hold(self._lock_path(key)):
+        with locks.hold(layout.key_lock_path(self.directory, key)):
             handle = self.open(obj)
             if handle is not None:
                 return handle
             if self._index.generation(key) != since:
                 raise WrittenWhileReadingError(obj.shown)
             self._usage.add("misses")
-            self._remove_leftovers(key)
-            return self._download_and_publish(obj, key, download, expected_size, since)
+            self._files.remove_leftovers(key)
+            return download_and_publish(self._room, obj, key, download, expected_size, since)
 
     def discard(self, obj: ObjectId) -> None:
         """Drop the cached copy of ``obj`` and stop downloads in flight from publishing it
@@ -445,25 +440,27 @@ class ShardCache:
             )
             return
         try:
-            file = self._with_room(lambda: self._index.drop(key, written=True), 0, self._disk_full)
+            drop = functools.partial(self._index.drop, key, written=True)
+            file = self._room.with_room(drop, 0, self._room.disk_full)
         except ReadOnlyCacheError:
             self._dropped.add(key)
             return
         if file is not None:
-            self._remove_data_file(key, file)
+            self._files.remove_data_file(key, file)
 
     def clear(self) -> None:
         """Remove every cached file, stale temp file and counter; only files the cache made."""
         if not self.writable:
             raise ReadOnlyCacheError(self.directory)
-        with self._space_lock():
+        room = self._room
+        with room.space_lock():
             self._usage.forget()
-            for key, file in self._with_room(self._index.clear, 0, self._disk_full):
-                self._remove_data_file(key, file)
-            for name in self._temp_files():
-                self._remove_if_stale(name)
-            _remove_data_files(self.directory)
-        foreign = _foreign_names(self.directory)
+            for key, file in room.with_room(self._index.clear, 0, room.disk_full):
+                self._files.remove_data_file(key, file)
+            for name in self._files.temp_files():
+                self._files.remove_if_stale(name)
+            own_files.remove_data_files(self.directory)
+        foreign = own_files.foreign_names(self.directory)
         if foreign:
             logger.warning(
                 "cache %s: left %d file(s) the cache did not make, e.g. %s",
@@ -477,34 +474,17 @@ class ShardCache:
     def _data_path(self, key: str, file: str, shown: str, drop: bool = True) -> str | None:
         """The path of an index row's file if it is the cache's own name for ``key`` in a
         real, private ``files/`` subdirectory; otherwise reported (and the row dropped)."""
-        path = layout.data_file_path(self.directory, key, file)
-        if path is not None and self._shard_is_safe(key[:2]):
+        path = self._files.data_path(key, file)
+        if path is not None:
             return path
-        warn_once(
-            self.directory,
-            f"outside:{key}:{file}",
-            f"cache {self.directory}: ignoring the index entry of {shown}: its file {file!r} "
-            f"is not a file this cache made in {os.path.join(self.directory, layout.FILES)}",
-        )
+        subject = f"ignoring the index entry of {shown}: its file {file!r}"
+        self._files.warn_not_ours(key, file, subject)
         if drop and self.writable:
             try:
                 self._index.drop_if(key, file)
             except ReadOnlyCacheError:
                 pass
         return None
-
-    def _shard_is_safe(self, shard: str) -> bool:
-        """``files/<shard>`` is a real directory owned by the user, writable by no one else."""
-        if shard in self._checked_shards:
-            return True
-        try:
-            info = os.lstat(os.path.join(self.directory, layout.FILES, shard))
-        except FileNotFoundError:
-            return True  # nothing there to open; made 0700 by the cache when needed
-        safe = stat.S_ISDIR(info.st_mode) and info.st_uid == self._uid and not info.st_mode & 0o022
-        if safe:
-            self._checked_shards.add(shard)
-        return safe
 
     def _drop_damaged(self, key: str, file: str, shown: str, problem: str) -> None:
         logger.warning("dropping cache entry of %s: its file %s", shown, problem)
@@ -515,311 +495,6 @@ class ShardCache:
                 self._dropped.add(key)
         else:
             self._dropped.add(key)
-
-    def _remove_data_file(self, key: str, file: str) -> None:
-        """Delete an entry's file, if it is a name the cache made for ``key``."""
-        path = layout.data_file_path(self.directory, key, file)
-        if path is None or not self._shard_is_safe(key[:2]):
-            warn_once(
-                self.directory,
-                f"outside:{key}:{file}",
-                f"cache {self.directory}: not deleting {file!r} named by the index: it is not "
-                f"a file this cache made in {os.path.join(self.directory, layout.FILES)}",
-            )
-            return
-        layout.remove_file(path)
-
-    def _download_and_publish(
-        self,
-        obj: ObjectId,
-        key: str,
-        download: Callable[[BinaryIO], dict],
-        expected_size: int | None,
-        since: int,
-    ) -> io.FileIO:
-        """Download into a temp file and publish it (on a full disk: :meth:`_with_room`)."""
-        reserve = expected_size or 0
-        written = [0]
-
-        def attempt() -> io.FileIO:
-            temp = self._reserve(obj, key, reserve)
-            try:
-                return self._write_and_publish(obj, key, temp, download, expected_size, since)
-            except BaseException:
-                written[0] = _size_of(temp)
-                layout.remove_file(temp)
-                raise
-
-        return self._with_room(
-            attempt,
-            lambda: max(reserve, written[0] + 1),
-            lambda detail: CacheFullError(obj.shown, detail),
-        )
-
-    def _with_room(
-        self,
-        operation: Callable[[], Any],
-        needed: int | Callable[[], int],
-        error: Callable[[str], OSError],
-    ) -> Any:
-        """``operation()``; on a full disk, free ``needed`` bytes (:meth:`_free_disk_space`)
-        and run it once more. A disk still full raises ``error(detail)``: an ENOSPC
-        ``OSError`` naming the cache directory (a fill's :class:`CacheFullError` is
-        streamed uncached by the caller). The one place a full disk is handled."""
-        for attempt in range(2):
-            try:
-                return operation()
-            except BaseException as raised:
-                if isinstance(raised, CacheFullError) or not space.is_disk_full(raised):
-                    raise
-                if attempt:
-                    detail = f"the disk of cache {self.directory} is still full after evicting"
-                    raise error(detail) from None
-                wanted = needed() if callable(needed) else needed
-                if not self._free_disk_space(max(wanted, 1)):
-                    detail = (
-                        f"the disk of cache {self.directory} is full and no cached file is "
-                        "left to evict"
-                    )
-                    raise error(detail) from None
-                logger.log(self._log_level, "disk of %s full: evicted, retrying", self.directory)
-        raise AssertionError("unreachable")
-
-    def _disk_full(self, detail: str) -> OSError:
-        return space.DiskFullError(self.directory, detail)
-
-    def _reserve(self, obj: ObjectId, key: str, reserve: int) -> str:
-        """Make room for ``reserve`` bytes and create the temp file that holds the reservation."""
-        while True:
-            with self._space_lock():
-                room = self._make_room(obj.shown, reserve)
-                if room:
-                    name = layout.new_temp_name(key, reserve)
-                    path = os.path.join(self.directory, layout.TMP, name)
-                    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-                    os.close(os.open(path, flags, 0o600))
-                    return path
-            _wait_for_room(room, obj.shown)
-
-    def _write_and_publish(
-        self,
-        obj: ObjectId,
-        key: str,
-        temp: str,
-        download: Callable[[BinaryIO], dict],
-        expected_size: int | None,
-        since: int,
-    ) -> io.FileIO:
-        """Let ``download`` fill ``temp``, make it durable, rename it into ``files/`` and
-        record it, unless the object was written meanwhile."""
-        started = time.monotonic()
-        boot = boot_id()
-        with open(temp, "r+b") as file:
-            metadata = download(file)
-            file.flush()
-            # no way to tell a reboot later (no boot id): durable before publishing;
-            # otherwise durability.py syncs it in the background
-            layout.finish_file(file.fileno(), read_only=True, durable=boot is None)
-            size = os.fstat(file.fileno()).st_size
-        # The download says what it verified (a newer version may differ in size from
-        # what was reserved); otherwise the size announced beforehand must hold.
-        promised = (metadata or {}).get("size", expected_size)
-        if promised is not None and size != promised:
-            self.incr("integrity_failures")
-            raise IntegrityError(obj.shown, f"{promised} bytes", f"{size} bytes", "cached download")
-        relative = layout.new_data_file(key)
-        final = os.path.join(self.directory, relative)
-        record = {
-            name: redact_url(value) if isinstance(value, str) else value
-            for name, value in (metadata or {}).items()
-        }
-        while True:
-            with self._space_lock():
-                room = self._make_room(obj.shown, size, excluding=temp)
-                if room:
-                    os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-                    if not self._shard_is_safe(key[:2]):
-                        raise trust.CacheDirectoryError(
-                            os.path.dirname(final),
-                            "is not a private directory of the cache",
-                            "remove it (the cache makes it again)",
-                        )
-                    handle = None
-                    try:
-                        layout.rename_into_place(temp, final, durable=boot is None)
-                        # opened before the index names it: from then on a discard by
-                        # another thread or process may remove it (the handle still reads)
-                        handle = io.FileIO(os.open(final, _OPEN_FLAGS), "rb")
-                        handle.name = final
-                        published, replaced = self._index.publish(
-                            key, relative, size, redact_url(obj.shown), record, since, boot
-                        )
-                    except BaseException:
-                        if handle is not None:
-                            handle.close()
-                        layout.remove_file(final)
-                        raise
-                    if not published:
-                        layout.remove_file(final)
-                    else:
-                        if boot is not None:
-                            SYNCER.submit(
-                                final, functools.partial(self._index.mark_durable, key, relative)
-                            )
-                        if replaced is not None and replaced != relative:
-                            self._remove_data_file(key, replaced)
-                    break
-            _wait_for_room(room, obj.shown)
-        if published:
-            logger.log(
-                self._log_level,
-                "cached %s (%d bytes in %.2fs)",
-                obj.shown,
-                size,
-                time.monotonic() - started,
-            )
-        else:
-            logger.log(self._log_level, "not caching %s: it was written meanwhile", obj.shown)
-        return handle
-
-    def _make_room(self, shown: str, needed: int, excluding: str | None = None) -> bool | None:
-        """Evict least-recently-used files, one batch at most, so that ``needed`` more bytes
-        fit under the limit. Called with the space lock held, which one batch (one index
-        transaction, :data:`EVICTION_BATCH` entries) keeps bounded.
-
-        True: they fit now. None: a batch was evicted and more may be needed (the caller
-        releases the lock, so others' misses wait at most one batch, and calls again).
-        False: only bytes reserved by other downloads in flight stand in the way (the
-        caller waits for them to finish).
-        """
-        if needed > self.size_limit:
-            raise CacheFullError(
-                shown, f"{needed} bytes exceed the cache size limit of {self.size_limit}"
-            )
-        self._usage.flush()
-        reserved = sum(
-            layout.parse_temp_name(name)[1]
-            for name in self._temp_files()
-            if os.path.join(self.directory, layout.TMP, name) != excluding
-            and not self._remove_if_stale(name)
-        )
-        excess = self._index.cached_bytes() + reserved + needed - self.size_limit
-        if excess <= 0:
-            return True
-        return None if self._evict(EVICTION_BATCH, excess) else False
-
-    def _evict(self, limit: int, covering: int | None = None, *, disk_full: bool = False) -> int:
-        """Evict up to ``limit`` least-recently-used entries (no more than cover ``covering``
-        bytes) in one index transaction, then delete their files (those of a mass eviction
-        in the background: :mod:`.deletion`); how many were evicted.
-
-        On a full disk (``disk_full``) where even that transaction finds no room, the
-        files go first (the freed space lets the index drop them; a hit meanwhile finds
-        the file missing, a miss)."""
-        try:
-            rows = self._index.drop_least_recent(limit, covering)
-        except space.DiskFullError:
-            if not disk_full:
-                raise
-            for row in self._index.rows(limit):
-                if row.file is not None:
-                    self._remove_data_file(row.key, row.file)
-            rows = self._index.drop_least_recent(limit, covering)
-        for row in rows:
-            logger.log(self._log_level, "evicted %s (%d bytes)", redact_url(row.shown), row.size)
-        evicted = [row for row in rows if row.file is not None]
-        if len(evicted) < _DEFERRED_DELETES or disk_full or not self._defer(evicted):
-            for row in evicted:
-                self._remove_data_file(row.key, row.file)
-        if rows:
-            self.incr("evictions", len(rows))
-        return len(rows)
-
-    def _defer(self, rows: list[Row]) -> bool:
-        """Hand the files of a mass eviction to the deleting thread (:mod:`.deletion`);
-        False where the list cannot be written (the caller deletes them now)."""
-        try:
-            listed = deletion.write_list(self.directory, [row.file for row in rows])
-        except OSError as error:
-            logger.debug("deleting evicted files now: no eviction list (%s)", error)
-            return False
-        deletion.DELETER.submit(self.directory, listed)
-        return True
-
-    def _free_disk_space(self, needed: int) -> bool:
-        """After a full disk: release the index's reserve, evict until ``needed`` bytes
-        (and the reserve) are free, and make the reserve again; False when nothing could
-        be evicted and no room appeared."""
-        evicted = 0
-        wanted = needed + space.RESERVE_BYTES  # the reserve is made again after
-        with self._space_lock():
-            space.release_reserve(self.directory)
-            self._usage.flush()  # (kept for later where even that finds no room)
-            while space.free_bytes(self.directory) < wanted:
-                dropped = self._evict(space.EMERGENCY_BATCH, disk_full=True)
-                if not dropped:
-                    break
-                evicted += dropped
-            room = space.free_bytes(self.directory) >= wanted
-            space.make_reserve(self.directory, spare=0)
-        return evicted > 0 or room
-
-    def _temp_files(self) -> list[str]:
-        """Temp files the cache made (names it makes), in ``tmp/``."""
-        return [
-            name
-            for name in layout.list_directory(os.path.join(self.directory, layout.TMP))
-            if layout.parse_temp_name(name) is not None
-        ]
-
-    def _remove_leftovers(self, key: str) -> None:
-        """Remove what killed processes left for ``key``: temp files, and published files that
-        never made it into the index. Called on a miss with the key's lock held, so no one else
-        is writing these files and none of them is referenced."""
-        temp = os.path.join(self.directory, layout.TMP)
-        for name in layout.list_directory(temp):
-            parsed = layout.parse_temp_name(name)
-            if (parsed is not None and parsed[0] == key) or layout.parse_progress_name(name) == key:
-                logger.log(self._log_level, "removing leftover file %s", name)
-                layout.remove_file(os.path.join(temp, name))
-        shard = os.path.join(self.directory, layout.FILES, key[:2])
-        if not self._shard_is_safe(key[:2]):
-            return
-        for name in layout.list_directory(shard):
-            if name.startswith(key + ".") and layout.is_data_name(name, key[:2]):
-                logger.log(self._log_level, "removing leftover file %s", name)
-                layout.remove_file(os.path.join(shard, name))
-
-    def _remove_if_stale(self, name: str) -> bool:
-        """Remove a temp file whose download is not in progress (its key lock is free)."""
-        key = layout.parse_temp_name(name)[0]
-        if not locks.is_free(self._lock_path(key)):
-            return False
-        logger.log(self._log_level, "removing stale temp file %s", name)
-        layout.remove_file(os.path.join(self.directory, layout.TMP, name))
-        return True
-
-    def _lock_path(self, key: str) -> str:
-        return os.path.join(self.directory, layout.LOCKS, layout.key_lock_name(key))
-
-    def _space_lock(self) -> AbstractContextManager[None]:
-        return _holding_space(self.directory)
-
-
-@contextmanager
-def _holding_space(directory: str) -> Iterator[None]:
-    """The space lock of ``directory``. A thread holding it already goes on: the index
-    replaces a corrupt file under it, also when the operation that found it holds it."""
-    held = _HOLDING_SPACE.__dict__.setdefault("directories", set())
-    if directory in held:
-        yield
-        return
-    with locks.hold(os.path.join(directory, layout.LOCKS, layout.SPACE_LOCK)):
-        held.add(directory)
-        try:
-            yield
-        finally:
-            held.discard(directory)
 
 
 def _reopen(directory: str, size_limit: int, create: bool, read_only: bool) -> ShardCache:
@@ -833,53 +508,3 @@ def _describe(info: os.stat_result, size: int, uid: int) -> str:
     if info.st_uid != uid:
         return f"is owned by uid {info.st_uid}"
     return f"is {info.st_size} bytes, expected {size}"
-
-
-def _remove_data_files(directory: str) -> None:
-    """Delete every data file the cache made in ``files/`` (the index no longer knows them)."""
-    files = os.path.join(directory, layout.FILES)
-    for shard in layout.list_directory(files):
-        if layout.is_shard_directory(shard):
-            shard_path = os.path.join(files, shard)
-            for name in layout.list_directory(shard_path):
-                if layout.is_data_name(name, shard):
-                    layout.remove_file(os.path.join(shard_path, name))
-
-
-def _foreign_names(directory: str) -> list[str]:
-    """Files in ``files/`` and ``tmp/`` with names the cache does not make."""
-    found = []
-    files = os.path.join(directory, layout.FILES)
-    for shard in layout.list_directory(files):
-        if not layout.is_shard_directory(shard):
-            found.append(os.path.join(files, shard))
-            continue
-        for name in layout.list_directory(os.path.join(files, shard)):
-            if not layout.is_data_name(name, shard):
-                found.append(os.path.join(files, shard, name))
-    temp = os.path.join(directory, layout.TMP)
-    found.extend(
-        os.path.join(temp, name)
-        for name in layout.list_directory(temp)
-        if layout.parse_temp_name(name) is None
-        and layout.parse_progress_name(name) is None
-        and not deletion.is_list_name(name)
-    )
-    return found
-
-
-def _wait_for_room(room: bool | None, shown: str) -> None:
-    """Between two tries at the space lock: a moment after an eviction batch (a process
-    waiting for the lock takes it), longer while downloads in flight hold the room."""
-    if room is None:
-        time.sleep(_BETWEEN_BATCHES_SECONDS)
-        return
-    logger.debug("waiting for downloads in flight to make room for %s", shown)
-    time.sleep(_WAIT_FOR_ROOM_SECONDS)
-
-
-def _size_of(path: str) -> int:
-    try:
-        return os.lstat(path).st_size
-    except OSError:
-        return 0

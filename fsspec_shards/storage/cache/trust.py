@@ -311,7 +311,7 @@ def _check_entry(path: str, kind: str, tier: str) -> os.stat_result | None:
 
 
 def _read_marker(path: str, tier: str) -> dict | None:
-    marker_path = os.path.join(path, layout.MARKER)
+    marker_path = layout.marker_path(path)
     if _check_entry(marker_path, "file", tier) is None:
         return None
     try:
@@ -344,7 +344,7 @@ def _write_marker(path: str, *, tier: str, adopting: int | None = None) -> dict:
     text = json.dumps(content).encode()
     try:
         layout.write_new_file(temp, lambda descriptor: os.write(descriptor, text), read_only=False)
-        layout.rename_into_place(temp, os.path.join(path, layout.MARKER))
+        layout.rename_into_place(temp, layout.marker_path(path))
     except BaseException:
         layout.remove_file(temp)
         raise
@@ -368,7 +368,7 @@ def _check_contents(path: str, writable: bool, tier: str) -> None:
                 os.mkdir(subdirectory, 0o700)
             except FileExistsError:
                 check_directory(subdirectory, tier)
-    index = os.path.join(path, layout.INDEX)
+    index = layout.index_path(path)
     for suffix in _SQLITE_SUFFIXES[1:]:
         _check_entry(index + suffix, "file", tier)
     info = _check_entry(index, "file", tier)

@@ -22,6 +22,9 @@ The rule:
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -98,16 +101,98 @@ def expected(
     return Expectation(tuple(dict.fromkeys(known)))
 
 
+CONCURRENT_FROM = 64 * 1024
+"""Pieces of at least this many bytes are hashed with every algorithm at once (one on the
+calling thread, each other one on a helper thread: :class:`_Helpers`); smaller pieces one
+algorithm after the other (handing a piece over costs more than hashing it)."""
+
+
 class WholeHasher:
-    """A file hashed with several algorithms on one pass (each piece handed to each)."""
+    """A file hashed with several algorithms on one pass (each piece handed to each).
+
+    With two or more algorithms a large piece is hashed by all of them at once (hashlib and
+    google-crc32c release the GIL): an S3 object verified against a sums file's SHA-256 and
+    its MD5 ETag costs the slower of the two, not their sum. :meth:`update` returns once
+    every algorithm has the piece, so a caller may reuse its buffer."""
 
     def __init__(self, algorithms: Iterable[str]) -> None:
         self._hashers = [StreamingHasher(algorithm) for algorithm in dict.fromkeys(algorithms)]
 
     def update(self, data: bytes | memoryview) -> None:
-        for hasher in self._hashers:
-            hasher.update(data)
+        first, *others = self._hashers
+        if not others or len(data) < CONCURRENT_FROM:
+            for hasher in self._hashers:
+                hasher.update(data)
+            return
+        pieces = [_HELPERS.hash(hasher, data) for hasher in others]
+        first.update(data)
+        for piece in pieces:
+            piece.wait()
 
     def checksums(self) -> list[Checksum]:
         """One checksum per algorithm, of everything handed over."""
         return [hasher.checksum() for hasher in self._hashers]
+
+
+class _Piece:
+    """A piece a helper thread hashes: :meth:`wait` returns once it is hashed (raising what
+    hashing raised)."""
+
+    def __init__(self, hasher: StreamingHasher, data: bytes | memoryview) -> None:
+        self.hasher, self.data = hasher, data
+        self.failure: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    def run(self) -> None:
+        try:
+            self.hasher.update(self.data)
+        except BaseException as exc:  # raised to the caller of wait()
+            self.failure = exc
+        finally:
+            self._done.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        if self.failure is not None:
+            raise self.failure
+
+
+class _Helpers:
+    """The threads of a process that hash pieces for :class:`WholeHasher` (daemons started
+    as pieces wait, at most :data:`_HELPER_THREADS`; a forked child starts with none)."""
+
+    def __init__(self) -> None:
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def hash(self, hasher: StreamingHasher, data: bytes | memoryview) -> _Piece:
+        piece = _Piece(hasher, data)
+        self._work.put(piece)
+        with self._lock:
+            self._idle -= 1
+            if self._idle < 0 and len(self._threads) < _HELPER_THREADS:
+                thread = threading.Thread(target=self._run, name=_HELPER_NAME, daemon=True)
+                self._threads.append(thread)
+                self._idle += 1
+                thread.start()
+        return piece
+
+    def _run(self) -> None:
+        while True:
+            self._work.get().run()
+            with self._lock:
+                self._idle += 1
+
+    def _forget(self) -> None:
+        self._work: queue.SimpleQueue[_Piece] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        """Threads waiting for a piece, less the pieces waiting for a thread."""
+
+
+_HELPER_THREADS = 4
+"""At most this many helper threads per process (pieces beyond wait their turn)."""
+_HELPER_NAME = "fsspec-shards-hash-helper"
+_HELPERS = _Helpers()

@@ -53,10 +53,10 @@ from fsspec_shards.storage.transfer.ranges import (
     preallocate,
 )
 from fsspec_shards.storage.transfer.target import ChunkSizer, Target, resume
+from fsspec_shards.units import MiB
 
 logger = logging.getLogger("fsspec_shards.storage.transfer.one_stream")
 
-MiB = 1024 * 1024
 INTEGRITY_PASSES = 2
 """Downloads of one object whose bytes fail verification before ``IntegrityError``: a copy
 corrupted in transit is fetched once more; one corrupt at rest costs two downloads, not more."""

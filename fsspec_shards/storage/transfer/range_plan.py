@@ -54,7 +54,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-MiB = 1024 * 1024
+from fsspec_shards.units import MiB
+
 AUTO_ABOVE = 32 * MiB
 """Objects larger than this may be filled by several ranges (smaller: one request)."""
 AUTO_MAX = 8

@@ -219,33 +219,42 @@ class Gathered:
     file, through ``write(offset, view)``. The kernel caches a file written in large
     aligned writes in large folios; one written piece by piece at unaligned sizes, in
     single pages, and reading it back (every cache hit) was 0.79-0.82x as fast here. The
-    bytes are copied once more; the write calls are ~30x fewer."""
+    bytes are copied once more into one reused buffer (a piece that covers a whole write is
+    written from where it is); the write calls are ~30x fewer."""
 
     def __init__(self, write: Callable[[int, memoryview], None]) -> None:
         self._write = write
-        self._buffer = bytearray()
+        self._buffer = memoryview(bytearray(_WRITE_BYTES))
+        """Reused: a buffer grown and cut for every write faulted in fresh pages each time,
+        about as much CPU as the write itself."""
         self._start = 0
+        self._filled = 0
 
     def add(self, offset: int, data: bytes | memoryview) -> None:
         """``data`` belongs at ``offset`` (right after what was added before, if any)."""
-        if not self._buffer:
+        if not self._filled:
             self._start = offset
-        self._buffer += data
-        if len(self._buffer) >= _WRITE_BYTES:
-            end = self._start + len(self._buffer)
-            self._flush(end - end % _WRITE_BYTES - self._start)
+        left = memoryview(data).cast("B")
+        while len(left):
+            at = self._start + self._filled
+            room = _WRITE_BYTES - at % _WRITE_BYTES
+            if not self._filled and len(left) >= room:  # a whole write: not copied
+                self._write(at, left[:room])
+                self._start, left = at + room, left[room:]
+                continue
+            taken = min(room, len(left))
+            self._buffer[self._filled : self._filled + taken] = left[:taken]
+            self._filled += taken
+            left = left[taken:]
+            if taken == room:
+                self.flush()
 
     def flush(self) -> None:
         """Write what is gathered."""
-        self._flush(len(self._buffer))
-
-    def _flush(self, length: int) -> None:
-        if length <= 0:
-            return
-        with memoryview(self._buffer) as whole, whole[:length] as part:
-            self._write(self._start, part)
-        del self._buffer[:length]
-        self._start += length
+        if self._filled:
+            self._write(self._start, self._buffer[: self._filled])
+            self._start += self._filled
+            self._filled = 0
 
 
 def preallocate(descriptor: int, size: int) -> None:

@@ -50,8 +50,8 @@ from fsspec_shards.storage.core.retry import Attempts, RetryPolicy, TransientErr
 from fsspec_shards.storage.core.verification import Expectation, Known, expected
 from fsspec_shards.storage.transfer.range_plan import endpoint_of, link_of
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
+from fsspec_shards.units import MiB
 
-MiB = 1024 * 1024
 Counter = Callable[[str, int], None]
 Sink = Callable[[bytes], None]
 

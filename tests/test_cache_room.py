@@ -1,0 +1,213 @@
+"""Making room in a cache (storage/cache/room.py): least-recently-used eviction, the size limit
+counting bytes reserved by downloads in flight, eviction in batches, and a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from fsspec_shards.storage.cache import (
+    CacheFullError,
+    ShardCache,
+    room,
+)
+from fsspec_shards.storage.cache.index import Index
+from fsspec_shards.units import MiB
+from tests.cache_objects import (
+    SmallDisk,
+    fill,
+    obj,
+    payload,
+    small_disk,
+    writer,
+)
+
+__all__ = ["small_disk"]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> ShardCache:
+    return ShardCache(str(tmp_path / "cache"), 1000)
+
+
+def cached_urls(cache: ShardCache) -> list[str]:
+    return [entry["url"] for entry in cache.entries()]
+
+
+def test_evicted_file_is_deleted_from_disk(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 200)
+    first = fill(cache, "s3://bucket/a")
+    fill(cache, "s3://bucket/b")
+    fill(cache, "s3://bucket/c")
+    assert not os.path.exists(first)
+    files = [f for _, _, names in os.walk(tmp_path / "c" / "files") for f in names]
+    assert len(files) == 2
+
+
+def test_cap_holds_counting_bytes_reserved_by_downloads_in_flight(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 300)
+    for name in ("a", "b", "c"):
+        fill(cache, f"s3://bucket/{name}")
+    observed = []
+
+    def slow_download(file) -> dict:
+        # While this 200-byte download is in flight, its reservation already displaced two files.
+        observed.append((cache.stats()["cached_bytes"], cached_urls(cache)))
+        file.write(payload("big", 200))
+        return {}
+
+    cache.fetch(obj("s3://bucket/big"), slow_download, expected_size=200).close()
+    assert observed == [(100, ["s3://bucket/c"])]
+    assert cache.stats()["cached_bytes"] == 300
+
+
+def test_second_download_waits_for_room_held_by_a_reservation(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "c"), 250)
+    first_written, release_first = threading.Event(), threading.Event()
+    disk_peaks = []
+
+    def disk_bytes() -> int:
+        root = tmp_path / "c"
+        files = [p for d in ("files", "tmp") for p in (root / d).rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files)
+
+    def held_download(file) -> dict:
+        file.write(payload("one", 150))
+        file.flush()
+        first_written.set()
+        assert release_first.wait(60)
+        return {}
+
+    def second_download(file) -> dict:
+        file.write(payload("two", 150))
+        file.flush()
+        disk_peaks.append(disk_bytes())
+        return {}
+
+    def second() -> None:
+        # Needs 150 bytes while 150 are reserved: waits for the first to publish, then evicts it.
+        cache.fetch(obj("s3://bucket/two"), second_download, expected_size=150).close()
+
+    first = threading.Thread(
+        target=lambda: cache.fetch(obj("s3://bucket/one"), held_download, expected_size=150).close()
+    )
+    first.start()
+    assert first_written.wait(60)
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(1.0)
+    assert thread.is_alive() and disk_peaks == []
+    release_first.set()
+    first.join(60)
+    thread.join(60)
+    assert disk_peaks == [150]
+    assert cached_urls(cache) == ["s3://bucket/two"]
+    assert cache.stats()["evictions"] == 1
+
+
+def test_object_larger_than_the_cache_raises_cache_full_without_downloading(
+    cache: ShardCache,
+) -> None:
+    calls = []
+    with pytest.raises(CacheFullError) as raised:
+        cache.fetch(obj("s3://bucket/huge"), lambda f: calls.append(f) or {}, expected_size=1001)
+    assert isinstance(raised.value, OSError) and raised.value.errno == 28
+    assert calls == [] and "s3://bucket/huge" in str(raised.value)
+
+
+def test_cache_full_error_survives_pickling_between_processes() -> None:
+    import pickle
+
+    error = CacheFullError("https://host/a.tar?sig=SECRET", "too big")
+    clone = pickle.loads(pickle.dumps(error))
+    assert str(clone) == str(error) and clone.errno == error.errno == 28
+    assert "SECRET" not in str(clone)
+
+
+def test_download_of_unknown_size_larger_than_the_cache_raises_once_and_evicts_nothing(
+    cache: ShardCache,
+) -> None:
+    kept = fill(cache, "s3://bucket/kept")
+    calls = []
+
+    def too_big(file) -> dict:
+        calls.append(1)
+        file.write(b"x" * 1001)
+        return {}
+
+    with pytest.raises(CacheFullError):
+        cache.fetch(obj("s3://bucket/big"), too_big)
+    assert calls == [1]
+    assert cache.get(obj("s3://bucket/kept")) == kept
+    assert os.listdir(Path(cache.directory) / "tmp") == []
+
+
+def test_a_miss_on_a_full_disk_evicts_and_is_served_from_the_cache(
+    small_disk: SmallDisk,
+) -> None:
+    cache = ShardCache(str(small_disk.path / "cache"), 100 * MiB)
+    for number in range(4):
+        fill(cache, f"s3://bucket/old-{number}", 256 * 1024)
+    cache.flush()
+    small_disk.fill()
+    url = "s3://bucket/new"
+    with cache.fetch(obj(url), writer(payload(url, 200_000)), expected_size=200_000) as handle:
+        assert handle.read() == payload(url, 200_000)
+    assert cache.get(obj(url)) is not None
+    stats = cache.stats()
+    assert stats["evictions"] >= 1 and stats["cached_files"] < 5
+
+
+def test_a_full_disk_with_nothing_to_evict_is_an_enospc_cache_full_error(
+    small_disk: SmallDisk,
+) -> None:
+    directory = str(small_disk.path / "cache")
+    cache = ShardCache(directory, 100 * MiB)
+    small_disk.fill()
+    url = "s3://bucket/new"
+    with pytest.raises(CacheFullError) as raised:
+        fill(cache, url, 200_000)
+    assert raised.value.errno == errno.ENOSPC and directory in str(raised.value)
+    assert cache.get(obj(url)) is None
+    assert not [n for n in os.listdir(os.path.join(directory, "tmp")) if n.endswith(".part")]
+
+
+def test_a_write_invalidation_on_a_full_disk_evicts_and_bumps_the_generation(
+    small_disk: SmallDisk,
+) -> None:
+    cache = ShardCache(str(small_disk.path / "cache"), 100 * MiB)
+    for number in range(3):
+        fill(cache, f"s3://bucket/old-{number}", 256 * 1024)
+    cache.flush()
+    os.remove(small_disk.path / "cache" / "index.reserve")  # the hardest case
+    small_disk.fill()
+    before = cache.generation(obj("s3://bucket/old-2"))
+    cache.discard(obj("s3://bucket/old-2"))
+    assert cache.generation(obj("s3://bucket/old-2")) == before + 1
+    assert cache.get(obj("s3://bucket/old-2")) is None
+
+
+def test_eviction_of_many_entries_takes_one_index_transaction_per_batch(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(room, "EVICTION_BATCH", 10)
+    cache = ShardCache(str(tmp_path / "cache"), 100 * 100)
+    for number in range(100):
+        fill(cache, f"s3://bucket/{number}", 100)
+    cache.flush()
+    transactions = []
+    drop = Index.drop_least_recent
+
+    def counted(self, limit, covering=None):
+        dropped = drop(self, limit, covering)
+        transactions.append(len(dropped))
+        return dropped
+
+    monkeypatch.setattr(Index, "drop_least_recent", counted)
+    cache.size_limit = 50 * 100 + 100
+    fill(cache, "s3://bucket/new", 100)
+    assert transactions == [10, 10, 10, 10, 10] and cache.stats()["cached_files"] == 51
