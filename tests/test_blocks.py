@@ -1,6 +1,7 @@
-"""Progressive reads: blocks handed out as they verify, in memory (planned faults).
+"""Block-checked fills: blocks handed out as they verify, in memory (planned faults).
 
-Real servers, other processes and kills: tests/integration/test_progressive.py.
+Readers and followers of a fill: tests/test_cache_following.py. Real servers, other
+processes and kills: tests/integration/test_blocks.py.
 """
 
 from __future__ import annotations
@@ -14,14 +15,9 @@ import pytest
 
 from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.errors import IntegrityError
+from fsspec_shards.storage.cache.following import ProgressiveReader
 from fsspec_shards.storage.filesystem import WdsFileSystem
-from fsspec_shards.storage.transfer.blocks import (
-    BlockProgress,
-    ProgressiveReader,
-    ProgressRecord,
-    fill_blocks,
-    read_record,
-)
+from fsspec_shards.storage.transfer.blocks import BlockProgress, fill_blocks
 from tests.planned_faults import Flip, PlannedFaultFileSystem
 
 BLOCK = 4096
@@ -65,7 +61,7 @@ def _planned(tmp_path, plan=None, backend=None, **options):
 
 def test_blocks_are_readable_as_they_verify_and_a_failure_stops_at_the_last_good_one():
     blocks = _blocks()
-    progress = BlockProgress(blocks, "unused", None)
+    progress = BlockProgress(blocks)
     progress.mark(0)
     progress.mark(1)
     progress.mark(3)
@@ -82,22 +78,6 @@ def test_blocks_are_readable_as_they_verify_and_a_failure_stops_at_the_last_good
     assert progress.readable_end(0) == 4 * BLOCK
     with pytest.raises(OSError, match="gone"):
         progress.readable_end(4 * BLOCK)
-
-
-def test_the_progress_record_lists_verified_runs_and_is_replaced_whole(tmp_path):
-    (tmp_path / "tmp").mkdir()
-    key = "ab" * 32
-    temp = tmp_path / "tmp" / f"{key}.1.00000000.5.part"
-    record = ProgressRecord(str(tmp_path), key, str(temp))
-    progress = BlockProgress(_blocks(), str(temp), record)
-    for index in (0, 1, 4):
-        progress.mark(index)
-    record.write(progress, "filling")
-    found = read_record(record.path)
-    assert found["verified"] == [[0, 2], [4, 5]] and found["temp"] == temp.name
-    assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [f"{key}.progress"]
-    record.remove()
-    assert read_record(record.path) is None
 
 
 def test_a_cold_read_is_a_progressive_reader_and_the_copy_is_published_whole(tmp_path):
@@ -169,9 +149,10 @@ def test_spans_in_flight_complete_out_of_order_and_a_bad_block_is_fetched_alone(
     target = fs._target(path)
     info = target.stat()
     blocks = _blocks()
-    progress = BlockProgress(blocks, "unused", None)
+    progress = BlockProgress(blocks)
+    expected = target.expect(info, blocks)
     with open(tmp_path / "out", "w+b") as out:
-        metadata = fill_blocks(target, out, info, blocks, progress, 3, 2 * BLOCK)
+        metadata = fill_blocks(target, out, expected, blocks, progress, 3, 2 * BLOCK)
         out.seek(0)
         assert out.read() == DATA
     assert progress.complete and metadata["size"] == len(DATA)
@@ -210,9 +191,10 @@ def test_a_span_stalled_while_another_failed_asks_no_more(tmp_path):
     fs, backend, path = _planned(tmp_path, backend=StallsWhileASiblingFails())
     target = fs._target(path)
     blocks = _blocks()
-    progress = BlockProgress(blocks, "unused", None)
+    progress = BlockProgress(blocks)
     with open(tmp_path / "out", "w+b") as out, pytest.raises(PermissionError):
-        fill_blocks(target, out, target.stat(), blocks, progress, 2, 2 * BLOCK)
+        expected = target.expect(target.stat(), blocks)
+        fill_blocks(target, out, expected, blocks, progress, 2, 2 * BLOCK)
     assert backend.stalled_reads == 1  # its time-out ended it: no retry of a failed fill
 
 
@@ -222,7 +204,7 @@ def test_the_plan_starts_with_a_small_span_and_merges_the_rest_on_request(tmp_pa
     from fsspec_shards.storage.transfer.blocks import _Plan
 
     blocks = _blocks()
-    plan = _Plan(blocks, BlockProgress(blocks, str(tmp_path / "t"), None), 4, 1)
+    plan = _Plan(blocks, BlockProgress(blocks), 4, 1)
     assert plan.spans == [(0, 1), (1, 5), (5, 9), (9, 11)]
     assert plan.take() == (0, 1)
     assert not plan.empty.is_set()

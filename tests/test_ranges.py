@@ -110,7 +110,7 @@ def test_a_huge_fixed_number_of_ranges_starts_no_more_threads_than_can_run(tmp_p
     fs.pipe_file(path, data)
     policy = RetryPolicy(attempts=2, backoff=0.001, max_backoff=0.002, deadline=300.0, timeout=30.0)
     target = Target(fs, path, object_id(fs, path), policy, ranges_in_flight=2000)
-    expect = target.expected_version(target.stat())
+    expect = target.expect(target.stat()).version
     with open(tmp_path / "filled", "w+b") as out:
         preallocate(out.fileno(), len(data))
         fill_ranges(target, out.fileno(), expect, None, lambda amount: None)

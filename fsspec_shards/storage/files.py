@@ -12,6 +12,9 @@ imports this module, so this one does not import it back, not even for annotatio
   answers prove no version (``versions.Unproven``) gets the object read whole once, into a
   temporary file the reads are then served from; if bytes were handed out before, the read
   fails instead.
+- :class:`BlockCheckedFile`: a :class:`RetryingFile` whose reads are checked block by block
+  against the block manifest (``cache=False`` with one), the rule of
+  ``transfer/blocks.py`` on streamed reads.
 - :class:`DropCachedOnClose`: a backend file open for writing; closing it, and committing or
   discarding it (a transaction's file is written at the commit), drops the cached copy, so
   no later read is served the old version.
@@ -20,18 +23,26 @@ imports this module, so this one does not import it back, not even for annotatio
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
+import logging
 import os
 import tempfile
 from typing import Any, BinaryIO
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
+from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import raising_clean
 from fsspec_shards.storage.backends.versions import Unproven, VersionMismatch
 from fsspec_shards.storage.core.verification import WholeHasher
-from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
+from fsspec_shards.storage.transfer import planner
+from fsspec_shards.storage.transfer.blocks import check_listed_size
+from fsspec_shards.storage.transfer.one_stream import read_range
+from fsspec_shards.storage.transfer.target import INTEGRITY_PASSES, Target
+
+logger = logging.getLogger("fsspec_shards.storage.files")
 
 
 class DropCachedOnClose(io.RawIOBase):
@@ -140,11 +151,18 @@ class RetryingFile(AbstractBufferedFile):
     """
 
     def __init__(
-        self, wds: AbstractFileSystem, target: Target, info: dict, block_size: int
+        self,
+        wds: AbstractFileSystem,
+        target: Target,
+        info: dict,
+        block_size: int,
+        blocks: BlockList | None = None,
     ) -> None:
         self.target = target
-        self.version = target.expected_version(info)
-        self._expected = target.expectation(info)
+        expected = target.expect(info, blocks)
+        self.version = expected.version
+        self._expected = expected.checksums
+        self._identity = expected.identity
         self._hasher = WholeHasher(self._expected.algorithms) if self._expected else None
         self._hashed_until = 0
         self._info = info
@@ -203,11 +221,11 @@ class RetryingFile(AbstractBufferedFile):
             ) from None
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the file's reads
         try:
-            result = download(self.target, spool, self._info)
+            result = planner.fill(self.target, spool, self._info)
         except BaseException:
             spool.close()
             raise
-        if result["identity"] != self.target.identity(self._info):
+        if result["identity"] != self._identity:
             spool.close()
             raise VersionMismatch(errno.ESTALE, f"{shown} changed while it was read")
         self._hasher = None  # verified whole by the download
@@ -229,3 +247,74 @@ class RetryingFile(AbstractBufferedFile):
                     mismatch.actual,
                     f"expected by {mismatch.source}; streamed without cache",
                 )
+
+
+class BlockCheckedFile(RetryingFile):
+    """A streamed (uncached) file whose reads are checked block by block: each read fetches
+    the whole blocks it touches and hands out only what matches the block manifest; a bad
+    block is fetched again, and ``IntegrityError`` names it when it stays bad."""
+
+    def __init__(
+        self, wds: Any, target: Target, info: dict, block_size: int, blocks: BlockList
+    ) -> None:
+        self.blocks = blocks
+        self._held: dict[int, bytes] = {}
+        check_listed_size(target, blocks, info.get("size"))
+        # every block is checked: answers need no proof (Target.expect with blocks)
+        super().__init__(wds, target, info, max(block_size, blocks.block_size), blocks)
+
+    @raising_clean
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if start >= end:
+            return b""
+        first, last = self.blocks.block_at(start), self.blocks.block_at(end - 1)
+        pieces = self._blocks(first, last + 1)
+        self._held = {index: pieces[index - first] for index in (first, last)}
+        offset = self.blocks.bounds(first)[0]
+        data = b"".join(pieces)[start - offset : end - offset]
+        self._hash(start, data)  # read start to end: the whole file is checked too
+        return data
+
+    def _blocks(self, first: int, last: int) -> list[bytes]:
+        """Blocks ``[first, last)``, verified: the ones not held read in one request, a bad
+        one read again on its own."""
+        held = [self._held.get(index) for index in range(first, last)]
+        missing = [first + i for i, data in enumerate(held) if data is None]
+        if missing:
+            begin, end = self.blocks.bounds(missing[0])[0], self.blocks.bounds(missing[-1])[1]
+            data = self._read(begin, end)
+            for index in missing:
+                start, stop = self.blocks.bounds(index)
+                held[index - first] = self._verified(index, data[start - begin : stop - begin])
+        return held
+
+    def _read(self, start: int, end: int) -> bytes:
+        return read_range(
+            self.target, start, end, self.version, lambda n: self.target.incr("bytes_downloaded", n)
+        )
+
+    def _verified(self, index: int, data: bytes) -> bytes:
+        """Block ``index`` as listed: ``data`` if it matches, else read again (until the
+        passes are spent: then ``IntegrityError`` naming the block)."""
+        start, end = self.blocks.bounds(index)
+        for passes in range(1, INTEGRITY_PASSES + 1):
+            actual = hashlib.sha256(data).hexdigest()
+            if actual == self.blocks.blocks[index]:
+                return data
+            self.target.incr("integrity_failures")
+            if passes == INTEGRITY_PASSES:
+                raise IntegrityError(
+                    self.target.shown,
+                    f"sha256:{self.blocks.blocks[index]}",
+                    f"sha256:{actual}",
+                    f"block {index} (bytes {start}-{end}), after {passes} downloads, streamed "
+                    "without cache; nothing past it was handed out",
+                )
+            logger.warning(
+                "integrity check failed for %s block %d: fetching it again",
+                self.target.shown,
+                index,
+            )
+            data = self._read(start, end)
+        raise AssertionError("unreachable")

@@ -39,14 +39,21 @@ from fsspec_shards.storage.core.integrity import Manifest, load_manifest
 from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.core.retry import TransientError
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
-from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
+from fsspec_shards.storage.files import (
+    BlockCheckedFile,
+    CachedFile,
+    DropCachedOnClose,
+    RetryingFile,
+)
+from fsspec_shards.storage.transfer import planner
 from fsspec_shards.storage.transfer.obstore_transport import (
     DownloadTransport,
     HttpStatusError,
     download_transport,
 )
-from fsspec_shards.storage.transfer.one_stream import Target, download, read_range
+from fsspec_shards.storage.transfer.one_stream import read_range
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
+from fsspec_shards.storage.transfer.target import Target
 
 if TYPE_CHECKING:
     from fsspec_shards.checksums import BlockList
@@ -512,16 +519,13 @@ class WdsFileSystem(ChainedFileSystem):
         since: int,
     ) -> io.RawIOBase:
         """The object from the cache, readable block by block while it fills
-        (:mod:`.progressive`)."""
-        from fsspec_shards.storage.transfer.blocks import (
-            BlockProgress,
-            fill_blocks,
-            open_while_filling,
-        )
+        (:mod:`.cache.following`)."""
+        from fsspec_shards.storage.cache.following import open_while_filling
+        from fsspec_shards.storage.transfer.blocks import BlockProgress
 
         def fill(out: BinaryIO, progress: BlockProgress) -> dict:
-            download_blocks = lambda into: fill_blocks(  # noqa: E731
-                target, into, info, blocks, progress, target.ranges_in_flight
+            download_blocks = lambda into: planner.fill(  # noqa: E731
+                target, into, info, blocks=blocks, progress=progress
             )
             return self._filler(obj, target, info, download_blocks)(out)
 
@@ -548,19 +552,19 @@ class WdsFileSystem(ChainedFileSystem):
         the backend, and keeps a copy, only when it lacks this version), else the backend."""
         shared = self.shared_tier
         if fetch is None:
-            fetch = lambda out: download(target, out, info)  # noqa: E731
+            fetch = lambda out: planner.fill(target, out, info)  # noqa: E731
         if shared is None:
             return fetch
 
         def fill(out: BinaryIO) -> dict:
-            identity = target.identity(info)
+            expected = target.expect(info)
             metadata, source = shared.fill(
-                shared.current_version(obj, identity),
+                shared.current_version(obj, expected.identity),
                 out,
                 fetch,
                 size=info.get("size"),
-                expected=target.expectation(info),
-                identity=identity,
+                expected=expected.checksums,
+                identity=expected.identity,
             )
             self._count("shared_hits" if source == "shared" else "shared_misses")
             return metadata
@@ -620,7 +624,7 @@ class WdsFileSystem(ChainedFileSystem):
         info = target.stat()
         if info.get("size") is None:  # no ranged reads without a size: spool it whole
             with tempfile.TemporaryFile() as spool:
-                download(target, spool, info)
+                planner.fill(target, spool, info)
                 spool.flush()
                 raw = io.FileIO(os.dup(spool.fileno()), "rb")
             raw.seek(0)
@@ -628,8 +632,6 @@ class WdsFileSystem(ChainedFileSystem):
         blocks = self._blocks_of(backend_path)
         block_size = block_size or self.options.block_size
         if blocks is not None:
-            from fsspec_shards.storage.transfer.blocks import BlockCheckedFile
-
             return BlockCheckedFile(self, target, info, block_size, blocks)
         return RetryingFile(self, target, info, block_size)
 
@@ -649,7 +651,7 @@ class WdsFileSystem(ChainedFileSystem):
         info = target.stat()
         if whole:
             buffer = io.BytesIO()
-            download(target, buffer, info)
+            planner.fill(target, buffer, info)
             return buffer.getvalue()
         return self._read_backend_ranges(target, [(start, end)], info)[0]
 
@@ -670,14 +672,14 @@ class WdsFileSystem(ChainedFileSystem):
         one shape in which they are used, and the ranges cut from it."""
         changed: VersionMismatch | None = None
         for _ in range(self.policy.attempts):
-            expect = target.expected_version(info)
+            expect = target.expect(info).version
             try:
                 return [self._read_backend_range(target, *bounds, expect) for bounds in ranges]
             except VersionMismatch as exc:
                 changed = exc
             except Unproven:  # answers prove no version: the object whole, then the ranges
                 with tempfile.TemporaryFile() as spool:  # on disk: the object may be large
-                    download(target, spool, info)
+                    planner.fill(target, spool, info)
                     return [_read_local_range(spool, *bounds) for bounds in ranges]
             logger.info("%s changed while its ranges were read: reading again", target.shown)
             info = target.stat()

@@ -220,7 +220,7 @@ def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, trans
         url = server.put("f.bin", data, plan=[Serve()] + [trickle] * 30)
         fs = _wds(tmp_path, transport, ranges_in_flight=4, min_rate_window=0.5, retries=2)
         target = fs._target(url)
-        expect = target.expected_version(target.stat())
+        expect = target.expect(target.stat()).version
         with open(tmp_path / "filled", "w+b") as out:
             preallocate(out.fileno(), len(data))
             fill_ranges(target, out.fileno(), expect, None, lambda amount: None)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsspec_shards.storage.transfer import one_stream, range_plan
+from fsspec_shards.storage.transfer import planner, range_plan
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
 from tests.integration.fault_proxy import Cut as CutAfter
@@ -365,7 +365,7 @@ def _one_version_or_an_error(fs, url) -> bytes | None:
 def small_objects_in_ranges(monkeypatch):
     """Objects over 1 MiB are filled by ranges in flight (not only those over 32 MiB), and
     no store is known yet."""
-    monkeypatch.setattr(one_stream, "AUTO_ABOVE", MiB)
+    monkeypatch.setattr(planner, "AUTO_ABOVE", MiB)
     monkeypatch.setattr(range_plan, "_learned", {})
 
 

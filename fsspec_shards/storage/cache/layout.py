@@ -189,7 +189,7 @@ def parse_temp_name(name: str) -> tuple[str, int] | None:
 
 
 def progress_name(key: str) -> str:
-    """The progress record of a download of ``key`` in flight (:mod:`..progressive`)."""
+    """The progress record of a download of ``key`` in flight (:mod:`.following`)."""
     return f"{check_key(key)}.progress"
 
 

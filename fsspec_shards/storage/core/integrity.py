@@ -4,7 +4,7 @@ A manifest maps object paths to checksums; it comes from a mapping or from a
 ``SHA256SUMS``-style file whose names are relative to the file's own location. A block
 manifest beside that file (``SHA256SUMS.blocks``) is found and loaded with it: it adds, per
 object, a SHA-256 per block, so a reader can be handed each block once it is verified
-(:mod:`.progressive`). The formats
+(``transfer/blocks.py``). The formats
 themselves (checksums, hashers, sums files) live in :mod:`fsspec_shards.checksums`; the
 names storage uses are re-exported here.
 """

@@ -1,7 +1,7 @@
 """The one verification rule: what a file's bytes must hash to before they are published.
 
-Every fill path goes through it: one stream (``download.py``), ranges in flight
-(``filling.py``), block fills (``progressive.py``), a resumed download (all of these resume
+Every fill path goes through it: one stream (``one_stream.py``), ranges in flight
+(``ranges.py``), block fills (``blocks.py``), a resumed download (all of these resume
 through ``transfer.resume`` and hash what lands, once, in order), streamed reads
 (``files.py``) and a copy from the shared tier (``cache/shared.py``).
 

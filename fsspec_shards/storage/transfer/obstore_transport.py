@@ -495,24 +495,7 @@ class ObstoreTransport:
         else:
             status, skip, stop = 206, 0, wanted
         try:
-            meta = result.meta
-            first, last = result.range
-            facts = Facts(
-                status=status,
-                start=first if status == 206 else None,
-                stop=last if status == 206 else None,
-                total=meta["size"],
-                etag=meta["e_tag"],
-                version=meta["version"],
-                modified=_seconds(meta["last_modified"]),
-            )
-            check_response(facts, start, expect)
-            expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
-            if status == 206 and (first, last) != expected_range:
-                raise TransientError(
-                    f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
-                    f"got {first}-{last - 1}"
-                )
+            facts = _checked_facts(result.meta, result.range, status, start, end, expect, url)
             self._pump(
                 result.stream(min_chunk_size=PIECES_AS_RECEIVED), sink, skip, stop, url, action
             )
@@ -550,6 +533,39 @@ class ObstoreTransport:
             del body
         if failure is not None:
             raise failure
+
+
+def _checked_facts(
+    meta: dict[str, Any],
+    answered: tuple[int, int],
+    status: int,
+    start: int,
+    end: int | None,
+    expect: Version | None,
+    url: str,
+) -> Facts:
+    """What an answer (its ``meta`` and byte range) says of itself, checked against
+    ``expect`` (``versions.check_response``) and, for a 206, against the range asked,
+    before a byte of it is used. (Given the answer's parts, not the answer: a traceback of
+    a failure here keeps no response open, see ``_pump``.)"""
+    first, last = answered
+    facts = Facts(
+        status=status,
+        start=first if status == 206 else None,
+        stop=last if status == 206 else None,
+        total=meta["size"],
+        etag=meta["e_tag"],
+        version=meta["version"],
+        modified=_seconds(meta["last_modified"]),
+    )
+    check_response(facts, start, expect)
+    expected_range = (start, meta["size"] if end is None else min(end, meta["size"]))
+    if status == 206 and (first, last) != expected_range:
+        raise TransientError(
+            f"{redact_url(url)}: asked for bytes {start}-{expected_range[1] - 1}, "
+            f"got {first}-{last - 1}"
+        )
+    return facts
 
 
 def _conditions(expect: Version | None, path_version: str | None) -> dict[str, Any]:

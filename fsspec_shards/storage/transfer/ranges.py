@@ -23,12 +23,12 @@ Invariants:
   (the transport checks it before a byte is written), so ranges of two versions never mix.
   A response of another version stops every range and raises ``VersionMismatch``; one that
   says nothing of its version counts in ``expect.unconfirmed``, for the caller to ask
-  ``info()`` (``download._fill``).
+  ``info()`` (``planner.py``).
 - More than one range only after the first was answered as a range (206), or on a store
   that answered ranges before in this process (a later 200 is sliced to its range: waste,
   never wrong bytes).
 - Each range resumes from the byte it reached after a fault, with its own failure chain
-  (``transfer.resume``); a permanent failure, or a chain spent, stops every range and is
+  (``target.resume``); a permanent failure, or a chain spent, stops every range and is
   raised. A stopped range ends at its next byte or fault, never asking again.
 - The hasher sees the object's bytes in order, each exactly once, as they lie in the file
   (so what is verified is what was written).
@@ -398,50 +398,101 @@ def fill_ranges(
     ``target.ranges_in_flight``; the hasher reads the file back in order as it fills.
     Raises ``VersionMismatch`` when the object changed, or the failure that ended a range."""
     ramp = Ramp(target.ranges_in_flight, target.link, target.plan_dir, eager=True)
-    stop = threading.Event()
     layout = _Layout(expect.size, ramp)
     if hasher is not None:
         hasher.update_from_file(descriptor, 0, expect.size, layout.frontier)
-    failures: list[BaseException] = []
-    counted = threading.Lock()
-    rate = FillRate()  # (min_rate is the fill's: transfer.py)
+    streams = _RangeStreams(target, descriptor, expect, layout, on_bytes)
+    streams.run()
+    if streams.failures:
+        failures = streams.failures
+        changed = next((f for f in failures if isinstance(f, VersionMismatch | Unproven)), None)
+        raise changed or failures[0]
+    if layout.frontier.value < expect.size:
+        raise TransientError(
+            f"{target.shown}: ranges ended at byte {layout.frontier.value} of {expect.size}"
+        )
 
-    def fetch(worker: int, taken: _Range) -> None:
+
+class _RangeStreams:
+    """The streams of one fill by ranges: ``ramp.cap`` threads, each taking ranges from the
+    layout (``range_plan.run_stream``) and writing what arrives where it belongs, while the
+    calling thread starts the writeback of what they wrote."""
+
+    def __init__(
+        self,
+        target: Target,
+        descriptor: int,
+        expect: Version,
+        layout: _Layout,
+        on_bytes: Callable[[int], None],
+    ) -> None:
+        self.target = target.in_fill(FillRate())  # (min_rate is the fill's: target.py)
+        self.descriptor = descriptor
+        self.expect = expect
+        self.layout = layout
+        self.ramp = layout.ramp
+        self.on_bytes = on_bytes
+        self.stop = threading.Event()
+        self.failures: list[BaseException] = []
+        self.counted = threading.Lock()
+        self.running = self.ramp.cap
+
+    def run(self) -> None:
+        """Every stream run to its end (the file whole, or a stream failed)."""
+        workers = [
+            threading.Thread(
+                target=self._work, args=(n,), name=f"fsspec-shards-range-{n}", daemon=True
+            )
+            for n in range(self.ramp.cap)
+        ]
+        for worker in workers:
+            worker.start()
+        try:
+            self.ramp.steer(self.layout.finished)
+            _write_back_while_filling(self.descriptor, self.layout)
+        finally:
+            self.ramp.close()
+            for worker in workers:
+                worker.join()
+
+    def _work(self, worker: int) -> None:
+        layout = self.layout
+        try:
+            run_stream(
+                self.ramp,
+                worker,
+                layout.take,
+                self._fetch,
+                self.stop,
+                self.failures,
+                layout.finished,
+            )
+        finally:
+            with self.counted:
+                self.running -= 1
+                if not self.running:  # (the file is whole by now, unless a stream failed)
+                    layout.finished.set()
+
+    def _fetch(self, worker: int, taken: _Range) -> None:
+        """One range fetched (resumed after faults) and written; its answer tells the ramp
+        whether the store honours ranges."""
+
         def write(at: int, view: memoryview) -> None:
-            pwrite_all(descriptor, view, at)
-            layout.wrote(taken, len(view))
+            pwrite_all(self.descriptor, view, at)
+            self.layout.wrote(taken, len(view))
 
         gathered = Gathered(write)
-
-        def sink(data: bytes) -> None:
-            if stop.is_set():
-                raise Stopped
-            at, length = layout.claim(taken, len(data))
-            if length:
-                gathered.add(at, data if length == len(data) else memoryview(data)[:length])
-                ramp.moved(worker, length)
-                with counted:
-                    on_bytes(length)
-            if taken.claimed >= taken.end < taken.asked:
-                raise _RangeEnds  # split off: the rest is another stream's
-
-        def after_fault() -> None:
-            if stop.is_set():  # a request that failed after another range did: no retry
-                raise Stopped
-            if taken.claimed >= taken.end:  # split off while it failed: nothing left
-                raise _RangeEnds
-
         first = taken.open_ended
         try:
             moved = resume(
-                target.in_fill(rate),
+                self.target,
                 taken.start,
                 taken.asked,
-                sink,
-                expect,
+                lambda data: self._received(worker, taken, gathered, data),
+                self.expect,
                 rest_of_body=first,
                 chunks=ChunkSizer(),
-                after_fault=after_fault,
+                after_fault=lambda: self._after_fault(taken),
                 passthrough=(Stopped, _RangeEnds),
             )
         except _RangeEnds:
@@ -451,38 +502,25 @@ def fill_ranges(
         status = getattr(moved.facts, "status", None)
         if first:
             taken.open_ended = False
-            ramp.ranges_answered(status == 206)
+            self.ramp.ranges_answered(status == 206)
         elif status == 200 and taken.start > 0:  # (an eager fill's added stream)
-            ramp.ranges_answered(False)
+            self.ramp.ranges_answered(False)
 
-    running = [ramp.cap]
+    def _received(self, worker: int, taken: _Range, gathered: Gathered, data: bytes) -> None:
+        """The sink of ``taken``'s request: what belongs to it gathered for writing."""
+        if self.stop.is_set():
+            raise Stopped
+        at, length = self.layout.claim(taken, len(data))
+        if length:
+            gathered.add(at, data if length == len(data) else memoryview(data)[:length])
+            self.ramp.moved(worker, length)
+            with self.counted:
+                self.on_bytes(length)
+        if taken.claimed >= taken.end < taken.asked:
+            raise _RangeEnds  # split off: the rest is another stream's
 
-    def work(worker: int) -> None:
-        try:
-            run_stream(ramp, worker, layout.take, fetch, stop, failures, layout.finished)
-        finally:
-            with counted:
-                running[0] -= 1
-                if not running[0]:  # (the file is whole by now, unless a stream failed)
-                    layout.finished.set()
-
-    workers = [
-        threading.Thread(target=work, args=(n,), name=f"fsspec-shards-range-{n}", daemon=True)
-        for n in range(ramp.cap)
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        ramp.steer(layout.finished)
-        _write_back_while_filling(descriptor, layout)
-    finally:
-        ramp.close()
-        for worker in workers:
-            worker.join()
-    if failures:
-        changed = next((f for f in failures if isinstance(f, VersionMismatch | Unproven)), None)
-        raise changed or failures[0]
-    if layout.frontier.value < expect.size:
-        raise TransientError(
-            f"{target.shown}: ranges ended at byte {layout.frontier.value} of {expect.size}"
-        )
+    def _after_fault(self, taken: _Range) -> None:
+        if self.stop.is_set():  # a request that failed after another range did: no retry
+            raise Stopped
+        if taken.claimed >= taken.end:  # split off while it failed: nothing left
+            raise _RangeEnds

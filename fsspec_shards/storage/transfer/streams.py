@@ -1,6 +1,6 @@
 """Ranged reads that hand bytes over as they arrive, checked against the version expected.
 
-A *transport* reads one range of one object for the download loop (``download.py``)::
+A *transport* reads one range of one object for the download loop (``target.resume``)::
 
     facts = transport.stream(path, start, end, sink, timeout, rest_of_body, expect)
 

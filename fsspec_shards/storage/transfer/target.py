@@ -2,9 +2,11 @@
 
 :func:`resume` fetches bytes ``[start, end)`` of one version of an object through the
 backend's transport and hands them to a sink in order; when a request breaks off, it asks
-again from the byte reached, never from the range's start. Whole-object downloads
-(``download.py``), each range of a parallel fill (``filling.py``) and each span of a block
-fill (``progressive.py``) all go through it, so the retry and stall rules live here once.
+again from the byte reached, never from the range's start. One-stream fills
+(``one_stream.py``), each range of a parallel fill (``ranges.py``) and each span of a block
+fill (``blocks.py``) all go through it, so the retry and stall rules live here once.
+:meth:`Target.expect` is where a fill reads an object's ``info()``: the version every
+answer must be of and the checksums its bytes must have.
 
 The stall rule: a request that waits ``timeout`` seconds for the server fails (the
 transport raises ``TimeoutError``); a request that moves, but slower than ``min_rate``
@@ -34,6 +36,7 @@ from typing import Any
 
 import fsspec
 
+from fsspec_shards.checksums import BlockList
 from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.base import Backend
 from fsspec_shards.storage.backends.fields import protocol_of
@@ -54,6 +57,9 @@ from fsspec_shards.units import MiB
 
 Counter = Callable[[str, int], None]
 Sink = Callable[[bytes], None]
+INTEGRITY_PASSES = 2
+"""Downloads of one object whose bytes fail verification before ``IntegrityError``: a copy
+corrupted in transit is fetched once more; one corrupt at rest costs two downloads, not more."""
 
 
 @dataclass
@@ -151,19 +157,49 @@ class Target:
             raise IsADirectoryError(errno.EISDIR, f"is a directory: {self.shown}")
         return info
 
-    def expectation(self, info: dict[str, Any]) -> Expectation:
-        """Every checksum the object's bytes must have: the manifests' and those ``info``
-        gives (``verification.py``)."""
-        found = self.backend.checksums(info)
-        return expected(self.manifest, found, self.verify)
+    def expect(self, info: dict[str, Any], blocks: BlockList | None = None) -> Expected:
+        """What a pass over the version ``info`` describes must deliver: the one place a
+        fill reads ``info`` (the version rule, ``versions.py``; the verification rule,
+        ``verification.py``; the identity the cache records). With ``blocks`` (a block
+        manifest entry) every block is checked on its own, so answers need not prove their
+        version, and the block manifest's whole-file SHA-256 is expected too."""
+        backend = self.backend
+        version = expected_version(backend.version_fields, info)
+        checksums = expected(self.manifest, backend.checksums(info), self.verify)
+        if blocks is not None:
+            version.blocks_checked = True
+            if blocks.checksum not in checksums.checksums:
+                checksums = Expectation(
+                    (*checksums.known, Known(blocks.checksum, "the block manifest"))
+                )
+        return Expected(version, checksums, backend.identity(info))
 
-    def expected_version(self, info: dict[str, Any]) -> Version:
-        """The version ``info`` describes: what every response must be of."""
-        return expected_version(self.backend.version_fields, info)
+    def changed_since(self, version: Version) -> bool:
+        """Whether the object's ``info()`` now describes another version than ``version``:
+        the check for backends whose responses do not say which version they carry."""
+        return not version.matches(self.expect(self.stat()).version)
 
-    def identity(self, info: dict[str, Any]) -> str:
-        """The identity ``info`` gives the object (kept with its cache entry)."""
-        return self.backend.identity(info)
+
+@dataclass
+class Expected:
+    """What one pass over one version of an object must deliver (:meth:`Target.expect`)."""
+
+    version: Version
+    """What every response must be of."""
+    checksums: Expectation
+    """Every checksum the bytes must have."""
+    identity: str
+    """The version's identity, recorded with the cached copy."""
+
+    def metadata(self, size: int) -> dict[str, Any]:
+        """What a verified fill of ``size`` bytes returns (``size``, ``identity``,
+        ``checksum``: the strongest verified, or None)."""
+        strongest = self.checksums.strongest()
+        return {
+            "size": size,
+            "identity": self.identity,
+            "checksum": str(strongest) if strongest is not None else None,
+        }
 
 
 class TooSlow(TransientError):
@@ -294,56 +330,99 @@ def resume(
     one, or a spent chain, is raised.
     """
     attempts = target.attempts(action)
-    position = start
-    facts: Facts | None = None
-    requests = 0
     if target.transport.streaming:
         chunks = None
+    run = _Resumption(target, start, end, sink, expect, chunks)
+    while end is None or run.position < end:
+        error = run.ask(rest_of_body, passthrough)
+        if run.position > run.before and run.guard.counts_as_progress():
+            attempts.progressed()
+        judged = run.judge(error)
+        if judged is True:
+            break
+        if judged is False:
+            continue
+        if run.position == run.before and chunks is not None:
+            chunks.failed()  # nothing arrived: ask for less next time
+        attempts.failed(judged)
+        if after_fault is not None:
+            after_fault()
+    return Moved(run.position, run.facts, run.requests)
 
-    def passed(data: bytes) -> None:
-        nonlocal position
-        sink(data)
-        position += len(data)
-        guard.passed(len(data))
 
-    while end is None or position < end:
-        before = position
-        stop = end
-        if chunks is not None and end is not None:
-            stop = min(end, position + chunks.size)
-        requests += 1
+class _Resumption:
+    """The requests of one :func:`resume`: the position reached, the facts of the last
+    response, the requests made, and the bounds and rate guard of the one running."""
+
+    def __init__(
+        self,
+        target: Target,
+        start: int,
+        end: int | None,
+        sink: Sink,
+        expect: Version,
+        chunks: ChunkSizer | None,
+    ) -> None:
+        self.target = target
+        self.start = self.position = self.before = start
+        self.end = self.stop = end
+        self.sink = sink
+        self.expect = expect
+        self.chunks = chunks
+        self.facts: Facts | None = None
+        self.requests = 0
+        self.guard = _RateGuard(target.min_rate, target.rate_window, target.fill)
+
+    def ask(
+        self, rest_of_body: bool, passthrough: tuple[type[BaseException], ...]
+    ) -> Exception | None:
+        """One request from the position reached (to ``end``, or one chunk); the failure
+        it ended in, or None. ``VersionMismatch``, ``Unproven`` and ``passthrough`` are
+        raised."""
+        target = self.target
+        self.before = self.position
+        self.stop = self.end
+        if self.chunks is not None and self.end is not None:
+            self.stop = min(self.end, self.position + self.chunks.size)
+        self.requests += 1
         if target.fill is not None:
             target.fill.started()
-        guard = _RateGuard(target.min_rate, target.rate_window, target.fill)
-        error: Exception | None = None
+        self.guard = _RateGuard(target.min_rate, target.rate_window, target.fill)
         try:
-            facts = target.transport.stream(
-                target.path, position, stop, passed, target.policy.timeout, rest_of_body, expect
+            self.facts = target.transport.stream(
+                target.path,
+                self.position,
+                self.stop,
+                self._passed,
+                target.policy.timeout,
+                rest_of_body,
+                self.expect,
             )
         except (VersionMismatch, Unproven, *passthrough):
             raise
         except Exception as exc:
-            error = exc
+            return exc
         finally:
             if target.fill is not None:
                 target.fill.ended()
-        if position > before and guard.counts_as_progress():
-            attempts.progressed()
+        return None
+
+    def judge(self, error: Exception | None) -> bool | Exception:
+        """What the request that ended in ``error`` (None: none) means: True, the range is
+        read; False, ask for the next chunk; else the failure to count (``retry.Attempts``)."""
         if error is None:
-            if stop is None or position >= stop:
-                if chunks is not None and stop is not None:
-                    chunks.succeeded()
-                if stop is None:
-                    break  # read to the end of the body
-                continue
-            if expect.size is None:
-                break  # size unknown: the body ended, so did the object
-            error = TransientError(f"short read: at byte {position} of {expect.size}")
-        elif expect.size is None and position > start and http_status(error) == 416:
-            break  # size unknown and the last read ended exactly at the end
-        if position == before and chunks is not None:
-            chunks.failed()  # nothing arrived: ask for less next time
-        attempts.failed(error)
-        if after_fault is not None:
-            after_fault()
-    return Moved(position, facts, requests)
+            if self.stop is None or self.position >= self.stop:
+                if self.chunks is not None and self.stop is not None:
+                    self.chunks.succeeded()
+                return self.stop is None  # (None: read to the end of the body)
+            if self.expect.size is None:
+                return True  # size unknown: the body ended, so did the object
+            return TransientError(f"short read: at byte {self.position} of {self.expect.size}")
+        if self.expect.size is None and self.position > self.start and http_status(error) == 416:
+            return True  # size unknown and the last read ended exactly at the end
+        return error
+
+    def _passed(self, data: bytes) -> None:
+        self.sink(data)
+        self.position += len(data)
+        self.guard.passed(len(data))
