@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from report import print_results  # noqa: E402
 
-from fsspec_shards.demo import make_demo_dataset  # noqa: E402
+from fsspec_shards.fleet.demo import make_demo_dataset  # noqa: E402
 
 SHARDS = 64
 SAMPLES_PER_SHARD = 100

@@ -86,7 +86,7 @@ def run(
     sizes_mb: tuple[int, ...] = DEFAULT_SIZES_MB, directory: str | None = None
 ) -> dict[str, dict[str, float]]:
     """``{"shard_<n>MB": {<reader>_traced_peak_mb, <reader>_rss_growth_mb}}`` per size."""
-    from fsspec_shards.demo import make_demo_dataset
+    from fsspec_shards.fleet.demo import make_demo_dataset
 
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(dir=directory) as workdir:

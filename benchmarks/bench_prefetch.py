@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 
 from report import print_results  # noqa: E402
 
-from fsspec_shards.demo import make_demo_dataset  # noqa: E402
+from fsspec_shards.fleet.demo import make_demo_dataset  # noqa: E402
 from tests.integration import servers  # noqa: E402
 from tests.integration.fault_proxy import FaultProxy  # noqa: E402
 

@@ -6,7 +6,7 @@ Starts moto's S3 server on loopback, puts one small object, then follows
 the number of stays (a run of calls in one module) and how many stays return to a module
 already left. Not a timing: the figure is the same on any machine.
 
-    python benchmarks/trace_cold_read.py [--transport auto|fsspec|obstore] [--list]
+    python benchmarks/trace_cold_read.py [--transport auto|fsspec|obstore] [--first] [--list]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -60,6 +61,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", default="auto", choices=("auto", "fsspec", "obstore"))
     parser.add_argument("--list", action="store_true", help="print the modules in order")
+    parser.add_argument(
+        "--first",
+        action="store_true",
+        help="trace the process's first read (the cache opened and the transport built on the "
+        "way); by default another object is read cold first, so the trace is one cold read",
+    )
     args = parser.parse_args()
 
     import fsspec
@@ -81,10 +88,15 @@ def main() -> None:
     store = fsspec.filesystem("s3", **options)
     store.mkdir("trace")
     store.pipe("trace/shard.tar", b"x" * (1 << 20))
-    with tempfile.TemporaryDirectory() as cache:
+    store.pipe("trace/before.tar", b"y" * (1 << 20))
+    cache = tempfile.mkdtemp(prefix="trace-cold-read-")
+    try:
         url = "wds::s3://trace/shard.tar"
         layered = {"wds": {"cache_dir": cache, "transport": args.transport}, "s3": options}
         opened = fsspec.open(url, **layered)
+        if not args.first:
+            with fsspec.open("wds::s3://trace/before.tar", **layered) as handle:
+                handle.read()
         trail = Trail()
         threading.setprofile(trail.profile)
         sys.setprofile(trail.profile)
@@ -94,6 +106,9 @@ def main() -> None:
         finally:
             sys.setprofile(None)
             threading.setprofile(None)
+    finally:
+        # the cache's background threads may still be writing: removed, not waited for
+        shutil.rmtree(cache, ignore_errors=True)
     server.stop()
     print(
         f"cold read of {url} (transport={args.transport}): {len(trail.seen)} modules, "

@@ -1,7 +1,7 @@
 """The names of the counters every ``wds`` cache keeps, in one place.
 
 The storage layer counts them (:mod:`fsspec_shards.storage.cache.store`,
-:mod:`fsspec_shards.storage.filesystem`); ``fs.cache_stats()`` reports them; the fleet chores
+:mod:`fsspec_shards.storage.fetcher`); ``fs.cache_stats()`` reports them; the fleet chores
 and the command line read them. Neutral (imports nothing), so storage, iteration and the CLI
 can all name the same tuple.
 """

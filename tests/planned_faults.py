@@ -8,29 +8,9 @@ that does not support Range), or ``Replace(data)`` (the object is replaced befor
 
 from __future__ import annotations
 
-import dataclasses
-
 from fsspec.implementations.memory import MemoryFileSystem
 
-
-@dataclasses.dataclass(frozen=True)
-class Short:
-    length: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Flip:
-    offset: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WholeBody:
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class Replace:
-    data: bytes
+from tests.faults import Flip, Replace, Short, WholeBody
 
 
 class PlannedFaultFileSystem(MemoryFileSystem):

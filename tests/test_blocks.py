@@ -18,7 +18,8 @@ from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.cache.following import ProgressiveReader
 from fsspec_shards.storage.filesystem import WdsFileSystem
 from fsspec_shards.storage.transfer.blocks import BlockProgress, fill_blocks
-from tests.planned_faults import Flip, PlannedFaultFileSystem
+from tests.faults import Flip
+from tests.planned_faults import PlannedFaultFileSystem
 
 BLOCK = 4096
 DATA = random.Random(5).randbytes(10 * BLOCK + 17)
@@ -53,7 +54,7 @@ def _planned(tmp_path, plan=None, backend=None, **options):
         skip_instance_cache=True,
         **options,
     )
-    assert fs.manifest is not None  # loaded now: the plan is for the shard
+    assert fs.fetcher.manifest is not None  # loaded now: the plan is for the shard
     backend.plan = list(plan or [])
     backend.reads.clear()
     return fs, backend, path
@@ -146,7 +147,7 @@ class FlipsOnce(PlannedFaultFileSystem):
 def test_spans_in_flight_complete_out_of_order_and_a_bad_block_is_fetched_alone(tmp_path):
     fs, backend, path = _planned(tmp_path, backend=FlipsOnce())
     backend.flip_at = 5 * BLOCK + 3
-    target = fs._target(path)
+    target = fs.fetcher.target(path)
     info = target.stat()
     blocks = _blocks()
     progress = BlockProgress(blocks)
@@ -189,7 +190,7 @@ class StallsWhileASiblingFails(PlannedFaultFileSystem):
 
 def test_a_span_stalled_while_another_failed_asks_no_more(tmp_path):
     fs, backend, path = _planned(tmp_path, backend=StallsWhileASiblingFails())
-    target = fs._target(path)
+    target = fs.fetcher.target(path)
     blocks = _blocks()
     progress = BlockProgress(blocks)
     with open(tmp_path / "out", "w+b") as out, pytest.raises(PermissionError):

@@ -277,9 +277,11 @@ def version_path(fs, shared: Path, path: Path) -> Path:
     """The shared tier's file of ``path`` as it is now."""
     from fsspec_shards.storage.backends import backend_for
 
-    tier = fs.shared_tier
+    tier = fs.fetcher.shared
     identity = backend_for("file").identity(fs.fs.info(str(path)))
-    return Path(layout.shared_data_path(str(shared), tier.version(fs._object(str(path)), identity)))
+    return Path(
+        layout.shared_data_path(str(shared), tier.version(fs.fetcher.object(str(path)), identity))
+    )
 
 
 def rewrite_keeping_size_and_mtime(fs, path: Path, data: bytes) -> None:

@@ -8,17 +8,17 @@ from pathlib import Path
 import fsspec
 
 from fsspec_shards import counters
-from fsspec_shards.storage import filesystem
+from fsspec_shards.storage import fetcher
 from fsspec_shards.storage.cache import store
 
 
-def test_the_cache_and_the_filesystem_count_by_the_one_definition():
-    assert store.COUNTERS is counters.COUNTERS is filesystem.COUNTERS
+def test_the_cache_and_the_fetcher_count_by_the_one_definition():
+    assert store.COUNTERS is counters.COUNTERS is fetcher.COUNTERS
 
 
 COUNTING_CALLS = ("incr", "_count")
 """The methods the storage layer counts through (the cache, a download's target, the
-filesystem, the shared tier)."""
+fetcher, the shared tier)."""
 
 
 def _counted_names() -> dict[str, set[str]]:

@@ -18,6 +18,7 @@ from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.files import CachedFile, DropCachedOnClose, RetryingFile
 from fsspec_shards.storage.filesystem import WdsFileSystem
 from tests.planned_faults import PlannedFaultFileSystem, UnknownSizeFileSystem
+from tests.wds_filesystem import wds_filesystem
 
 DATA = bytes(range(256)) * 256  # 64 KiB, deterministic
 WRONG = "sha256:" + hashlib.sha256(b"other").hexdigest()
@@ -28,10 +29,6 @@ def shard(tmp_path):
     path = tmp_path / "train-0000.tar"
     path.write_bytes(DATA)
     return str(path), {"cache_dir": str(tmp_path / "cache"), "backoff": 0.001}
-
-
-def _wds(**options):
-    return fsspec.filesystem("wds", skip_instance_cache=True, target_protocol="file", **options)
 
 
 def _memory_file():
@@ -66,7 +63,7 @@ def test_the_cached_copy_is_dropped_even_when_the_backend_fails_to_close():
 
 def test_a_cached_file_names_its_filesystem_and_path_and_pickles_reopened(shard):
     path, options = shard
-    fs = _wds(**options)
+    fs = wds_filesystem("file", **options)
     with fs.open(path) as handle:
         assert isinstance(handle, CachedFile)
         assert handle.fs is fs and handle.path == path
@@ -78,7 +75,7 @@ def test_a_cached_file_names_its_filesystem_and_path_and_pickles_reopened(shard)
 
 def test_a_streamed_file_read_in_order_in_pieces_is_verified_at_its_last_byte(shard):
     path, options = shard
-    fs = _wds(cache=False, block_size=4096, checksums={path: WRONG}, **options)
+    fs = wds_filesystem("file", cache=False, block_size=4096, checksums={path: WRONG}, **options)
     with fs.open(path) as handle:
         assert isinstance(handle, RetryingFile)
         got = bytearray()
@@ -92,7 +89,7 @@ def test_a_streamed_file_read_in_order_in_pieces_is_verified_at_its_last_byte(sh
 
 def test_a_streamed_file_not_read_from_its_start_is_not_checked(shard):
     path, options = shard
-    fs = _wds(cache=False, block_size=4096, checksums={path: WRONG}, **options)
+    fs = wds_filesystem("file", cache=False, block_size=4096, checksums={path: WRONG}, **options)
     with fs.open(path) as handle:
         handle.seek(4096)
         assert handle.read() == DATA[4096:]
@@ -103,7 +100,7 @@ def test_a_streamed_file_not_read_from_its_start_is_not_checked(shard):
 def test_a_streamed_file_with_the_right_checksum_reads_whole(shard):
     path, options = shard
     right = "sha256:" + hashlib.sha256(DATA).hexdigest()
-    fs = _wds(cache=False, block_size=4096, checksums={path: right}, **options)
+    fs = wds_filesystem("file", cache=False, block_size=4096, checksums={path: right}, **options)
     with fs.open(path) as handle:
         assert handle.read() == DATA
     stats = fs.cache_stats()

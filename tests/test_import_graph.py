@@ -7,11 +7,119 @@ import textwrap
 
 import pytest
 
-from tests.import_graph import PACKAGE, cycles, import_graph, importers_of
+from tests.import_graph import PACKAGE, cycles, import_graph, importers_of, module_files
+
+STORAGE = f"{PACKAGE}.storage"
+
+STORAGE_LAYERS = {
+    # folder of storage/ : the folders below it, which it may import (besides itself)
+    "deps": (),
+    "core": ("deps",),
+    "backends": ("core", "deps"),
+    "transfer": ("backends", "core", "deps"),
+    "cache": ("transfer", "backends", "core", "deps"),
+    "": ("cache", "transfer", "backends", "core", "deps"),  # the root: filesystem, files
+}
+"""The storage wing's layers, bottom first: a folder imports only folders below it."""
+
+NEUTRAL = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        "checksums",
+        "config",
+        "counters",
+        "errors",
+        "exception_chain",
+        "option_shapes",
+        "redact",
+        "shard_names",
+        "tar_blocks",
+        "units",
+    )
+}
+"""Top-level modules any layer may import: vocabulary of the whole package, no layer's own."""
+
+PUBLIC = {PACKAGE, STORAGE} | {
+    f"{PACKAGE}.{name}"
+    for name in ("checksums", "config", "counters", "errors", "option_shapes", "redact")
+}
+"""What the command line may take besides ``fleet/``: the names of ``fsspec_shards.__all__``
+and of ``fsspec_shards.storage.__all__`` (never its folders), and the modules of what the
+contract fixes (its errors, the options' sizes, the manifest format, the stats keys, the
+shapes storage options come in, the redacted display)."""
 
 
 def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def _storage_folder(module: str) -> str:
+    """The layer folder of a storage module (``""`` for the root's own modules)."""
+    rest = module[len(STORAGE) + 1 :].split(".") if module != STORAGE else []
+    is_package = module_files()[module].name == "__init__.py"
+    return rest[0] if len(rest) > 1 or (rest and is_package) else ""
+
+
+def _edges_from(prefix: str) -> list[tuple[str, str]]:
+    graph = import_graph()
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if _inside(module, prefix)
+        for target in targets
+    )
+
+
+def test_every_storage_folder_is_a_layer_of_the_table():
+    folders = {_storage_folder(module) for module in import_graph() if _inside(module, STORAGE)}
+    assert folders == set(STORAGE_LAYERS)
+
+
+def test_storage_folders_import_only_the_layers_below_them():
+    wrong = [
+        (module, target)
+        for module, target in _edges_from(STORAGE)
+        if _inside(target, STORAGE)
+        and (below := _storage_folder(target)) != _storage_folder(module)
+        and below not in STORAGE_LAYERS[_storage_folder(module)]
+    ]
+    assert wrong == []
+
+
+def test_storage_imports_of_the_package_are_neutral_modules():
+    wrong = [
+        (module, target)
+        for module, target in _edges_from(STORAGE)
+        if not _inside(target, STORAGE) and target not in NEUTRAL
+    ]
+    assert wrong == []
+
+
+def test_neutral_modules_import_only_neutral_modules():
+    graph = import_graph()
+    assert {module: graph[module] - NEUTRAL for module in NEUTRAL} == {
+        module: set() for module in NEUTRAL
+    }
+
+
+def test_the_cli_imports_only_fleet_and_public_names():
+    wrong = [
+        (module, target)
+        for module, target in _edges_from(f"{PACKAGE}.cli")
+        if not _inside(target, f"{PACKAGE}.cli")
+        and not _inside(target, f"{PACKAGE}.fleet")
+        and target not in PUBLIC
+    ]
+    assert wrong == []
+
+
+def test_fleet_takes_of_storage_only_its_public_names():
+    wrong = [
+        (module, target)
+        for module, target in _edges_from(f"{PACKAGE}.fleet")
+        if _inside(target, STORAGE) and target != STORAGE
+    ]
+    assert wrong == []
 
 
 def test_only_the_command_line_itself_imports_the_cli():

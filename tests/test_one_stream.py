@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from fsspec_shards.storage.transfer.one_stream import fill_one_stream, read_range
-from tests.planned_faults import Short
+from tests.faults import Short
 from tests.test_planner import _setup, _target
 
 

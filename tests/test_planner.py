@@ -19,14 +19,8 @@ from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
 from fsspec_shards.storage.core.verification import Known
 from fsspec_shards.storage.transfer.planner import fill
 from fsspec_shards.storage.transfer.target import ChunkSizer, Target
-from tests.planned_faults import (
-    Flip,
-    PlannedFaultFileSystem,
-    Replace,
-    Short,
-    UnknownSizeFileSystem,
-    WholeBody,
-)
+from tests.faults import Flip, Replace, Short, WholeBody
+from tests.planned_faults import PlannedFaultFileSystem, UnknownSizeFileSystem
 
 KiB = 1024
 FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.002, deadline=300.0, timeout=30.0)

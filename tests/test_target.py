@@ -25,25 +25,12 @@ from fsspec_shards.storage.backends.versions import Facts, Version, VersionMisma
 from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
 from fsspec_shards.storage.transfer.streams import CatFileTransport
 from fsspec_shards.storage.transfer.target import ChunkSizer, FillRate, Target, TooSlow, resume
+from tests.faults import Cut, Short
 from tests.planned_faults import PlannedFaultFileSystem
 
 KiB = 1024
 DATA = random.Random(5).randbytes(400 * KiB)
 FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002, deadline=300.0, timeout=30.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Cut:
-    """Hand over ``after`` bytes of the range, then the connection breaks."""
-
-    after: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Short:
-    """Hand over ``after`` bytes, then end the body as if it were whole."""
-
-    after: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +62,9 @@ class _Pieces:
         action = self.plan.pop(0) if self.plan else None
         with open(path, "rb") as file:
             body = os.pread(file.fileno(), (end or len(DATA)) - start, start)
-        limit = action.after if isinstance(action, Cut | Short) else len(body)
+        limit = len(body)
+        if isinstance(action, Cut | Short):
+            limit = action.after_bytes if isinstance(action, Cut) else action.length
         piece = action.piece if isinstance(action, Paced) else 64 * KiB
         handed = 0
         if isinstance(action, Late):

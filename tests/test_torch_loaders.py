@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards import MixedDataset, ShardDataset
-from fsspec_shards.iteration.resume import DeliveryTracker
+from fsspec_shards.iteration.resume.delivery import DeliveryTracker
 from tests.shardmaker import keys, write_shards
 
 torch_data = pytest.importorskip("torch.utils.data")

@@ -6,13 +6,14 @@ import argparse
 import os
 from typing import Any
 
-from fsspec_shards.cli.errors import EXIT_OK, UsageError
+from fsspec_shards.cli.errors import EXIT_OK
 from fsspec_shards.cli.options import SharedOptions, size_argument
 from fsspec_shards.cli.report import print_json
 from fsspec_shards.counters import COUNTERS
+from fsspec_shards.fleet.cache import existing_cache
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.core.options import default_of
+from fsspec_shards.storage import default_of
 
 NAME = "cache"
 
@@ -43,23 +44,12 @@ def cache_directory(args: argparse.Namespace) -> str:
     return os.path.abspath(os.path.expanduser(args.cache_dir or default_of("cache_dir")))
 
 
-def open_cache(args: argparse.Namespace, *, writable: bool = False):
+def open_cache(args: argparse.Namespace, *, writable: bool = False) -> Any:
     """The existing cache of --cache-dir (or the default), read-only unless ``writable``;
     None when there is none yet. Never creates one; a directory that is not a cache (or
     not a safe one) is a usage error naming it."""
-    from fsspec_shards.storage.cache import CacheDirectoryError, NotACacheError, ShardCache
-
-    directory = cache_directory(args)
     size = size_argument(args.cache_size) if args.cache_size else default_of("cache_size")
-    try:
-        return ShardCache.existing(directory, size, writable=writable)
-    except NotACacheError as error:
-        if error.kind in ("missing", "empty"):
-            return None
-        problem = str(error)
-    except CacheDirectoryError as error:
-        problem = str(error)
-    raise UsageError(problem)
+    return existing_cache(cache_directory(args), size, writable=writable)
 
 
 INFO_KEYS = ("cached_files", "cached_bytes", "size_limit", *COUNTERS)

@@ -14,7 +14,7 @@ from fsspec_shards.cli.stream import stream_pass
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.fleet.shards import shard_urls
 from fsspec_shards.option_shapes import LAYER
-from fsspec_shards.storage.core.options import default_of
+from fsspec_shards.storage import default_of
 
 NAME = "demo"
 DEFAULT_DEMO_DIR = "fsspec-shards-demo"
@@ -45,7 +45,7 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsspec_shards.demo import make_cold, make_demo_dataset
+    from fsspec_shards.fleet.demo import make_cold, make_demo_dataset
 
     directory = Path(args.directory or DEFAULT_DEMO_DIR).expanduser().resolve()
     started = time.perf_counter()

@@ -22,7 +22,7 @@ from fsspec_shards.fleet.errors import InputError
 from fsspec_shards.fleet.executors import Executor, ThreadExecutor
 from fsspec_shards.fleet.report import format_bytes
 from fsspec_shards.option_shapes import LAYER
-from fsspec_shards.storage.core.options import OPTIONS
+from fsspec_shards.storage import OPTIONS
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, BinaryIO
 
-from fsspec_shards.checksums import BlockHasher, BlockList
+from fsspec_shards.checksums import BlockHasher, BlockList, StreamingHasher
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.errors import ShardFormatError
 from fsspec_shards.fleet.errors import describe_error
 from fsspec_shards.fleet.executors import Executor
 from fsspec_shards.fleet.shards import comparable, open_filesystem
-from fsspec_shards.storage.core.integrity import StreamingHasher
 
 HASH_BLOCK_SIZE = 1 << 20
 
@@ -119,18 +118,15 @@ def check_shard(
 def storage_check(fs: Any, path: str) -> str:
     """What the ``wds`` layer verifies when it reads ``path`` without a manifest: every
     checksum the backend gives, else only the size (local files, most HTTP)."""
-    from fsspec_shards.storage.backends import backend_for
-    from fsspec_shards.storage.backends.fields import protocol_of
-    from fsspec_shards.storage.core.verification import expected as expectation
+    from fsspec_shards.storage import backend_checks
 
     mode = getattr(getattr(fs, "options", None), "verify", None)
     if mode is None:
         return "none (not read through wds::)"
     if mode is False:
         return "none (verify off)"
-    found = backend_for(protocol_of(fs.fs)).checksums(fs.info(path))
-    expected = expectation((), found, mode)
-    return f"backend {', '.join(expected.algorithms)}" if expected else "size only"
+    algorithms = backend_checks(fs, path)
+    return f"backend {', '.join(algorithms)}" if algorithms else "size only"
 
 
 def check_shards(

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec.core import strip_protocol
+
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.config import DEFAULT_MAX_MEMBER_SIZE
 from fsspec_shards.fleet.checks import ShardCheck, check_shards
@@ -29,8 +31,7 @@ from fsspec_shards.fleet.shards import (
     wds_url,
 )
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.core.integrity import Manifest, load_manifest
-from fsspec_shards.storage.deps.fsspec import strip_protocol
+from fsspec_shards.storage import Manifest, load_manifest
 
 CHORE = "verify"
 MISSING = "not found: listed in the manifest, missing from storage"
@@ -50,7 +51,7 @@ class ManifestFile:
         target = plain_url(url)
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if target.split("://", 1)[0] in protocols:
-            return strip_protocol(self.fs, target)
+            return strip_protocol(target)
         return target
 
     def named_by(self, pattern: str) -> list[str]:

@@ -9,7 +9,7 @@ they use:
   split over the consumers and equalized;
 - the streams (:class:`~fsspec_shards.iteration.stream.Streams`): one consumer's epoch read
   through the shuffle buffer, its position kept after every delivered sample;
-- the resumption (:class:`~fsspec_shards.iteration.resumption.Resumption`): every kind of
+- the resumption (:class:`~fsspec_shards.iteration.resume.resumption.Resumption`): every kind of
   loaded state (a position, a DataLoader tracker's counts, an epoch remainder regrouped over
   another world size or worker count) and the running stream whose position
   ``state_dict()`` returns.
@@ -34,9 +34,9 @@ from fsspec_shards.iteration.lengths import load_sample_counts, shard_sizes
 from fsspec_shards.iteration.order import Consumer, current_consumer, explicit_split
 from fsspec_shards.iteration.plan import EQUALIZE_MODES, SPLIT_MODES, EpochPlan, Planner
 from fsspec_shards.iteration.reader import ShardReader
-from fsspec_shards.iteration.resumption import Resumption
+from fsspec_shards.iteration.resume.resumption import Resumption
+from fsspec_shards.iteration.resume.state import remainder_to_list, shard_identity, urls_digest
 from fsspec_shards.iteration.source import HANDLERS, ShardSource
-from fsspec_shards.iteration.state import remainder_to_list, shard_identity, urls_digest
 from fsspec_shards.iteration.stream import Streams
 from fsspec_shards.iteration.transforms import Batched
 from fsspec_shards.iteration.urls import expand_urls
@@ -62,8 +62,8 @@ class ShardDataset(_DatasetBase):
     per-sample steps (:mod:`~fsspec_shards.iteration.transforms` or any callable) applied in
     order to each sample dict; a step returning ``None`` drops the sample, a step raising goes
     through ``handler``. ``annotate`` adds ``__worker__`` / ``__index__`` to each sample (for
-    :mod:`~fsspec_shards.iteration.resume`). ``__url__`` is shown redacted (no query values,
-    no password) unless ``raw_urls``.
+    :mod:`~fsspec_shards.iteration.resume.delivery`). ``__url__`` is shown redacted (no query
+    values, no password) unless ``raw_urls``.
 
     Sample counts (``samples_per_shard``: ``{shard name: count}`` or a JSON sidecar; or
     ``count_samples=True``: a header-only scan now) give every consumer the same number of
@@ -214,7 +214,7 @@ class ShardDataset(_DatasetBase):
         return self.streams.fingerprint(consumer)
 
     def tracker_fingerprint(self, num_workers: int) -> dict[str, Any]:
-        """The arguments a :class:`~fsspec_shards.iteration.resume.DeliveryTracker` state
+        """The arguments a :class:`~fsspec_shards.iteration.resume.delivery.DeliveryTracker` state
         of this rank depends on."""
         return self.resumption.tracker_fingerprint(self.consumer(), num_workers)
 
@@ -226,7 +226,7 @@ class ShardDataset(_DatasetBase):
         """Continue from ``state`` at the next iteration.
 
         ``state`` is one of this consumer's states, a DeliveryTracker's, a
-        :func:`~fsspec_shards.iteration.regroup.remainder_state`, or the list of the states
+        :func:`~fsspec_shards.iteration.resume.regroup.remainder_state`, or the list of the states
         of EVERY consumer of an interrupted run (any world size and worker count; torchdata
         StatefulDataLoader states included): the rest of that epoch is then shared by this
         run's consumers, every remaining sample once. ValueError naming the field or
@@ -239,7 +239,7 @@ class ShardDataset(_DatasetBase):
 
     def remainder_segments(self, epoch: int) -> list[list[int]] | None:
         """The pieces ``epoch`` is the rest of when a regrouped state made it so (as state
-        lists, for a :class:`~fsspec_shards.iteration.resume.DeliveryTracker` state); None
+        lists, for a :class:`~fsspec_shards.iteration.resume.delivery.DeliveryTracker` state); None
         for a whole epoch."""
         pieces = self.resumption.remainder(epoch)
         return None if pieces is None else remainder_to_list(pieces)

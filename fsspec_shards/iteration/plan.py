@@ -3,7 +3,7 @@
 
 An epoch's work is a list of pieces, each a :class:`Segment` of one shard with its sample
 count when known: the whole shards in the epoch's shard order, or what is left of an
-interrupted epoch (:mod:`~fsspec_shards.iteration.regroup`). :func:`plan_epoch` gives one
+interrupted epoch (:mod:`~fsspec_shards.iteration.resume.regroup`). :func:`plan_epoch` gives one
 consumer its :class:`EpochPlan`:
 
 - ``split="shards"``: consumer ``c`` of ``n`` takes pieces ``c, c + n, ...``.

@@ -3,7 +3,7 @@ position after a resume.
 
 A :class:`ConsumerStream` reads the segments of an
 :class:`~fsspec_shards.iteration.plan.EpochPlan` sample by sample, through the shuffle
-buffer when there is one, and keeps its :class:`~fsspec_shards.iteration.state.StreamState`
+buffer when there is one, and keeps its :class:`~fsspec_shards.iteration.resume.state.StreamState`
 current after every sample DELIVERED: :meth:`ConsumerStream.position` costs the same for any
 buffer size. Resuming rebuilds what the state leaves out:
 
@@ -37,6 +37,13 @@ from fsspec_shards.iteration.lengths import SampleCountError
 from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import EpochPlan, Piece, Planner
 from fsspec_shards.iteration.prefetch import ShardPrefetcher
+from fsspec_shards.iteration.resume.state import (
+    SampleRef,
+    StreamState,
+    check_fingerprint,
+    check_position,
+    consumer_fingerprint,
+)
 from fsspec_shards.iteration.rng import CounterRNG
 from fsspec_shards.iteration.samples import RawSample
 from fsspec_shards.iteration.shuffle import (
@@ -46,13 +53,6 @@ from fsspec_shards.iteration.shuffle import (
     shuffle_key,
 )
 from fsspec_shards.iteration.source import ShardSource
-from fsspec_shards.iteration.state import (
-    SampleRef,
-    StreamState,
-    check_fingerprint,
-    check_position,
-    consumer_fingerprint,
-)
 from fsspec_shards.iteration.stats import FLUSH_SECONDS
 
 Entry = tuple[SampleRef, RawSample]
@@ -469,7 +469,7 @@ def _miscounted(source: ShardSource, url: str, expected: int, held: str) -> Samp
 @dataclass(frozen=True)
 class Streams:
     """Makes the streams of a dataset's consumers. ``identity`` is what a position depends
-    on besides its consumer (:func:`~fsspec_shards.iteration.state.consumer_fingerprint`)."""
+    on besides its consumer (:func:`~fsspec_shards.iteration.resume.state.consumer_fingerprint`)."""
 
     source: ShardSource
     planner: Planner

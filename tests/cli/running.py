@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.cli import main
-from fsspec_shards.demo import DemoDataset
+from fsspec_shards.fleet.demo import DemoDataset
 
 TIMEOUT = 300
 

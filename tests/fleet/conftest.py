@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.demo import DemoDataset, make_demo_dataset
+from fsspec_shards.fleet.demo import DemoDataset, make_demo_dataset
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from http import HTTPStatus
 from typing import BinaryIO
 
+from tests.faults import Cut, Delay, Flip, Pass, Reset, Stall, Status
+
 log = logging.getLogger("fsspec_shards.tests.fault_proxy")
 
 MAX_HEAD_BYTES = 256 * 1024
@@ -40,85 +42,6 @@ class ProtocolError(Exception):
 
 
 # --------------------------------------------------------------------------- the plan
-
-
-@dataclasses.dataclass(frozen=True)
-class Pass:
-    """Relay the request and the response untouched."""
-
-    def __str__(self) -> str:
-        return "pass"
-
-
-@dataclasses.dataclass(frozen=True)
-class Cut:
-    """Close the client connection (FIN) after `after_bytes` bytes of the response body."""
-
-    after_bytes: int
-
-    def __str__(self) -> str:
-        return f"cut({self.after_bytes})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Reset:
-    """Reset the client connection (RST): on receipt of the request when `after_bytes` is
-    None, else after that many bytes of the response body."""
-
-    after_bytes: int | None = None
-
-    def __str__(self) -> str:
-        return "reset" if self.after_bytes is None else f"reset({self.after_bytes})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Stall:
-    """Send the response headers and `after_bytes` body bytes, then send nothing for
-    `seconds`, then the rest (if the client is still there)."""
-
-    seconds: float
-    after_bytes: int = 0
-
-    def __str__(self) -> str:
-        return f"stall({self.seconds}, after_bytes={self.after_bytes})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Delay:
-    """Hold the request for `seconds` before forwarding it."""
-
-    seconds: float
-
-    def __str__(self) -> str:
-        return f"delay({self.seconds})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Flip:
-    """Invert every bit of the response body byte at `offset`."""
-
-    offset: int
-
-    def __str__(self) -> str:
-        return f"flip({self.offset})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Status:
-    """Answer with `code` (and `Retry-After`, if given) without asking the server."""
-
-    code: int
-    retry_after: float | None = None
-    body: bytes | None = None
-
-    def __str__(self) -> str:
-        suffix = "" if self.retry_after is None else f", retry_after={self.retry_after}"
-        return f"status({self.code}{suffix})"
-
-    def response_body(self) -> bytes:
-        if self.body is not None:
-            return self.body
-        return f"fault proxy: injected {self.code}\n".encode()
 
 
 Action = Pass | Cut | Reset | Stall | Delay | Flip | Status

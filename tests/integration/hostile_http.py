@@ -4,7 +4,7 @@ It serves objects from memory with Range support (an object stored as `get?key=a
 by its query too; others ignore the query, as signed URLs need), and, per object, follows
 a plan: an
 ordered list of actions, one taken by each GET of that object (HEAD requests take none).
-Actions: `Serve()`, `Replace(data)` (the object is replaced, then this GET is served),
+Actions: `Pass()`, `Replace(data)` (the object is replaced, then this GET is served),
 `WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
 Content-Range), `OtherVersion(data, ...)` (this GET is answered from other bytes, as a
 stale replica would, ignoring `If-Match`: with no ETag or Last-Modified, or with the other
@@ -30,21 +30,10 @@ import socket
 import threading
 import time
 
+from tests.faults import Cut, Pass, Replace, WholeBody
 from tests.integration.servers import _quiet_about_vanished_clients
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Serve:
-    """Answer as a well-behaved server would."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Replace:
-    """Replace the object with `data` (a new version), then answer this GET."""
-
-    data: bytes = dataclasses.field(repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +61,6 @@ class ShortLabel:
     `labelled` bytes; the rest of the body (as long as asked) is zeros."""
 
     labelled: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Cut:
-    """Send the headers and `after_bytes` bytes of the body, then close the connection."""
-
-    after_bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WholeBody:
-    """Answer a range request with 200 and the whole object (the Range ignored)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +150,7 @@ class HostileServer:
         may select content, or only sign the request), and the action the request takes."""
         with self.lock:
             path = target if target in self.objects else target.split("?", 1)[0]
-            action = Serve()
+            action = Pass()
             if method == "GET" and self.plans.get(path):
                 action = self.plans[path].pop(0)
             if isinstance(action, Replace):
@@ -203,7 +180,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.headers.get("Range"),
                 self.headers.get("If-Match"),
                 status,
-                None if isinstance(action, Serve) else action,
+                None if isinstance(action, Pass) else action,
             )
         )
 

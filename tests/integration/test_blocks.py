@@ -26,8 +26,8 @@ import pytest
 
 from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
 from fsspec_shards.errors import IntegrityError
+from tests.faults import Flip, Stall
 from tests.integration.conftest import served
-from tests.integration.fault_proxy import Flip, Stall
 
 BLOCK = 64 * 1024
 SIZE = 20 * BLOCK + 1234
@@ -69,7 +69,7 @@ def _filesystem(http_backend, fault_proxy, tmp_path, transport, proxy_options=No
         wds=options,
         **{proxied.protocol: proxied.storage_options},
     )
-    assert fs._blocks_of(path) is not None  # found beside SHA256SUMS on its own
+    assert fs.fetcher.blocks_of(path) is not None  # found beside SHA256SUMS on its own
     return fs, path, proxy, proxied, options
 
 
@@ -147,7 +147,7 @@ def test_without_a_block_manifest_the_whole_file_is_verified_first(
     fs, path = fsspec.core.url_to_fs(
         f"wds::{proxied.url(NAME)}", skip_instance_cache=True, wds=options
     )
-    assert fs._blocks_of(path) is None
+    assert fs.fetcher.blocks_of(path) is None
     proxy.add(Flip(3 * BLOCK + 100), method="GET", path=NAME)
     with fs.open(path, "rb") as handle:
         assert isinstance(handle.raw, io.FileIO)  # the published file: whole and verified
@@ -272,8 +272,9 @@ def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
     # each be sent from byte 0. The first span's answer keeps the fill at one stream, and
     # the rest of the object is one request.
     from fsspec_shards.storage.transfer import range_plan
+    from tests.faults import WholeBody
     from tests.integration.fault_proxy import FaultProxy
-    from tests.integration.hostile_http import HostileServer, WholeBody
+    from tests.integration.hostile_http import HostileServer
 
     block = 1024 * 1024
     data = random.Random(19).randbytes(40 * block + 5)
@@ -300,7 +301,7 @@ def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
                 ranges_in_flight=ranges_in_flight,
             )
             url = f"{proxy.url}/big.tar"
-            assert fs._blocks_of(url) is not None
+            assert fs.fetcher.blocks_of(url) is not None
             with fs.open(url, "rb") as handle:
                 assert handle.read() == data
             # the first span's answer is cut short after its 1 MiB, less what was in flight

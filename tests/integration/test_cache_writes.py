@@ -19,7 +19,7 @@ import pytest
 
 from fsspec_shards.storage.cache import ShardCache
 from tests.cache_objects import payload
-from tests.integration.fault_proxy import Stall
+from tests.faults import Stall
 
 if TYPE_CHECKING:  # spawned workers import this module: keep it light
     from tests.integration import servers

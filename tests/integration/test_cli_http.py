@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fsspec_shards.demo import make_demo_dataset
+from fsspec_shards.fleet.demo import make_demo_dataset
 from tests.cli.running import run_cli
 
 SECRET = "s3cr3t-SIGNATURE-value"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.checksums import parse_sums_file
-from fsspec_shards.demo import make_demo_dataset
+from fsspec_shards.fleet.demo import make_demo_dataset
 from fsspec_shards.storage.cache import ShardCache
 from tests.cli.running import run_cli
-from tests.integration.fault_proxy import Flip
+from tests.faults import Flip
 
 SHARDS = 4
 SAMPLES = 20

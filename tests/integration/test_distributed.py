@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards import distributed as fanout
-from fsspec_shards.demo import make_demo_dataset
+from fsspec_shards.fleet.demo import make_demo_dataset
 from fsspec_shards.fleet.executors import ThreadExecutor
 from fsspec_shards.storage.cache import ShardCache
 from tests.cli.running import TIMEOUT, run_cli

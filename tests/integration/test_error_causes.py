@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import socket
 
-import fsspec
 import pytest
+
+from tests.wds_filesystem import wds_filesystem
 
 
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _wds(protocol: str, options: dict, tmp_path, transport: str):
-    return fsspec.filesystem(
-        "wds",
-        target_protocol=protocol,
-        target_options={**options, "skip_instance_cache": True},
-        cache_dir=str(tmp_path / "cache"),
-        retries=2,
-        backoff=0.01,
-        transport=transport,
-        skip_instance_cache=True,
-    )
 
 
 def _s3_at(backend, endpoint: str) -> dict:
@@ -71,7 +59,14 @@ def test_a_connection_failure_says_what_it_was_with_the_url(
     if transport == "obstore":
         pytest.importorskip("obstore")
     for protocol, url, options, where in _cases(kind, s3_backend, http_backend):
-        fs = _wds(protocol, options, tmp_path, transport)
+        fs = wds_filesystem(
+            protocol,
+            {**options, "skip_instance_cache": True},
+            cache_dir=tmp_path / "cache",
+            retries=2,
+            backoff=0.01,
+            transport=transport,
+        )
         with pytest.raises(OSError) as raised:
             fs.cat_file(url)
         message = str(raised.value)

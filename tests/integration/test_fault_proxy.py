@@ -18,18 +18,9 @@ from urllib.parse import quote, urlsplit
 import pytest
 import requests
 
+from tests.faults import Cut, Delay, Flip, Reset, Stall, Status
 from tests.integration import servers
-from tests.integration.fault_proxy import (
-    Cut,
-    Delay,
-    FaultProxy,
-    Flip,
-    Match,
-    Reset,
-    Rule,
-    Stall,
-    Status,
-)
+from tests.integration.fault_proxy import FaultProxy, Match, Rule
 
 DATA = random.Random(7).randbytes(200_000)
 TIMEOUT = 30

@@ -18,9 +18,9 @@ import pytest
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends import backend_for
+from tests.faults import Cut, Flip, Reset, Stall, Status
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
-from tests.integration.fault_proxy import Cut, Flip, Reset, Stall, Status
 from tests.integration.range_layout import range_starts
 
 MiB = 1024 * 1024
@@ -273,7 +273,8 @@ def test_a_flipped_byte_is_caught_by_the_backend_checksum(
 ):
     backend = request.getfixturevalue(backend_fixture(request, backend_name))
     fs, path, proxy, url = _through_proxy(backend, fault_proxy, tmp_path, transport)
-    assert backend_for(backend.protocol).checksums(backend.filesystem().info(url)), "no checksum"
+    info = backend.filesystem().info(url)
+    assert backend_for(backend.protocol).checksums(info), "no checksum"
     proxy.add(Flip(offset=123_457), **_data_gets(backend))
     assert fs.cat_file(path) == DATA
     assert fs.cache_stats()["integrity_failures"] == 1

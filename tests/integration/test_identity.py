@@ -14,19 +14,9 @@ import pytest
 
 from tests.integration import servers
 from tests.integration.hostile_http import HostileServer
+from tests.wds_filesystem import wds_filesystem
 
 KEY = "same/key.bin"
-
-
-def _wds(protocol: str, storage_options: dict, cache_dir: Path, transport: str = "auto"):
-    return fsspec.filesystem(
-        "wds",
-        target_protocol=protocol,
-        target_options=storage_options,
-        skip_instance_cache=True,
-        cache_dir=str(cache_dir),
-        transport=transport,
-    )
 
 
 class _MotoProcess(servers._SubprocessServer):
@@ -68,7 +58,8 @@ def test_one_key_at_two_s3_endpoints_is_two_objects(s3_backend, second_s3, tmp_p
     assert s3_backend.put(KEY, b"endpoint A") == other.put(KEY, b"endpoint B, longer")
     url = s3_backend.url(KEY)
     first, second = (
-        _wds("s3", b.storage_options, tmp_path, transport) for b in (s3_backend, other)
+        wds_filesystem("s3", b.storage_options, cache_dir=tmp_path, transport=transport)
+        for b in (s3_backend, other)
     )
     for _ in range(2):  # the second round comes from the cache
         assert first.cat_file(url) == b"endpoint A"
@@ -84,7 +75,8 @@ def test_one_blob_in_two_azure_accounts_is_two_objects(
     assert az_backend.put(KEY, b"account A") == other.put(KEY, b"account B, longer")
     url = az_backend.url(KEY)
     first, second = (
-        _wds("az", b.storage_options, tmp_path, transport) for b in (az_backend, other)
+        wds_filesystem("az", b.storage_options, cache_dir=tmp_path, transport=transport)
+        for b in (az_backend, other)
     )
     for _ in range(2):
         assert first.cat_file(url) == b"account A"
@@ -105,7 +97,7 @@ def test_query_selectors_name_different_objects(tmp_path, name):
     with HostileServer() as server:
         first = server.put(f"get?{name}=shard-0001.tar", b"first shard")
         second = server.put(f"get?{name}=shard-0002.tar", b"second shard, longer")
-        fs = _wds("http", {}, tmp_path)
+        fs = wds_filesystem("http", {}, cache_dir=tmp_path)
         for _ in range(2):
             assert fs.cat_file(first) == b"first shard"
             assert fs.cat_file(second) == b"second shard, longer"
@@ -115,7 +107,7 @@ def test_query_selectors_name_different_objects(tmp_path, name):
 def test_a_url_signed_again_is_one_download_and_one_entry(http_backend, tmp_path):
     data = b"signed object" * 1000
     url = http_backend.put("signed/shard.tar", data)
-    fs = _wds("http", {}, tmp_path)
+    fs = wds_filesystem("http", {}, cache_dir=tmp_path)
     for date, signature in (("20260101T000000Z", "aaaa"), ("20260301T120000Z", "bbbb")):
         signed = (
             f"{url}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F{date[:8]}"
@@ -141,7 +133,7 @@ def test_listings_never_go_stale(s3_backend, tmp_path, given):
             cache_dir=str(tmp_path / "cache"),
         )
     else:
-        fs = _wds("s3", s3_backend.storage_options, tmp_path / "cache")
+        fs = wds_filesystem("s3", s3_backend.storage_options, cache_dir=tmp_path / "cache")
     folder = s3_backend.url("listed")
     assert [Path(p).name for p in fs.ls(folder, detail=False)] == ["a.bin"]
     s3_backend.put("listed/a.bin", b"replaced, longer")

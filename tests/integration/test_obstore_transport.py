@@ -34,8 +34,8 @@ from fsspec_shards.storage.transfer.obstore_transport import (
     bucket_region,
     choose_transport,
 )
+from tests.faults import Cut, Reset, Stall, Status
 from tests.integration import servers
-from tests.integration.fault_proxy import Cut, Reset, Stall, Status
 
 pytest.importorskip("obstore")
 

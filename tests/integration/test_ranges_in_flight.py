@@ -20,19 +20,12 @@ import threading
 import time
 from pathlib import Path
 
-import fsspec
 import pytest
 
 from fsspec_shards.storage.transfer import range_plan
-from tests.integration.hostile_http import (
-    Cut,
-    HostileServer,
-    Replace,
-    Serve,
-    Trickle,
-    WholeBody,
-    WrongStart,
-)
+from tests.faults import Cut, Pass, Replace, WholeBody
+from tests.integration.hostile_http import HostileServer, Trickle, WrongStart
+from tests.wds_filesystem import QUICK_RETRIES, wds_filesystem
 
 MiB = 1024 * 1024
 _spec = importlib.util.spec_from_file_location(
@@ -77,20 +70,6 @@ def far():
             yield server, url
 
 
-def _wds(tmp_path, transport, **options):
-    return fsspec.filesystem(
-        "wds",
-        target_protocol="http",
-        skip_instance_cache=True,
-        cache_dir=str(tmp_path / "cache"),
-        transport=transport,
-        backoff=0.01,
-        max_backoff=0.05,
-        checksums=options.pop("checksums", None),
-        **options,
-    )
-
-
 def _starts(server, name: str) -> list[int]:
     return sorted(
         int(re.match(r"bytes=(\d+)-", entry.range).group(1))
@@ -101,7 +80,13 @@ def _starts(server, name: str) -> list[int]:
 
 def _read(server, url, name, data, plan, tmp_path, transport):
     server.put(name, data, plan=plan)
-    fs = _wds(tmp_path, transport, checksums={url(name): "sha256:" + _sha(data)})
+    fs = wds_filesystem(
+        "http",
+        cache_dir=tmp_path / "cache",
+        transport=transport,
+        **QUICK_RETRIES,
+        checksums={url(name): "sha256:" + _sha(data)},
+    )
     return fs, fs.cat_file(url(name))
 
 
@@ -127,7 +112,7 @@ def test_a_link_that_rewards_ranges_gets_several_in_flight(far, old, tmp_path, t
 
 def test_a_cut_in_one_range_in_flight_resumes_that_range_alone(far, old, tmp_path, transport):
     server, url = far
-    plan = [Serve()] * EARLY + [Cut(after_bytes=MiB)]
+    plan = [Pass()] * EARLY + [Cut(after_bytes=MiB)]
     fs, got = _read(server, url, "c.bin", old, plan, tmp_path, transport)
     assert _sha(got) == _sha(old)
     cut_get = next(entry for entry in server.gets("c.bin") if isinstance(entry.action, Cut))
@@ -143,8 +128,8 @@ def test_an_object_replaced_while_ranges_are_in_flight_is_read_whole_as_the_new_
     far, old, new, tmp_path, transport
 ):
     server, url = far
-    server.put("r.bin", old, plan=[Serve()] * EARLY + [Replace(new)])
-    fs = _wds(tmp_path, transport)
+    server.put("r.bin", old, plan=[Pass()] * EARLY + [Replace(new)])
+    fs = wds_filesystem("http", cache_dir=tmp_path / "cache", transport=transport, **QUICK_RETRIES)
     assert _sha(fs.cat_file(url("r.bin"))) == _sha(new)  # never a splice of the two
     assert _starts(server, "r.bin").count(0) == 2  # started over on the new version
 
@@ -154,7 +139,7 @@ def test_an_object_replaced_while_ranges_are_in_flight_is_read_whole_as_the_new_
 )
 def test_a_range_answered_with_other_bytes_is_not_used(far, old, tmp_path, transport, fault):
     server, url = far
-    plan = [Serve()] * EARLY + [fault]
+    plan = [Pass()] * EARLY + [fault]
     fs, got = _read(server, url, "w.bin", old, plan, tmp_path, transport)
     assert _sha(got) == _sha(old)
     assert fs.cache_stats()["integrity_failures"] == 0  # caught before a byte was written
@@ -172,7 +157,9 @@ def test_where_more_streams_add_nothing_the_fill_settles_at_one_stream(old, tmp_
     with HostileServer() as server:
         host, port = server._httpd.server_address[:2]
         with pacing_proxy.paced((host, port), rate=None, latency=0.0, total_rate=LINK_RATE) as link:
-            fs = _wds(tmp_path, transport)
+            fs = wds_filesystem(
+                "http", cache_dir=tmp_path / "cache", transport=transport, **QUICK_RETRIES
+            )
             for round_ in range(2):  # the second object starts where the first settled
                 name = f"l{round_}.bin"
                 server.put(name, old)
@@ -188,8 +175,14 @@ def test_ranges_whose_answers_do_not_say_their_version_are_never_spliced(
     # HEAD names the version, GETs do not (and ignore If-Match): the object replaced after
     # the first range must not give the first range of one version and the rest of another
     with HostileServer(identity_on_get=False) as server:
-        url = server.put("u.bin", old, plan=[Serve(), Replace(new)])
-        fs = _wds(tmp_path, transport, ranges_in_flight=3)
+        url = server.put("u.bin", old, plan=[Pass(), Replace(new)])
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            **QUICK_RETRIES,
+            ranges_in_flight=3,
+        )
         got = fs.cat_file(url)
         assert _sha(got) == _sha(new)
         assert _starts(server, "u.bin").count(0) == 2  # started over on the new version
@@ -200,8 +193,15 @@ def test_a_range_stalled_when_another_failed_asks_no_more(old, new, tmp_path, tr
     # end then, not spend its own failure chain asking for a version that is gone
     stall = Trickle(1, 0.0, 0, stall=30)
     with HostileServer() as server:
-        url = server.put("s.bin", old, plan=[Serve(), stall, Replace(new)])
-        fs = _wds(tmp_path, transport, ranges_in_flight=2, timeout=1)
+        url = server.put("s.bin", old, plan=[Pass(), stall, Replace(new)])
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            **QUICK_RETRIES,
+            ranges_in_flight=2,
+            timeout=1,
+        )
         assert _sha(fs.cat_file(url)) == _sha(new)
         refused = [entry for entry in server.gets("s.bin") if entry.status == 412]
         assert len(refused) == 1, server.gets("s.bin")
@@ -217,9 +217,17 @@ def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, trans
     data = random.Random(19).randbytes(4 * span)
     trickle = Trickle(piece, every, span // piece, stall=30)
     with HostileServer() as server:
-        url = server.put("f.bin", data, plan=[Serve()] + [trickle] * 30)
-        fs = _wds(tmp_path, transport, ranges_in_flight=4, min_rate_window=0.5, retries=2)
-        target = fs._target(url)
+        url = server.put("f.bin", data, plan=[Pass()] + [trickle] * 30)
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            **QUICK_RETRIES,
+            ranges_in_flight=4,
+            min_rate_window=0.5,
+            retries=2,
+        )
+        target = fs.fetcher.target(url)
         expect = target.expect(target.stat()).version
         with open(tmp_path / "filled", "w+b") as out:
             preallocate(out.fileno(), len(data))
@@ -238,8 +246,15 @@ def test_a_stream_that_ends_early_takes_half_of_a_slow_range(tmp_path, transport
     data = random.Random(23).randbytes(40 * MiB)  # over AUTO_ABOVE: ranges
     slow = Trickle(64 * 1024, 0.005, 32, stall=30)
     with HostileServer() as server:
-        url = server.put("s.bin", data, plan=[Serve(), Serve(), slow])
-        fs = _wds(tmp_path, transport, ranges_in_flight=2, timeout=2)
+        url = server.put("s.bin", data, plan=[Pass(), Pass(), slow])
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            **QUICK_RETRIES,
+            ranges_in_flight=2,
+            timeout=2,
+        )
         assert _sha(fs.cat_file(url)) == _sha(data)
         _, slow_start, fast_start = range_starts(len(data), 2)
         starts = _starts(server, "s.bin")
@@ -261,8 +276,16 @@ def test_a_range_trickling_below_min_rate_once_the_others_are_done_does_not_stal
     data = random.Random(29).randbytes(36 * MiB)  # over AUTO_ABOVE: ranges
     slow = Trickle(400, 0.1, 3000, stall=30)  # 4 kB/s for 300 s
     with HostileServer() as server:
-        url = server.put("t.bin", data, plan=[Serve()] * 4 + [slow])
-        fs = _wds(tmp_path, transport, ranges_in_flight=8, min_rate="16KiB", min_rate_window=1)
+        url = server.put("t.bin", data, plan=[Pass()] * 4 + [slow])
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            **QUICK_RETRIES,
+            ranges_in_flight=8,
+            min_rate="16KiB",
+            min_rate_window=1,
+        )
         got: list[bytes] = []
         reading = threading.Thread(target=lambda: got.append(fs.cat_file(url)), daemon=True)
         started = time.monotonic()

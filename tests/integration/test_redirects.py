@@ -8,8 +8,9 @@ import http.server
 import threading
 from collections.abc import Iterator
 
-import fsspec
 import pytest
+
+from tests.wds_filesystem import wds_filesystem
 
 BODY = b"the bytes behind the redirect " * 100
 SECRETS = {"X-Api-Key": "k-123", "x-amz-security-token": "t-456", "Authorization": "Bearer b-7"}
@@ -71,22 +72,12 @@ def origins() -> Iterator[tuple[_Origin, _Origin]]:
         origin.server.server_close()
 
 
-def _wds(tmp_path, transport: str, headers: dict[str, str]):
-    return fsspec.filesystem(
-        "wds",
-        target_protocol="http",
-        target_options={"headers": headers},
-        skip_instance_cache=True,
-        cache_dir=str(tmp_path / "cache"),
-        transport=transport,
-        retries=2,
-    )
-
-
 @pytest.mark.parametrize("path", ["to-other/x.bin", "to-other-302/x.bin"])
 def test_the_fsspec_backend_sends_no_secret_header_to_another_origin(origins, tmp_path, path):
     asked, other = origins
-    fs = _wds(tmp_path, "fsspec", SECRETS)
+    fs = wds_filesystem(
+        "http", {"headers": SECRETS}, cache_dir=tmp_path / "cache", transport="fsspec", retries=2
+    )
     assert fs.cat_file(f"{asked.url}/{path}") == BODY
     assert asked.secrets_seen() == set(SECRETS)  # the origin asked gets them
     assert other.seen and other.secrets_seen() == set()
@@ -95,7 +86,13 @@ def test_the_fsspec_backend_sends_no_secret_header_to_another_origin(origins, tm
 
 def test_a_redirect_within_the_origin_keeps_the_headers(origins, tmp_path):
     asked, other = origins
-    fs = _wds(tmp_path, "fsspec", {"X-Api-Key": "k-123"})
+    fs = wds_filesystem(
+        "http",
+        {"headers": {"X-Api-Key": "k-123"}},
+        cache_dir=tmp_path / "cache",
+        transport="fsspec",
+        retries=2,
+    )
     assert fs.cat_file(f"{asked.url}/to-self/x.bin") == BODY
     data_requests = [h for h in asked.seen if h.get("x-api-key") == "k-123"]
     assert len(data_requests) == len(asked.seen) >= 2 and not other.seen
@@ -105,8 +102,16 @@ def test_obstore_is_not_given_a_header_it_would_carry_to_another_origin(origins,
     pytest.importorskip("obstore")
     asked, other = origins
     with pytest.raises(ValueError, match="headers.X-Api-Key"):
-        _wds(tmp_path, "obstore", SECRETS).cat_file(f"{asked.url}/to-other/x.bin")
-    fs = _wds(tmp_path, "auto", SECRETS)  # served by the fsspec backend instead
+        wds_filesystem(
+            "http",
+            {"headers": SECRETS},
+            cache_dir=tmp_path / "cache",
+            transport="obstore",
+            retries=2,
+        ).cat_file(f"{asked.url}/to-other/x.bin")
+    fs = wds_filesystem(
+        "http", {"headers": SECRETS}, cache_dir=tmp_path / "cache", transport="auto", retries=2
+    )  # served by the fsspec backend instead
     assert fs.cat_file(f"{asked.url}/to-other/x.bin") == BODY
     assert other.seen and other.secrets_seen() == set()
 
@@ -114,7 +119,13 @@ def test_obstore_is_not_given_a_header_it_would_carry_to_another_origin(origins,
 def test_obstore_drops_authorization_at_another_origin(origins, tmp_path):
     pytest.importorskip("obstore")
     asked, other = origins
-    fs = _wds(tmp_path, "obstore", {"Authorization": SECRETS["Authorization"]})
+    fs = wds_filesystem(
+        "http",
+        {"headers": {"Authorization": SECRETS["Authorization"]}},
+        cache_dir=tmp_path / "cache",
+        transport="obstore",
+        retries=2,
+    )
     assert fs.cat_file(f"{asked.url}/to-other/x.bin") == BODY
     assert "authorization" in asked.seen[-1]
     assert other.seen and other.secrets_seen() == set()

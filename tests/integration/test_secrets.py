@@ -17,8 +17,8 @@ import fsspec
 import pytest
 
 from fsspec_shards.storage.core.retry import RetriesExhaustedError
+from tests.faults import Reset, Status
 from tests.integration import servers
-from tests.integration.fault_proxy import Reset, Status
 from tests.secrets import SECRET_PARAMETERS
 
 SECRETS = {name: f"s3cr3t{index:02d}q" for index, name in enumerate(SECRET_PARAMETERS)}

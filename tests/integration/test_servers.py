@@ -15,8 +15,8 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from botocore.exceptions import FlexibleChecksumError
 
+from tests.faults import Cut, Flip, Reset, Status
 from tests.integration import servers
-from tests.integration.fault_proxy import Cut, Flip, Reset, Status
 
 DATA = random.Random(20261202).randbytes(300_000)
 

@@ -10,10 +10,10 @@ import random
 import threading
 import time
 
-import fsspec
 import pytest
 
 from tests.integration.hostile_http import HostileServer, Trickle
+from tests.wds_filesystem import QUICK_RETRIES, wds_filesystem
 
 DATA = random.Random(22).randbytes(2 * 1024 * 1024)
 
@@ -36,24 +36,17 @@ def _read_in_time(fs, url: str, seconds: float) -> BaseException | bytes:
     return outcome[0]
 
 
-def _wds(tmp_path, transport, **options):
-    return fsspec.filesystem(
-        "wds",
-        target_protocol="http",
-        skip_instance_cache=True,
-        cache_dir=str(tmp_path / "cache"),
-        transport=transport,
-        retries=3,
-        backoff=0.01,
-        max_backoff=0.05,
-        **options,
-    )
-
-
 def test_a_server_that_sends_a_little_per_request_then_stalls_is_given_up_on(tmp_path, transport):
     with HostileServer() as server:
         url = server.put("t.bin", DATA, plan=[Trickle(1000, 0.0, 1, stall=30)] * 20)
-        fs = _wds(tmp_path, transport, timeout=0.5)
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            retries=3,
+            **QUICK_RETRIES,
+            timeout=0.5,
+        )
         started = time.monotonic()
         error = _read_in_time(fs, url, 30)
         assert isinstance(error, OSError), error
@@ -67,7 +60,16 @@ def test_a_server_that_keeps_moving_below_the_minimum_rate_is_given_up_on(tmp_pa
     with HostileServer() as server:
         slow = Trickle(200, 0.05, 100_000)  # 4 kB/s, never silent for the time-out
         url = server.put("s.bin", DATA, plan=[slow] * 20)
-        fs = _wds(tmp_path, transport, timeout=5, min_rate="16KiB", min_rate_window=0.5)
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            retries=3,
+            **QUICK_RETRIES,
+            timeout=5,
+            min_rate="16KiB",
+            min_rate_window=0.5,
+        )
         error = _read_in_time(fs, url, 30)
         assert isinstance(error, OSError), error
         assert "below the minimum rate" in str(error) and "s.bin" in str(error)
@@ -78,11 +80,27 @@ def test_without_a_floor_a_slow_server_is_waited_for(tmp_path, transport):
     with HostileServer() as server:
         small = DATA[:20_000]
         url = server.put("k.bin", small, plan=[Trickle(500, 0.05, 40)])  # 10 kB/s for 2 s
-        fs = _wds(tmp_path, transport, timeout=5, min_rate=0, min_rate_window=0.2)
+        fs = wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport=transport,
+            retries=3,
+            **QUICK_RETRIES,
+            timeout=5,
+            min_rate=0,
+            min_rate_window=0.2,
+        )
         assert _read_in_time(fs, url, 30) == small
 
 
 @pytest.mark.parametrize("value", [-1, "fast", True])
 def test_a_bad_min_rate_is_refused_naming_the_option(tmp_path, value):
     with pytest.raises(ValueError, match="min_rate"):
-        _wds(tmp_path, "fsspec", min_rate=value)
+        wds_filesystem(
+            "http",
+            cache_dir=tmp_path / "cache",
+            transport="fsspec",
+            retries=3,
+            **QUICK_RETRIES,
+            min_rate=value,
+        )

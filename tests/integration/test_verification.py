@@ -61,7 +61,7 @@ def _filesystem(backend, transport, tmp_path, sums: Checksum, blocks, **wds):
         wds=options,
         **{backend.protocol: backend.storage_options},
     )
-    assert fs._blocks_of(path) is not None
+    assert fs.fetcher.blocks_of(path) is not None
     return fs, path
 
 
@@ -158,7 +158,7 @@ def test_manifests_are_read_through_the_transport_downloads_use(
         },
         s3=proxied.storage_options,
     )
-    manifest = fs.manifest
+    manifest = fs.fetcher.manifest
     assert manifest.lookup(path) == Checksum("sha256", hashlib.sha256(A).hexdigest())
     assert (manifest.lookup_blocks(path) is not None) == with_blocks
     reads = [e for e in proxy.requests() if "SHA256SUMS" in e.path]
@@ -185,4 +185,4 @@ def test_an_empty_sums_file_read_through_obstore_is_an_empty_manifest(s3_backend
         },
         s3=s3_backend.storage_options,
     )
-    assert len(fs.manifest) == 0
+    assert len(fs.fetcher.manifest) == 0

@@ -18,26 +18,17 @@ import time
 from pathlib import Path
 
 import boto3
-import fsspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsspec_shards.storage.transfer import planner, range_plan
+from tests.faults import Cut, Delay, Pass, Replace
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
-from tests.integration.fault_proxy import Cut as CutAfter
-from tests.integration.fault_proxy import Delay
-from tests.integration.hostile_http import (
-    Cut,
-    HostileServer,
-    OtherVersion,
-    Replace,
-    Serve,
-    ShortLabel,
-    WrongStart,
-)
+from tests.integration.hostile_http import HostileServer, OtherVersion, ShortLabel, WrongStart
 from tests.integration.range_layout import range_starts
+from tests.wds_filesystem import QUICK_RETRIES, wds_filesystem
 
 MiB = 1024 * 1024
 SIZE = 6 * MiB  # two chunks of a download (4 MiB first), two parts of a multipart upload
@@ -45,17 +36,6 @@ OLD = random.Random(1).randbytes(SIZE)
 NEW = random.Random(2).randbytes(SIZE)  # same size: only the identity tells them apart
 NAME = "versions/train-0000.tar"
 DELAY = 5.0  # seconds a GET is held while the test replaces the object
-
-
-def _wds(protocol: str, storage_options: dict, tmp_path: Path, **wds):
-    options = {"cache_dir": str(tmp_path / "cache"), "backoff": 0.01, "max_backoff": 0.05, **wds}
-    return fsspec.filesystem(
-        "wds",
-        target_protocol=protocol,
-        target_options=storage_options,
-        skip_instance_cache=True,
-        **options,
-    )
 
 
 def _put_nginx(backend: servers.HttpBackend, data: bytes, mtime: float) -> str:
@@ -126,7 +106,9 @@ def _replaced_while_held(proxy, read, replace, **match) -> dict:
 def _nginx(http_backend, fault_proxy, tmp_path, **wds):
     _put_nginx(http_backend, OLD, time.time() - 100)
     proxy, proxied = fault_proxy(http_backend)
-    fs = _wds("http", proxied.storage_options, tmp_path, **wds)
+    fs = wds_filesystem(
+        "http", proxied.storage_options, cache_dir=tmp_path / "cache", **QUICK_RETRIES, **wds
+    )
     return fs, proxy, proxied.url(NAME), lambda: _put_nginx(http_backend, NEW, time.time())
 
 
@@ -134,14 +116,22 @@ def _multipart(s3_backend, fault_proxy, tmp_path, **wds):
     client = _s3_client(s3_backend)  # made now: the replacement must be quick
     _put_multipart(client, s3_backend, OLD)
     proxy, proxied = fault_proxy(s3_backend)
-    fs = _wds("s3", proxied.storage_options, tmp_path, **wds)
+    fs = wds_filesystem(
+        "s3", proxied.storage_options, cache_dir=tmp_path / "cache", **QUICK_RETRIES, **wds
+    )
     return fs, proxy, proxied.url(NAME), lambda: _put_multipart(client, s3_backend, NEW)
 
 
 def _replaced_by_put(backend, fault_proxy, tmp_path, **wds):
     backend.put(NAME, OLD)
     proxy, proxied = fault_proxy(backend)
-    fs = _wds(backend.protocol, proxied.storage_options, tmp_path, **wds)
+    fs = wds_filesystem(
+        backend.protocol,
+        proxied.storage_options,
+        cache_dir=tmp_path / "cache",
+        **QUICK_RETRIES,
+        **wds,
+    )
     return fs, proxy, proxied.url(NAME), lambda: backend.put(NAME, NEW)
 
 
@@ -171,7 +161,7 @@ def test_an_object_replaced_between_two_ranged_gets_of_one_download_is_read_whol
     replaceable, cache
 ):
     fs, proxy, url, replace = replaceable(cache=cache)
-    proxy.add(CutAfter(after_bytes=4 * MiB), method="GET", has_range=True)  # breaks off
+    proxy.add(Cut(after_bytes=4 * MiB), method="GET", has_range=True)  # breaks off
     outcome = _replaced_while_held(  # ... and the GET resuming it is held
         proxy, lambda: fs.cat_file(url), replace, method="GET", has_range=True
     )
@@ -245,7 +235,9 @@ def test_without_identity_a_download_without_faults_is_one_get_of_the_whole_obje
     bare, tmp_path, transport
 ):
     url = bare.put("bare.bin", OLD)
-    fs = _wds("http", {}, tmp_path, transport=transport)
+    fs = wds_filesystem(
+        "http", {}, cache_dir=tmp_path / "cache", **QUICK_RETRIES, transport=transport
+    )
     assert fs.cat_file(url) == OLD
     gets = bare.gets("bare.bin")
     assert [(entry.range, entry.status) for entry in gets] == [(f"bytes=0-{SIZE - 1}", 206)]
@@ -257,7 +249,9 @@ def test_without_identity_a_resumed_download_of_a_resized_object_starts_over(
 ):
     longer = NEW + b"tail"
     url = bare.put("bare.bin", OLD, plan=[Cut(MiB), Replace(longer)])
-    fs = _wds("http", {}, tmp_path, transport=transport, cache=cache)
+    fs = wds_filesystem(
+        "http", {}, cache_dir=tmp_path / "cache", **QUICK_RETRIES, transport=transport, cache=cache
+    )
     assert fs.cat_file(url) == longer
     first, resumed, again = (entry.range for entry in bare.gets("bare.bin"))
     assert first == f"bytes=0-{SIZE - 1}" and again == f"bytes=0-{len(longer) - 1}"
@@ -274,7 +268,9 @@ def test_without_identity_a_resized_object_between_info_and_get_is_read_as_the_n
 ):
     shorter = NEW[:-100]
     url = bare.put("bare.bin", OLD, plan=[Replace(shorter)])
-    fs = _wds("http", {}, tmp_path, transport=transport, cache=cache)
+    fs = wds_filesystem(
+        "http", {}, cache_dir=tmp_path / "cache", **QUICK_RETRIES, transport=transport, cache=cache
+    )
     assert fs.cat_file(url) == shorter
 
 
@@ -282,7 +278,15 @@ def test_without_identity_an_open_uncached_file_of_a_resized_object_raises(
     bare, tmp_path, transport
 ):
     url = bare.put("bare.bin", OLD)
-    fs = _wds("http", {}, tmp_path, transport=transport, cache=False, block_size=MiB)
+    fs = wds_filesystem(
+        "http",
+        {},
+        cache_dir=tmp_path / "cache",
+        **QUICK_RETRIES,
+        transport=transport,
+        cache=False,
+        block_size=MiB,
+    )
     with fs.open(url) as handle:
         assert handle.read(MiB) == OLD[:MiB]
         bare.put("bare.bin", NEW + b"tail")
@@ -297,11 +301,20 @@ def test_without_identity_an_open_uncached_file_of_a_resized_object_raises(
 def test_a_response_for_other_bytes_than_asked_is_retried_not_used(tmp_path, identity, transport):
     with HostileServer(identity=identity) as server:
         url = server.put("shifted.bin", OLD, plan=[WrongStart(100)])
-        fs = _wds("http", {}, tmp_path, transport=transport)
+        fs = wds_filesystem(
+            "http", {}, cache_dir=tmp_path / "cache", **QUICK_RETRIES, transport=transport
+        )
         assert fs.cat_file(url) == OLD
         assert fs.cache_stats()["retries"] == 1
         server.put("ranged.bin", OLD, plan=[WrongStart(7)])
-        direct = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
+        direct = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            ranged_reads="direct",
+        )
         assert direct.cat_file(server.url("ranged.bin"), 1000, 2000) == OLD[1000:2000]
 
 
@@ -310,10 +323,19 @@ def test_bytes_past_what_a_content_range_labels_are_never_used(tmp_path, transpo
     # byte the server vouched for (here zeros), so the read asks again from byte 1000
     with HostileServer() as server:
         url = server.put("labelled.bin", OLD, plan=[ShortLabel(1000)])
-        fs = _wds("http", {}, tmp_path, transport=transport)
+        fs = wds_filesystem(
+            "http", {}, cache_dir=tmp_path / "cache", **QUICK_RETRIES, transport=transport
+        )
         assert fs.cat_file(url) == OLD
         server.put("direct.bin", OLD, plan=[ShortLabel(10)])
-        direct = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
+        direct = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            ranged_reads="direct",
+        )
         assert direct.cat_file(server.url("direct.bin"), 1000, 2000) == OLD[1000:2000]
 
 
@@ -322,7 +344,14 @@ def test_a_server_that_keeps_answering_other_bytes_gives_an_error_never_the_byte
 ):
     with HostileServer() as server:
         url = server.put("shifted.bin", OLD, plan=[WrongStart(100)] * 10)
-        fs = _wds("http", {}, tmp_path, transport=transport, retries=3)
+        fs = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            retries=3,
+        )
         with pytest.raises(OSError, match="Content-Range starts at byte 100, asked for 0"):
             fs.cat_file(url)
         assert fs.cache_stats()["cached_files"] == 0
@@ -340,7 +369,14 @@ def test_an_object_replaced_while_its_ranges_are_in_flight_is_read_whole_again(
     new = random.Random(4).randbytes(40 * MiB)
     s3_backend.put(NAME, old)
     proxy, proxied = fault_proxy(s3_backend)
-    fs = _wds("s3", proxied.storage_options, tmp_path, transport=transport, ranges_in_flight=4)
+    fs = wds_filesystem(
+        "s3",
+        proxied.storage_options,
+        cache_dir=tmp_path / "cache",
+        **QUICK_RETRIES,
+        transport=transport,
+        ranges_in_flight=4,
+    )
     outcome = _replaced_while_held(
         proxy,
         lambda: fs.cat_file(proxied.url(NAME)),
@@ -377,10 +413,17 @@ def test_answers_of_another_version_without_its_etag_are_never_spliced(
     # HEAD names v1; some GETs answer with v2's bytes (same size), no ETag, If-Match
     # ignored; with one stream the first GET is cut, so the resume meets them
     stale = OtherVersion(NEW, modified=carries != "nothing")
-    first = Cut(MiB) if ranges_in_flight == 1 else Serve()
+    first = Cut(MiB) if ranges_in_flight == 1 else Pass()
     with HostileServer() as server:
         url = server.put("stale.bin", OLD, plan=[first, stale, stale])
-        fs = _wds("http", {}, tmp_path, transport=transport, ranges_in_flight=ranges_in_flight)
+        fs = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            ranges_in_flight=ranges_in_flight,
+        )
         got = _one_version_or_an_error(fs, url)
         assert got is None or got in (OLD, NEW), "two versions spliced"
         if ranges_in_flight == 1 and got is not None:
@@ -395,7 +438,14 @@ def test_a_download_whose_every_answer_proves_nothing_and_is_cut_fails_clearly(t
     cut = OtherVersion(OLD, cut=MiB)
     with HostileServer() as server:
         url = server.put("cut.bin", OLD, plan=[cut] * 40)
-        fs = _wds("http", {}, tmp_path, transport=transport, retries=3)
+        fs = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            retries=3,
+        )
         with pytest.raises(OSError, match="no ETag, version or Last-Modified"):
             fs.cat_file(url)
         assert fs.cache_stats()["cached_files"] == 0
@@ -406,7 +456,15 @@ def test_an_uncached_file_whose_answers_prove_nothing_is_read_whole_once(tmp_pat
     # answer), every later read is served from that copy, whatever the server does next
     with HostileServer(identity_on_get=False) as server:
         url = server.put("u.bin", OLD)
-        fs = _wds("http", {}, tmp_path, transport=transport, cache=False, block_size=MiB)
+        fs = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            cache=False,
+            block_size=MiB,
+        )
         with fs.open(url) as handle:
             assert handle.read(MiB) == OLD[:MiB]
             server.put("u.bin", NEW)
@@ -421,7 +479,14 @@ def test_direct_ranges_whose_answers_prove_nothing_are_cut_from_one_whole_read(t
     # is read whole once (on disk, not in memory) and the ranges are cut from that one answer
     with HostileServer(identity_on_get=False) as server:
         url = server.put("d.bin", OLD)
-        fs = _wds("http", {}, tmp_path, transport=transport, ranged_reads="direct")
+        fs = wds_filesystem(
+            "http",
+            {},
+            cache_dir=tmp_path / "cache",
+            **QUICK_RETRIES,
+            transport=transport,
+            ranged_reads="direct",
+        )
         assert fs.cat_file(url, start=MiB, end=2 * MiB) == OLD[MiB : 2 * MiB]
         ranges = [entry.range for entry in server.gets("d.bin")]
         assert ranges[-1].startswith("bytes=0-") or not ranges[-1], ranges
@@ -434,7 +499,7 @@ SMALL = 3 * MiB
 SMALL_OLD, SMALL_NEW = OLD[:SMALL], NEW[:SMALL]
 _cuts = st.integers(0, SMALL // (256 * 1024) - 1).map(lambda n: n * 256 * 1024 + 17)
 _answers = st.one_of(
-    st.just(Serve()),
+    st.just(Pass()),
     _cuts.map(Cut),
     st.builds(Replace, st.sampled_from([SMALL_OLD, SMALL_NEW])),  # a real flip (HEAD too)
     st.builds(  # a stale replica: If-Match ignored, identity headers or not, maybe cut
@@ -462,10 +527,11 @@ def test_any_schedule_of_flips_cuts_and_answers_ignoring_if_match_gives_one_vers
 ):
     with HostileServer() as server:
         url = server.put("p.bin", SMALL_OLD, plan=plan)
-        fs = _wds(
+        fs = wds_filesystem(
             "http",
             {},
-            Path(tempfile.mkdtemp(dir=tmp_path)),
+            cache_dir=Path(tempfile.mkdtemp(dir=tmp_path)) / "cache",
+            **QUICK_RETRIES,
             transport=transport,
             ranges_in_flight=ranges_in_flight,
             retries=3,

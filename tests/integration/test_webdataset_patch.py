@@ -14,7 +14,7 @@ import pytest
 import fsspec_shards
 from tests import webdataset_state
 from tests.cli.running import run_cli
-from tests.integration.fault_proxy import Cut
+from tests.faults import Cut
 from tests.shardmaker import shard_tar
 
 wds = pytest.importorskip("webdataset")

@@ -13,7 +13,7 @@ import pytest
 
 from fsspec_shards import ShardDataset, ShardWriter
 from fsspec_shards.iteration.encoding import encode_sample
-from tests.integration.fault_proxy import Status
+from tests.faults import Status
 
 TIMEOUT = 180
 SAMPLES = 23

@@ -2,8 +2,8 @@
 
 :meth:`Resumption.load` turns every kind of state into ONE object: a position of this
 consumer (:class:`_Position`), a plain-DataLoader tracker's delivered counts
-(:class:`_Counts`, :mod:`~fsspec_shards.iteration.resume`), an epoch remainder
-(:class:`_Remainder`: a :func:`~fsspec_shards.iteration.regroup.remainder_state`, or the
+(:class:`_Counts`, :mod:`~fsspec_shards.iteration.resume.delivery`), an epoch remainder
+(:class:`_Remainder`: a :func:`~fsspec_shards.iteration.resume.regroup.remainder_state`, or the
 list of every old consumer's state of another world size or worker count, regrouped). The
 next iteration starts from it (:meth:`Resumption.start`), and the running stream takes its
 place (:class:`_Running`), so :meth:`Resumption.state_dict` always asks that one object.
@@ -21,9 +21,9 @@ from typing import Any
 from fsspec_shards.config import is_int
 from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import Piece
-from fsspec_shards.iteration.regroup import is_remainder_state, remainder_pieces
-from fsspec_shards.iteration.resume import DeliveredCounts, is_tracker_state
-from fsspec_shards.iteration.state import (
+from fsspec_shards.iteration.resume.delivery import DeliveredCounts, is_tracker_state
+from fsspec_shards.iteration.resume.regroup import is_remainder_state, remainder_pieces
+from fsspec_shards.iteration.resume.state import (
     StreamState,
     check_fingerprint,
     check_position,
@@ -205,7 +205,7 @@ class Resumption:
         return stream
 
     def tracker_fingerprint(self, consumer: Consumer, num_workers: int) -> dict[str, Any]:
-        """The arguments a :class:`~fsspec_shards.iteration.resume.DeliveryTracker` state
+        """The arguments a :class:`~fsspec_shards.iteration.resume.delivery.DeliveryTracker` state
         of ``consumer``'s rank depends on: those of the dataset state, for all its workers."""
         whole_rank = Consumer(consumer.rank, consumer.world_size, 0, 1)
         fingerprint = self.streams.fingerprint(whole_rank)

@@ -7,7 +7,7 @@ import json
 import tarfile
 
 from fsspec_shards.checksums import parse_sums_file
-from fsspec_shards.demo import make_demo_dataset
+from fsspec_shards.fleet.demo import make_demo_dataset
 
 
 def test_same_arguments_give_the_same_bytes_in_any_directory(tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fsspec_shards.iteration.plan import EpochPlan, Segment
-from fsspec_shards.iteration.state import (
+from fsspec_shards.iteration.resume.state import (
     SampleRef,
     StreamState,
     check_fingerprint,

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from fsspec_shards import ShardDataset
-from fsspec_shards.iteration.regroup import loader_dataset_states, remainder_state
+from fsspec_shards.iteration.resume.regroup import loader_dataset_states, remainder_state
 from tests.shardmaker import keys, write_shards
 
 ARGS = dict(shuffle_buffer=3, seed=5)
@@ -211,7 +211,7 @@ def test_with_counts_the_new_ranks_continue_with_equal_lengths(shards, monkeypat
 
 
 def test_tracker_states_of_every_old_rank_continue_the_epoch(shards, monkeypatch):
-    from fsspec_shards.iteration.resume import DeliveryTracker
+    from fsspec_shards.iteration.resume.delivery import DeliveryTracker
 
     args = dict(ARGS, annotate=True)
     everything = keys(ShardDataset(shards, split_by_node=False))
@@ -304,7 +304,7 @@ def test_a_remainder_smaller_than_the_new_consumers_pads_every_one(shards, monke
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_tracker_state_taken_in_the_continued_epoch_resumes_it(shards, monkeypatch, num_workers):
     torch_data = pytest.importorskip("torch.utils.data")
-    from fsspec_shards.iteration.resume import DeliveryTracker
+    from fsspec_shards.iteration.resume.delivery import DeliveryTracker
 
     args = dict(ARGS, annotate=True)
     everything = keys(ShardDataset(shards, split_by_node=False))

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from fsspec_shards import ShardDataset
-from fsspec_shards.iteration.regroup import remainder_state
-from fsspec_shards.iteration.resumption import Resumption
+from fsspec_shards.iteration.resume.regroup import remainder_state
+from fsspec_shards.iteration.resume.resumption import Resumption
 from tests.shardmaker import keys, write_shards
 
 

@@ -51,7 +51,7 @@ class StreamState:
     ``read`` counts the samples read this epoch, ``delivered`` those handed out (transform
     drops included); the difference is in the shuffle buffer. ``segment_read`` counts the
     samples read from the current segment. ``remainder`` is set when the epoch is the rest of
-    an epoch regrouped over other consumers (:mod:`~fsspec_shards.iteration.regroup`).
+    an epoch regrouped over other consumers (:mod:`~fsspec_shards.iteration.resume.regroup`).
     """
 
     fingerprint: dict[str, Any]

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from fsspec_shards.iteration.order import Consumer
 from fsspec_shards.iteration.plan import Piece, Segment
-from fsspec_shards.iteration.resume import DeliveredCounts, is_tracker_state
-from fsspec_shards.iteration.state import (
+from fsspec_shards.iteration.resume.delivery import DeliveredCounts, is_tracker_state
+from fsspec_shards.iteration.resume.state import (
     CONSUMER_FIELDS,
     SampleRef,
     StreamState,
@@ -181,7 +181,7 @@ def loader_dataset_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any
     default); with several ranks, concatenate the lists of all ranks. Reads torchdata's
     private state keys (``_snapshot``, ``_steps_since_snapshot``, ``_worker_snapshots``,
     ``dataset_state``), here only: a state without them is a ValueError naming them, so a
-    torchdata that renames them fails loudly (tests/test_regroup.py reads a real state).
+    torchdata that renames them fails loudly (tests/resume/test_regroup.py reads a real state).
     """
     try:
         snapshot = loader_state.get("_snapshot")
