@@ -27,7 +27,9 @@ from fsspec.utils import tokenize
 
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage import backends
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.base import call
+from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId, object_id
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.integrity import Manifest, load_manifest
@@ -100,7 +102,7 @@ class Fetcher:
         self._successor: Fetcher | None = None
         policy = policy or options.retry_policy
         self.fs = fs if fs is not None else _backend(target_protocol, self._target_options, policy)
-        shorter = backends.backend_timeout(self.fs)
+        shorter = backend_for(protocol_of(self.fs)).timeout(self.fs)
         if shorter is not None and shorter < policy.timeout:
             policy = dataclasses.replace(policy, timeout=shorter)
         self.policy = policy
@@ -139,7 +141,7 @@ class Fetcher:
         """What downloads go through (``transport="obstore"`` raises a bad option now)."""
         fs = self.fs
         if self._given_fs is not None:
-            protocol, options = backends.protocol_of(fs), fs.storage_options
+            protocol, options = protocol_of(fs), fs.storage_options
         else:
             protocol, options = self._target_protocol, self._target_options
         if isinstance(protocol, tuple | list):
@@ -244,7 +246,7 @@ class Fetcher:
         single = isinstance(backend_path, str)
         self.fs.invalidate_cache(backend_path if single else None)
         return self.policy.call(
-            lambda: backends.call(
+            lambda: call(
                 self.fs, method, backend_path, *args, timeout=self.policy.timeout, **kwargs
             ),
             self.object(backend_path).shown if single else method,
@@ -360,7 +362,8 @@ class Fetcher:
         ttl = self.options.stale_ttl
         if ttl is not None and time.time() - validated < ttl:
             return True
-        current = backends.object_identity(self.retried("info", backend_path))
+        info = self.retried("info", backend_path)
+        current = backend_for(protocol_of(self.fs)).identity(info)
         if current != metadata.get("identity"):
             logger.info("cached copy of %s is stale: downloading again", obj.shown)
             return False
@@ -560,13 +563,13 @@ def _backend(
 ) -> fsspec.AbstractFileSystem:
     """The tamed backend (own retries down, listing cache off), one per process and options:
     fsspec makes a wds instance per thread, and a client each would cost (S3: about 1 s)."""
-    options = backends.tamed_target_options(protocol, target_options, policy.timeout)
+    options = backend_for(protocol).tamed_options(target_options, policy.timeout)
     key = tokenize(protocol, options)  # per process: emptied in a forked child
     with _SHARED_BACKENDS_LOCK:
         backend = _SHARED_BACKENDS.get(key)
         if backend is None:
             backend = fsspec.filesystem(protocol, **options)
-            backends.tame_instance(backend, protocol)
+            backend_for(protocol).tame_instance(backend)
             _SHARED_BACKENDS[key] = backend
     return backend
 
