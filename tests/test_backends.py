@@ -5,7 +5,8 @@ from __future__ import annotations
 import aiohttp
 import fsspec
 
-from fsspec_shards.storage.backends import backend_timeout, tamed_target_options
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.fields import protocol_of
 
 AZURITE = (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
@@ -16,14 +17,17 @@ AZURITE = (
 
 def test_private_instances_keep_no_listing_cache_and_share_nothing_with_the_users():
     for protocol in ("s3", "gcs", "https"):
-        tamed = tamed_target_options(protocol, {"use_listings_cache": True}, 5.0)
+        tamed = backend_for(protocol).tamed_options({"use_listings_cache": True}, 5.0)
         assert tamed["use_listings_cache"] is False and tamed["skip_instance_cache"] is True
-    assert "use_listings_cache" not in tamed_target_options("file", {}, 5.0)
+    assert "use_listings_cache" not in backend_for("file").tamed_options({}, 5.0)
 
 
 def test_the_shortest_socket_time_out_the_user_gave_the_backend_is_found():
     def built(protocol: str, options: dict):
-        return fsspec.filesystem(protocol, **tamed_target_options(protocol, options, 30.0))
+        return fsspec.filesystem(protocol, **backend_for(protocol).tamed_options(options, 30.0))
+
+    def backend_timeout(fs: fsspec.AbstractFileSystem) -> float | None:
+        return backend_for(protocol_of(fs)).timeout(fs)
 
     assert backend_timeout(built("s3", {"anon": True, "config_kwargs": {"read_timeout": 3}})) == 3
     assert backend_timeout(built("s3", {"anon": True})) == 30.0  # ours, set on the client

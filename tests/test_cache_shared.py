@@ -275,10 +275,10 @@ def test_a_copy_renamed_over_another_in_an_open_subdirectory_is_never_served(
 
 def version_path(fs, shared: Path, path: Path) -> Path:
     """The shared tier's file of ``path`` as it is now."""
-    from fsspec_shards.storage import backends
+    from fsspec_shards.storage.backends import backend_for
 
     tier = fs.fetcher.shared
-    identity = backends.object_identity(fs.fs.info(str(path)))
+    identity = backend_for("file").identity(fs.fs.info(str(path)))
     return Path(
         layout.shared_data_path(str(shared), tier.version(fs.fetcher.object(str(path)), identity))
     )

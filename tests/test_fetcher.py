@@ -227,7 +227,7 @@ def test_an_option_obstore_cannot_carry_over_is_named_or_sends_auto_to_fsspec(tm
         wds_filesystem(target_protocol="s3", target_options=options, transport="obstore")
     with caplog.at_level("DEBUG", logger="fsspec_shards.storage.transfer.obstore_transport"):
         fs = wds_filesystem(target_protocol="s3", target_options=options, cache_dir=str(tmp_path))
-    assert type(fs.download_transport).__name__ == "S3Transport"
+    assert type(fs.download_transport.backend).__name__ == "S3Backend"  # fsspec's stream
     assert "config_kwargs.signature_version" in caplog.records[0].getMessage()
 
 

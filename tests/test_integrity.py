@@ -9,7 +9,7 @@ import fsspec
 import pytest
 
 from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_sums
-from fsspec_shards.storage.backends import backend_checksums, object_identity
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.core.integrity import (
     Checksum,
     Manifest,
@@ -92,25 +92,25 @@ def _b64(hexdigest: str) -> str:
 
 
 def test_backend_checksums_come_from_s3_gcs_and_azure_info():
-    assert backend_checksums("s3", {"ETag": f'"{MD5}"'}) == [Checksum("md5", MD5)]
-    assert backend_checksums("s3", {"ETag": f'"{MD5}-3"'}) == []  # multipart: not an MD5
-    assert backend_checksums("s3", {"ETag": f'"{MD5}"', "ServerSideEncryption": "aws:kms"}) == []
-    assert Checksum("sha256", SHA256) in backend_checksums("s3", {"ChecksumSHA256": _b64(SHA256)})
-    gcs = backend_checksums("gcs", {"md5Hash": _b64(MD5), "crc32c": _b64("364b3fb7")})
+    s3 = backend_for("s3")
+    assert s3.checksums({"ETag": f'"{MD5}"'}) == [Checksum("md5", MD5)]
+    assert s3.checksums({"ETag": f'"{MD5}-3"'}) == []  # multipart: not an MD5
+    assert s3.checksums({"ETag": f'"{MD5}"', "ServerSideEncryption": "aws:kms"}) == []
+    assert Checksum("sha256", SHA256) in s3.checksums({"ChecksumSHA256": _b64(SHA256)})
+    gcs = backend_for("gcs").checksums({"md5Hash": _b64(MD5), "crc32c": _b64("364b3fb7")})
     assert set(gcs) == {Checksum("md5", MD5), Checksum("crc32c", "364b3fb7")}
     azure = {"content_settings": {"content_md5": bytearray(bytes.fromhex(MD5))}}
-    assert backend_checksums("az", azure) == [Checksum("md5", MD5)]
-    assert backend_checksums("http", {"ETag": f'"{MD5}"'}) == []  # an http ETag is opaque
+    assert backend_for("az").checksums(azure) == [Checksum("md5", MD5)]
+    assert backend_for("http").checksums({"ETag": f'"{MD5}"'}) == []  # an http ETag is opaque
 
 
 def test_identity_changes_with_version_etag_or_mtime_and_size():
-    assert object_identity({"ETag": '"a"', "size": 1}) != object_identity(
-        {"ETag": '"b"', "size": 1}
-    )
-    assert object_identity({"generation": "1", "size": 1}) != object_identity(
+    http, gcs, local = backend_for("http"), backend_for("gcs"), backend_for("file")
+    assert http.identity({"ETag": '"a"', "size": 1}) != http.identity({"ETag": '"b"', "size": 1})
+    assert gcs.identity({"generation": "1", "size": 1}) != gcs.identity(
         {"generation": "2", "size": 1}
     )
-    assert object_identity({"mtime": 1.0, "size": 1}) != object_identity({"mtime": 1.0, "size": 2})
+    assert local.identity({"mtime": 1.0, "size": 1}) != local.identity({"mtime": 1.0, "size": 2})
 
 
 def write_pair(directory, data: bytes, block_size: int = 4096):

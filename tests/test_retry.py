@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from fsspec_shards.storage import backends  # noqa: F401 - teaches retry their error names
 from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.core.retry import (
     Attempts,

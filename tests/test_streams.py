@@ -13,7 +13,7 @@ from fsspec.asyn import get_loop
 from fsspec_shards.storage.backends.versions import Version
 from fsspec_shards.storage.transfer.streams import (
     CatFileTransport,
-    HttpTransport,
+    LoopTransport,
     _pipelined,
     _RangeWindow,
     transport_for,
@@ -85,6 +85,6 @@ def test_backends_without_a_streaming_transport_read_through_cat_file_and_say_no
 
 
 def test_network_backends_get_their_own_streaming_transport():
-    assert isinstance(
-        transport_for(fsspec.filesystem("http", skip_instance_cache=True)), HttpTransport
-    )
+    transport = transport_for(fsspec.filesystem("http", skip_instance_cache=True))
+    assert isinstance(transport, LoopTransport)
+    assert type(transport.backend).__name__ == "HttpBackend"

@@ -26,20 +26,19 @@ import fsspec
 from fsspec.utils import tokenize
 
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
-from fsspec_shards.redact import redact_url
-from fsspec_shards.storage import backends
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.base import call
+from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId, object_id
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.integrity import Manifest, load_manifest
-from fsspec_shards.storage.core.retry import RetryPolicy, TransientError
+from fsspec_shards.storage.core.retry import RetryPolicy
 from fsspec_shards.storage.files import BlockCheckedFile, CachedFile, RetryingFile
 from fsspec_shards.storage.transfer import planner
 from fsspec_shards.storage.transfer.obstore_transport import (
-    DownloadTransport,
-    HttpStatusError,
     download_transport,
 )
-from fsspec_shards.storage.transfer.one_stream import read_range
+from fsspec_shards.storage.transfer.one_stream import read_range, read_whole
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
 from fsspec_shards.storage.transfer.target import Target
 
@@ -100,7 +99,7 @@ class Fetcher:
         self._successor: Fetcher | None = None
         policy = policy or options.retry_policy
         self.fs = fs if fs is not None else _backend(target_protocol, self._target_options, policy)
-        shorter = backends.backend_timeout(self.fs)
+        shorter = backend_for(protocol_of(self.fs)).timeout(self.fs)
         if shorter is not None and shorter < policy.timeout:
             policy = dataclasses.replace(policy, timeout=shorter)
         self.policy = policy
@@ -139,7 +138,7 @@ class Fetcher:
         """What downloads go through (``transport="obstore"`` raises a bad option now)."""
         fs = self.fs
         if self._given_fs is not None:
-            protocol, options = backends.protocol_of(fs), fs.storage_options
+            protocol, options = protocol_of(fs), fs.storage_options
         else:
             protocol, options = self._target_protocol, self._target_options
         if isinstance(protocol, tuple | list):
@@ -186,34 +185,15 @@ class Fetcher:
         with self._lock:
             if self._manifest is None:
                 self._manifest = self.policy.call(
-                    lambda: load_manifest(source, self.fs, self.read_whole),
+                    lambda: load_manifest(source, self.fs, self._read_whole),
                     source if isinstance(source, str) else "checksums",
                     "load manifest",
                     lambda: self.incr("retries"),
                 )
             return self._manifest
 
-    def read_whole(self, backend_path: str) -> bytes:
-        """A small object (a manifest) through the download transport: where that is obstore, a
-        DataLoader worker reads it without starting the fsspec backend's (botocore's) session."""
-        transport = self.transport
-        if not isinstance(transport, DownloadTransport):
-            return self.fs.cat_file(backend_path)
-        pieces: list[bytes] = []
-        sink = lambda piece: pieces.append(bytes(piece))  # noqa: E731
-        try:
-            facts = transport.stream(backend_path, 0, None, sink, self.policy.timeout)
-        except HttpStatusError as exc:
-            if exc.status != 416:
-                raise
-            # an empty object has no byte 0 to ask a range from: the backend reads it whole
-            return self.fs.cat_file(backend_path)
-        data = b"".join(pieces)
-        if facts.total is not None and len(data) != facts.total:
-            raise TransientError(
-                f"{redact_url(backend_path)}: read {len(data)} of {facts.total} bytes"
-            )
-        return data
+    def _read_whole(self, backend_path: str) -> bytes:
+        return read_whole(self.transport, self.fs, backend_path, self.policy.timeout)
 
     # -- objects, counters, backend calls -------------------------------------------------
 
@@ -244,7 +224,7 @@ class Fetcher:
         single = isinstance(backend_path, str)
         self.fs.invalidate_cache(backend_path if single else None)
         return self.policy.call(
-            lambda: backends.call(
+            lambda: call(
                 self.fs, method, backend_path, *args, timeout=self.policy.timeout, **kwargs
             ),
             self.object(backend_path).shown if single else method,
@@ -360,7 +340,8 @@ class Fetcher:
         ttl = self.options.stale_ttl
         if ttl is not None and time.time() - validated < ttl:
             return True
-        current = backends.object_identity(self.retried("info", backend_path))
+        info = self.retried("info", backend_path)
+        current = backend_for(protocol_of(self.fs)).identity(info)
         if current != metadata.get("identity"):
             logger.info("cached copy of %s is stale: downloading again", obj.shown)
             return False
@@ -562,13 +543,13 @@ def _backend(
 ) -> fsspec.AbstractFileSystem:
     """The tamed backend (own retries down, listing cache off), one per process and options:
     fsspec makes a wds instance per thread, and a client each would cost (S3: about 1 s)."""
-    options = backends.tamed_target_options(protocol, target_options, policy.timeout)
+    options = backend_for(protocol).tamed_options(target_options, policy.timeout)
     key = tokenize(protocol, options)  # per process: emptied in a forked child
     with _SHARED_BACKENDS_LOCK:
         backend = _SHARED_BACKENDS.get(key)
         if backend is None:
             backend = fsspec.filesystem(protocol, **options)
-            backends.tame_instance(backend, protocol)
+            backend_for(protocol).tame_instance(backend)
             _SHARED_BACKENDS[key] = backend
     return backend
 

@@ -21,8 +21,9 @@ from fsspec.utils import other_paths, stringify_path
 
 from fsspec_shards import option_shapes
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
-from fsspec_shards.storage import backends
 from fsspec_shards.storage.backends.accepted_options import check_backend_options
+from fsspec_shards.storage.backends.fields import protocol_of
+from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
 from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.fetcher import Fetcher
@@ -82,7 +83,7 @@ class WdsFileSystem(ChainedFileSystem):
     ) -> None:
         """The options once ``__init__`` sorted out the layer's own from the backend's:
         fsspec's instance options go to fsspec, the rest are parsed (``StorageOptions``)."""
-        instance = {k: options.pop(k) for k in set(options) & backends.FSSPEC_INSTANCE_OPTIONS}
+        instance = {k: options.pop(k) for k in set(options) & FSSPEC_INSTANCE_OPTIONS}
         self.options = StorageOptions.parse(**options)
         super().__init__(**instance)
         install_log_redaction()
@@ -358,7 +359,7 @@ class WdsFileSystem(ChainedFileSystem):
         backend_path = self._backend_path(path)
         if not callable(getattr(self.fs, method, None)):
             raise NotImplementedError(
-                f"the {backends.protocol_of(self.fs)} backend has no {method}(); "
+                f"the {protocol_of(self.fs)} backend has no {method}(); "
                 f"cannot set attributes of {self.fetcher.object(backend_path).shown}"
             )
         with self._writing(backend_path):

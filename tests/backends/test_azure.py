@@ -5,7 +5,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import tame_instance, tamed_target_options
+from fsspec_shards.storage.backends import backend_for
 from tests.obstore_helpers import (
     AZ_KEY,
     AZURITE_CS,
@@ -23,9 +23,9 @@ AZURITE = AZURITE_CS
 
 
 def test_azure_sdk_retries_are_off():
-    options = tamed_target_options("az", {"connection_string": AZURITE}, 5.0)
+    options = backend_for("az").tamed_options({"connection_string": AZURITE}, 5.0)
     az = fsspec.filesystem("az", **options)
-    tame_instance(az, "az")
+    backend_for("az").tame_instance(az)
     assert az.service_client._config.retry_policy.total_retries == 0
 
 
@@ -115,3 +115,11 @@ def test_an_azure_key_given_as_credential_string_is_a_key():
 )
 def test_azure_options_without_an_obstore_equivalent_are_refused_by_name(options, option):
     assert refusal_of("az", options).option == option
+
+
+def test_an_sdk_without_the_retry_policy_is_warned_of(caplog):
+    class Changed:
+        service_client = None
+
+    backend_for("az").tame_instance(Changed())
+    assert "cannot turn down the Azure SDK's own retries" in caplog.text

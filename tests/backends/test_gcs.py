@@ -7,7 +7,7 @@ import json
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import tame_instance, tamed_target_options
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from tests.obstore_helpers import (
     SERVICE_ACCOUNT,
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.usefixtures("no_ambient_credentials")
 
 
 def test_gcsfs_instance_sends_requests_without_its_retry_decorator():
-    gcs = fsspec.filesystem("gcs", **tamed_target_options("gcs", {"token": "anon"}, 5.0))
-    tame_instance(gcs, "gcs")
+    gcs = fsspec.filesystem("gcs", **backend_for("gcs").tamed_options({"token": "anon"}, 5.0))
+    backend_for("gcs").tame_instance(gcs)
     assert gcs._request.__func__ is type(gcs)._request.__wrapped__
 
 
@@ -109,5 +109,15 @@ def test_gcs_options_without_an_obstore_equivalent_are_refused_by_name(options, 
 
 
 def test_the_tamed_gcs_options_of_the_wds_filesystem_map():
-    options = tamed_target_options("gcs", {"token": "anon", "endpoint_url": "http://h:1"}, 30.0)
+    given = {"token": "anon", "endpoint_url": "http://h:1"}
+    options = backend_for("gcs").tamed_options(given, 30.0)
     assert isinstance(map_options("gcs", options), StoreSpec)
+
+
+def test_a_gcsfs_without_the_undecorated_request_is_warned_of(caplog):
+    class Changed:
+        async def _request(self):
+            """No ``__wrapped__``: gcsfs moved its retries."""
+
+    backend_for("gcs").tame_instance(Changed())
+    assert "gcsfs changed: cannot turn down its own retries" in caplog.text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from fsspec_shards.storage.backends import http, tamed_target_options
+from fsspec_shards.storage.backends import backend_for, http
 from tests.obstore_helpers import (
     basic_auth,
     no_ambient_credentials,  # noqa: F401 - the fixture
@@ -36,10 +36,10 @@ def test_a_time_out_the_user_set_is_kept():
 
 
 def test_http_gets_socket_timeouts_unless_the_user_set_a_timeout():
-    tamed = tamed_target_options("https", {}, timeout=5.0)
+    tamed = backend_for("https").tamed_options({}, timeout=5.0)
     assert tamed["client_kwargs"]["timeout"].sock_read == 5.0
     mine = aiohttp.ClientTimeout(total=99)
-    kept = tamed_target_options("http", {"client_kwargs": {"timeout": mine}}, timeout=5.0)
+    kept = backend_for("http").tamed_options({"client_kwargs": {"timeout": mine}}, timeout=5.0)
     assert kept["client_kwargs"]["timeout"] is mine
 
 
@@ -79,7 +79,7 @@ def test_http_ssl_false_allows_invalid_certificates():
 
 
 def test_the_tamed_http_options_of_the_wds_filesystem_map():
-    assert spec_of("http", tamed_target_options("http", {}, 30.0)).client == {}
+    assert spec_of("http", backend_for("http").tamed_options({}, 30.0)).client == {}
 
 
 @pytest.mark.parametrize(

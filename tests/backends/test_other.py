@@ -7,7 +7,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from fsspec_shards.storage.backends import backend_of, location, other, tamed_target_options
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.other import OtherBackend
 from fsspec_shards.storage.transfer.streams import CatFileTransport, transport_for
 
 
@@ -22,7 +23,11 @@ class Remote(fsspec.AbstractFileSystem):
 
 @pytest.mark.parametrize("protocol", ["memory", "sftp", "hdfs", "remote-of-mine"])
 def test_a_protocol_not_known_here_falls_back_to_other(protocol):
-    assert backend_of(protocol) is other
+    assert isinstance(backend_for(protocol), OtherBackend)
+
+
+other = backend_for("remote-of-mine")
+location = other.location
 
 
 def test_a_backend_built_with_other_options_is_elsewhere():
@@ -43,11 +48,11 @@ def test_memory_files_are_located_by_their_path_alone():
 
 
 def test_the_usual_version_fields_and_nothing_tamed():
-    assert other.VERSION_FIELDS.read({"ETag": '"e"', "mtime": 3.0}) == ('"e"', None, 3.0)
-    assert other.VERSION_FIELDS.read({"updated": "2024-01-01"}) == (None, None, "2024-01-01")
+    assert other.version_fields.read({"ETag": '"e"', "mtime": 3.0}) == ('"e"', None, 3.0)
+    assert other.version_fields.read({"updated": "2024-01-01"}) == (None, None, "2024-01-01")
     fs = Remote(skip_instance_cache=True)
     assert other.checksums({"md5": "00"}) == [] and other.socket_timeouts(fs) == []
-    assert tamed_target_options("remote-of-mine", {"host": "a"}, 1.0) == {
+    assert backend_for("remote-of-mine").tamed_options({"host": "a"}, 1.0) == {
         "host": "a",
         "skip_instance_cache": True,
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import s3, tame_instance, tamed_target_options
+from fsspec_shards.storage.backends import backend_for, s3
 from fsspec_shards.storage.backends.identity import backend_location
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
@@ -119,20 +119,20 @@ def test_the_botocore_session_is_made_where_the_filesystem_is_made(aws_config, m
 
 
 def test_s3_gets_one_botocore_attempt_and_socket_timeouts_unless_the_user_set_them():
-    tamed = tamed_target_options("s3", {"anon": True}, timeout=7.0)
+    tamed = backend_for("s3").tamed_options({"anon": True}, timeout=7.0)
     config = tamed["config_kwargs"]
     assert config["retries"]["max_attempts"] == 1
     assert (config["connect_timeout"], config["read_timeout"]) == (7.0, 7.0)
     assert tamed["skip_instance_cache"] is True
     mine = {"config_kwargs": {"retries": {"max_attempts": 9}, "read_timeout": 3}}
-    kept = tamed_target_options("s3", mine, timeout=7.0)["config_kwargs"]
+    kept = backend_for("s3").tamed_options(mine, timeout=7.0)["config_kwargs"]
     assert kept["retries"] == {"max_attempts": 9} and kept["read_timeout"] == 3
     assert mine == {"config_kwargs": {"retries": {"max_attempts": 9}, "read_timeout": 3}}
 
 
 def test_s3fs_instance_retries_once():
-    s3 = fsspec.filesystem("s3", **tamed_target_options("s3", {"anon": True}, 5.0))
-    tame_instance(s3, "s3")
+    s3 = fsspec.filesystem("s3", **backend_for("s3").tamed_options({"anon": True}, 5.0))
+    backend_for("s3").tame_instance(s3)
     assert s3.retries == 1
     assert fsspec.filesystem("s3", anon=True).retries != 1  # the user's own instance is untouched
 
@@ -316,7 +316,7 @@ def test_write_only_s3_settings_are_ignored():
 
 
 def test_the_tamed_s3_options_of_the_wds_filesystem_map():
-    options = tamed_target_options("s3", {"key": "AKID", "secret": "s", **S3_ENDPOINT}, 30.0)
+    options = backend_for("s3").tamed_options({"key": "AKID", "secret": "s", **S3_ENDPOINT}, 30.0)
     assert isinstance(map_options("s3", options), StoreSpec)
 
 

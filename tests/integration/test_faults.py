@@ -17,7 +17,7 @@ import fsspec
 import pytest
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends import backend_checksums
+from fsspec_shards.storage.backends import backend_for
 from tests.faults import Cut, Flip, Reset, Stall, Status
 from tests.integration import servers
 from tests.integration.conftest import backend_fixture, served
@@ -273,7 +273,8 @@ def test_a_flipped_byte_is_caught_by_the_backend_checksum(
 ):
     backend = request.getfixturevalue(backend_fixture(request, backend_name))
     fs, path, proxy, url = _through_proxy(backend, fault_proxy, tmp_path, transport)
-    assert backend_checksums(backend.protocol, backend.filesystem().info(url)), "no checksum"
+    info = backend.filesystem().info(url)
+    assert backend_for(backend.protocol).checksums(info), "no checksum"
     proxy.add(Flip(offset=123_457), **_data_gets(backend))
     assert fs.cat_file(path) == DATA
     assert fs.cache_stats()["integrity_failures"] == 1

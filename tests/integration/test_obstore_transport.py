@@ -564,15 +564,16 @@ def test_a_stream_waiting_for_the_server_lets_other_threads_run(s3_backend, faul
 
 def _what_the_rules_read(protocol: str, info: dict) -> tuple:
     """What the version rule, the checksum rule and the cache key take from an ``info()``."""
-    from fsspec_shards.storage.backends import backend_checksums, object_identity
+    from fsspec_shards.storage.backends import backend_for
     from fsspec_shards.storage.backends.versions import expected_version
 
+    backend = backend_for(protocol)
     return (
         info["size"],
         info["type"],
-        repr(expected_version(protocol, info)),
-        backend_checksums(protocol, info),
-        object_identity(info),
+        repr(expected_version(backend.version_fields, info)),
+        backend.checksums(info),
+        backend.identity(info),
     )
 
 

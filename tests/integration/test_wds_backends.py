@@ -301,10 +301,10 @@ def test_a_cold_read_through_obstore_on_s3_never_asks_s3fs(s3_backend, tmp_path,
     (100-250 ms of its first batch). The cached copy records the version s3fs sees."""
     import s3fs
 
-    from fsspec_shards.storage.backends import object_identity
+    from fsspec_shards.storage.backends import backend_for
 
     url = s3_backend.put("shards/train-0002.tar", DATA)
-    theirs = object_identity(s3_backend.filesystem().info(url.split("://", 1)[1]))
+    theirs = backend_for("s3").identity(s3_backend.filesystem().info(url.split("://", 1)[1]))
     asked: list[str] = []
     for name in ("_info", "_call_s3", "set_session"):
         original = getattr(s3fs.S3FileSystem, name)

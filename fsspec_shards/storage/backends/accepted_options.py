@@ -4,12 +4,12 @@ file is already cached).
 
 A backend takes the named parameters of its ``__init__`` (and of its base classes' that it
 hands ``**kwargs`` on to), fsspec's instance options, and for some backends a second set it
-passes on (its module's ``passed_on()``: s3fs gives the rest to aiobotocore's
+passes on (its ``Backend.passed_on()``: s3fs gives the rest to aiobotocore's
 ``AioSession``, fsspec's HTTP filesystem to every aiohttp request). Tables of a client's
-keywords (its module's ``OPTION_TABLES``: s3fs ``client_kwargs`` and ``config_kwargs``, HTTP
+keywords (its ``Backend.option_tables``: s3fs ``client_kwargs`` and ``config_kwargs``, HTTP
 ``client_kwargs``) are checked against what that client takes. Backends whose leftovers go
 somewhere we cannot list (adlfs hands them to azure-identity's credential) and backends we
-do not know have no ``passed_on`` and are not checked.
+do not know pass on what cannot be listed (``passed_on()`` is None) and are not checked.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.errors import OptionError
-from fsspec_shards.storage.backends import FSSPEC_INSTANCE_OPTIONS, backend_of
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.fields import parameters
+from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
 
 
 def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:
@@ -33,7 +34,7 @@ def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:
     if accepted is None:
         return
     _refuse_unknown(protocol, options, accepted)
-    for table, takes in backend_of(protocol).OPTION_TABLES.items():
+    for table, takes in backend_for(protocol).option_tables.items():
         given = options.get(table)
         if isinstance(given, Mapping):
             _refuse_unknown(f"{protocol}.{table}", given, frozenset(takes()))
@@ -49,12 +50,11 @@ def _refuse_unknown(where: str, options: Mapping[str, Any], accepted: frozenset[
 @functools.lru_cache(maxsize=32)
 def accepted_options(protocol: str) -> frozenset[str] | None:
     """Every option the filesystem of ``protocol`` takes, or None when it is not checked."""
-    passed_on = getattr(backend_of(protocol), "passed_on", None)
-    if passed_on is None:
-        return None
     try:
+        extra = backend_for(protocol).passed_on()
+        if extra is None:
+            return None
         cls = fsspec.get_filesystem_class(protocol)
-        extra = passed_on()
     except ImportError:
         return None  # building the backend will say what is missing
     names = set(FSSPEC_INSTANCE_OPTIONS) | extra

@@ -2,20 +2,25 @@
 
 Where its objects live (the account and its blob endpoint), which ``info()`` fields name a
 version (``etag``, ``version_id``) and carry a checksum (``content_md5``), adlfs's socket
-time-outs, the taming of the Azure SDK's own retries, and the obstore mapping
+time-outs, the taming of the Azure SDK's own retries, azure-core's failure names, the
+streaming GET (:meth:`AzureBackend.open_range`), and the obstore mapping
 (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
 
 from fsspec_shards.redact import redact_text
+from fsspec_shards.storage.backends.base import Backend, Read, range_header, within
 from fsspec_shards.storage.backends.fields import VersionFields, from_base64
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
@@ -24,50 +29,115 @@ from fsspec_shards.storage.backends.mapping import (
     as_bool,
     http_endpoint,
 )
+from fsspec_shards.storage.backends.versions import facts_from_headers
 from fsspec_shards.storage.core.integrity import Checksum
+from fsspec_shards.storage.core.retry import ErrorNames
+from fsspec_shards.storage.deps import adlfs as adlfs_deps
+from fsspec_shards.storage.deps import azure as azure_deps
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 
-PROTOCOLS = ("az", "abfs", "abfss", "adl")
-VERSION_FIELDS = VersionFields(etag=("etag",), version=("version_id",), modified=("last_modified",))
-
-
-def location(fs: fsspec.AbstractFileSystem) -> str:
-    """The account and blob endpoint adlfs instance ``fs`` talks to."""
-    client = getattr(fs, "service_client", None)
-    url = getattr(client, "url", None) or getattr(fs, "account_url", None) or ""
-    account = getattr(fs, "account_name", None) or ""
-    return f"account={account};endpoint={url.split('?', 1)[0].rstrip('/')}"
+logger = logging.getLogger(__name__)
 
 
-def checksums(info: Mapping[str, Any]) -> list[Checksum]:
-    """``content_settings.content_md5``, when the blob was written with one."""
-    settings = info.get("content_settings") or {}
-    md5 = (
-        settings.get("content_md5")
-        if isinstance(settings, dict)
-        else getattr(settings, "content_md5", None)
+class AzureBackend(Backend):
+    """adlfs."""
+
+    protocols = ("az", "abfs", "abfss", "adl")
+    version_fields = VersionFields(
+        etag=("etag",), version=("version_id",), modified=("last_modified",)
     )
-    hexdigest = from_base64(md5)
-    return [Checksum("md5", hexdigest)] if hexdigest and len(hexdigest) == 32 else []
+    remote = True
+    errors = ErrorNames(
+        transient=frozenset({"ServiceRequestError", "ServiceResponseError"}),
+        not_found=frozenset({"ResourceNotFoundError"}),
+        denied=frozenset({"ClientAuthenticationError"}),
+        throttle_codes=frozenset({"ServerBusy", "OperationTimedOut", "InternalError"}),
+    )
+    """azure-core's failures and Azure Storage's error codes."""
+
+    def location(self, fs: fsspec.AbstractFileSystem) -> str:
+        """The account and blob endpoint adlfs instance ``fs`` talks to."""
+        client = getattr(fs, "service_client", None)
+        url = getattr(client, "url", None) or getattr(fs, "account_url", None) or ""
+        account = getattr(fs, "account_name", None) or ""
+        return f"account={account};endpoint={url.split('?', 1)[0].rstrip('/')}"
+
+    def checksums(self, info: Mapping[str, Any]) -> list[Checksum]:
+        """``content_settings.content_md5``, when the blob was written with one."""
+        settings = info.get("content_settings") or {}
+        md5 = (
+            settings.get("content_md5")
+            if isinstance(settings, dict)
+            else getattr(settings, "content_md5", None)
+        )
+        hexdigest = from_base64(md5)
+        return [Checksum("md5", hexdigest)] if hexdigest and len(hexdigest) == 32 else []
+
+    def socket_timeouts(self, fs: fsspec.AbstractFileSystem) -> list[Any]:
+        """adlfs's ``connection_timeout`` and ``read_timeout``."""
+        given = adlfs_deps.timeout_kwargs(fs)
+        return [given.get("connection_timeout"), given.get("read_timeout")]
+
+    def tame_instance(self, fs: fsspec.AbstractFileSystem) -> None:
+        """The Azure SDK's retry policy at no retries (see ``deps/azure.py``; adlfs takes no
+        retry option)."""
+        if not azure_deps.no_retries(getattr(fs, "service_client", None)):
+            logger.warning("adlfs changed: cannot turn down the Azure SDK's own retries")
+
+    @contextlib.asynccontextmanager
+    async def open_range(self, fs, path, start, end, expect, timeout) -> AsyncIterator:
+        """One raw Get Blob request through the SDK's pipeline (whose retries are off),
+        conditional on the ETag expected. The SDK's downloader is not used: it buffers
+        pieces whole and retries a cut piece inside itself, out of sight of the retry
+        counters."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        container, blob, version = fs.split_path(fsspec_deps.strip_protocol(fs, path))
+        if not version and expect is not None and expect.version:
+            version = str(expect.version)
+        conditions = azure_deps.if_match(expect.etag if expect is not None else None)
+        async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
+            try:
+                pipeline_response, body, _ = await within(
+                    azure_deps.raw_download(
+                        client,
+                        range=range_header(start, end),
+                        version_id=version,
+                        modified_access_conditions=conditions,
+                        **adlfs_deps.timeout_kwargs(fs),
+                    ),
+                    timeout,
+                )
+            except ResourceNotFoundError:
+                missing = True
+            else:
+                missing = False
+            if missing:
+                raise FileNotFoundError(errno.ENOENT, "no such blob", path)
+            response = pipeline_response.http_response
+            try:
+                facts = facts_from_headers(
+                    response.status_code, response.headers, "x-ms-version-id"
+                )
+                yield facts, _reader(body)
+            finally:
+                await response.close()
+
+    def obstore_store(self, options: Options) -> StoreSpec:
+        """The obstore Azure store (:func:`obstore_store`)."""
+        return obstore_store(options)
 
 
-def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
-    """adlfs's ``connection_timeout`` and ``read_timeout``."""
-    from fsspec_shards.storage.deps import adlfs as adlfs_deps
+def _reader(body: Any) -> Read:
+    """Reads of the SDK's body iterator (its own piece size)."""
 
-    given = adlfs_deps.timeout_kwargs(fs)
-    return [given.get("connection_timeout"), given.get("read_timeout")]
+    async def read(size: int) -> bytes:
+        try:
+            return await body.__anext__()
+        except StopAsyncIteration:
+            return b""
 
-
-def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """adlfs takes no retry option: the SDK's retries are turned down on the instance."""
-    return options
-
-
-def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
-    """The Azure SDK's retry policy at no retries (see ``deps/azure.py``)."""
-    from fsspec_shards.storage.deps import azure as azure_deps
-
-    azure_deps.no_retries(getattr(fs, "service_client", None))
+    return read
 
 
 # -- obstore ---------------------------------------------------------------------------

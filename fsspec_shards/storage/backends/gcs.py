@@ -4,21 +4,26 @@ Where its objects live (the endpoint as gcsfs resolves it, for the cache key and
 obstore store alike: ``endpoint_url``, ``STORAGE_EMULATOR_HOST`` unless ``default``, else
 Google's in ``GOOGLE_CLOUD_UNIVERSE_DOMAIN``), which ``info()`` fields name a version
 (``generation``) and carry checksums (``md5Hash``, ``crc32c``), gcsfs's socket time-out,
-the taming of its own retries, and the obstore mapping (:data:`OBSTORE_TABLE` plus
-:func:`obstore_credentials`).
+the taming of its own retries, how its errors say their status, the one-request
+``info()``, the streaming GET (:meth:`GcsBackend.open_range`), and the obstore mapping
+(:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import fsspec
+from fsspec.asyn import sync
 
 from fsspec_shards.redact import redact_text
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64
+from fsspec_shards.storage.backends.base import Backend, range_header, within
+from fsspec_shards.storage.backends.fields import VersionFields
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
     Options,
@@ -26,55 +31,85 @@ from fsspec_shards.storage.backends.mapping import (
     as_bool,
     http_endpoint,
 )
-from fsspec_shards.storage.core.integrity import Checksum
+from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.core.retry import ErrorNames
+from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
 
-PROTOCOLS = ("gs", "gcs")
 GOOGLE = "https://storage.googleapis.com"
-VERSION_FIELDS = VersionFields(
-    etag=("etag",), version=("generation",), modified=("updated",), no_version=("", "0")
-)
+logger = logging.getLogger(__name__)
 
 
-def location(fs: fsspec.AbstractFileSystem) -> str:
-    """The endpoint gcsfs instance ``fs`` talks to."""
-    from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
+class GcsBackend(Backend):
+    """gcsfs."""
 
-    return f"endpoint={gcsfs_deps.endpoint(fs) or GOOGLE}"
+    protocols = ("gs", "gcs")
+    version_fields = VersionFields(
+        etag=("etag",), version=("generation",), modified=("updated",), no_version=("", "0")
+    )
+    checksum_fields = (("md5", "md5Hash", 32), ("crc32c", "crc32c", 8))
+    """``md5Hash`` is absent on composite objects."""
+    remote = True
+    errors = ErrorNames(
+        status_code_types=frozenset({"HttpError"}),
+        denied_texts=("Forbidden",),
+        invalid_texts=("Bad Request:",),
+    )
+    """gcsfs's ``HttpError`` carries the status as ``.code``; its 403 is a message
+    beginning "Forbidden", its 400 a ``ValueError`` beginning "Bad Request:"."""
 
+    def location(self, fs: fsspec.AbstractFileSystem) -> str:
+        """The endpoint gcsfs instance ``fs`` talks to."""
+        return f"endpoint={gcsfs_deps.endpoint(fs) or GOOGLE}"
 
-def passed_on() -> set[str]:
-    """Nothing: the backend takes its own parameters only."""
-    return set()
+    def passed_on(self) -> set[str]:
+        """Nothing: the backend takes its own parameters only."""
+        return set()
 
+    def socket_timeouts(self, fs: fsspec.AbstractFileSystem) -> list[Any]:
+        """gcsfs's ``requests_timeout``."""
+        return [getattr(fs, "requests_timeout", None)]
 
-OPTION_TABLES: dict = {}
+    def tame_instance(self, fs: fsspec.AbstractFileSystem) -> None:
+        """gcsfs's requests without its retry decorator (see ``deps/gcsfs.py``; gcsfs takes
+        no retry option)."""
+        if not gcsfs_deps.request_without_retries(fs):
+            logger.warning("gcsfs changed: cannot turn down its own retries")
 
+    def file_info(
+        self, fs: fsspec.AbstractFileSystem, path: str, timeout: float | None
+    ) -> dict[str, Any]:
+        """The object's metadata in one request (gcsfs's ``info`` also lists the prefix);
+        when that finds no object, ``info`` says what is there (a directory, or nothing)."""
+        if not fs.asynchronous:
+            try:
+                return sync(fs.loop, gcsfs_deps.get_object, fs, path, timeout=timeout)
+            except FileNotFoundError:
+                pass
+        return super().file_info(fs, path, timeout)
 
-def checksums(info: Mapping[str, Any]) -> list[Checksum]:
-    """``md5Hash`` (absent on composite objects) and ``crc32c``, as ``info()`` gives them."""
-    found = []
-    for algorithm, name, length in (("md5", "md5Hash", 32), ("crc32c", "crc32c", 8)):
-        hexdigest = from_base64(info.get(name))
-        if hexdigest and len(hexdigest) == length:
-            found.append(Checksum(algorithm, hexdigest))
-    return found
+    @contextlib.asynccontextmanager
+    async def open_range(self, fs, path, start, end, expect, timeout) -> AsyncIterator:
+        """The JSON API's media download, conditional on the generation expected."""
+        from gcsfs.retry import validate_response
 
+        session, headers, params = await gcsfs_deps.media_request(
+            fs, {"Range": range_header(start, end)}
+        )
+        if expect is not None and expect.version and "generation=" not in fs.url(path):
+            params["ifGenerationMatch"] = str(expect.version)
+        response = await within(
+            session.get(fs.url(path), headers=headers, params=params, timeout=fs.requests_timeout),
+            timeout,
+        )
+        async with response:
+            if response.status >= 400:
+                validate_response(response.status, await response.read(), path)
+            facts = facts_from_headers(response.status, response.headers, "x-goog-generation")
+            yield facts, response.content.read
 
-def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
-    """gcsfs's ``requests_timeout``."""
-    return [getattr(fs, "requests_timeout", None)]
-
-
-def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """gcsfs takes no retry option: its retries are turned down on the instance."""
-    return options
-
-
-def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
-    """gcsfs's requests without its retry decorator (see ``deps/gcsfs.py``)."""
-    from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
-
-    gcsfs_deps.request_without_retries(fs)
+    def obstore_store(self, options: Options) -> StoreSpec:
+        """The obstore GCS store (:func:`obstore_store`)."""
+        return obstore_store(options)
 
 
 # -- obstore ---------------------------------------------------------------------------
@@ -107,8 +142,6 @@ def obstore_store(options: Options) -> StoreSpec:
     client: dict[str, Any] = {}
     endpoint = given["endpoint"]
     if not endpoint:  # where gcsfs goes: the emulator's, another universe's, Google's
-        from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
-
         endpoint = gcsfs_deps.default_endpoint()
         endpoint = None if endpoint.rstrip("/") == GOOGLE else endpoint
     if endpoint:

@@ -1,8 +1,9 @@
 """HTTP(S) (fsspec's aiohttp filesystem; obstore's HTTP store): what the layer knows of it.
 
 The URL is the whole address (no location beyond it); ``ETag`` and ``Last-Modified`` name
-a version, ``Content-MD5`` is a checksum; the session's socket time-outs; the obstore
-mapping (headers, basic auth, ``ssl=False``).
+a version, ``Content-MD5`` is a checksum; the session's socket time-outs; aiohttp's failure
+names; the streaming GET (:meth:`HttpBackend.open_range`); the obstore mapping (headers,
+basic auth, ``ssl=False``).
 
 Redirects: aiohttp follows a redirect to another origin with every header but
 ``Authorization``/``Cookie``/``Proxy-Authorization``, so a custom credential header
@@ -14,18 +15,19 @@ across origins only :data:`CROSS_ORIGIN_HEADERS` (what says which bytes, none a 
 from __future__ import annotations
 
 import base64
+import contextlib
 import contextvars
-from collections.abc import Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fsspec
 
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
+from fsspec_shards.storage.backends.base import Backend, range_header, within
+from fsspec_shards.storage.backends.fields import VersionFields, parameters
 from fsspec_shards.storage.backends.mapping import IGNORED_COMMON, Options, StoreSpec
-from fsspec_shards.storage.core.integrity import Checksum
-
-PROTOCOLS = ("http", "https")
-VERSION_FIELDS = VersionFields(etag=("ETag",), modified=("Last-Modified",))
+from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.core.retry import ErrorNames
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 
 CROSS_ORIGIN_HEADERS = frozenset(
     {
@@ -78,52 +80,74 @@ async def same_origin_headers(request: Any, handler: Any) -> Any:
     return response
 
 
-def location(fs: fsspec.AbstractFileSystem) -> str:
-    """Nothing beyond the URL: scheme, host and port are in the path."""
-    return ""
-
-
-def passed_on() -> set[str]:
-    """The options fsspec's http backend passes on: to every aiohttp request."""
-    import aiohttp
-
-    return parameters(aiohttp.ClientSession._request) - {"method", "str_or_url"}
-
-
 def _session_options() -> set[str]:
     import aiohttp
 
     return parameters(aiohttp.ClientSession.__init__)
 
 
-OPTION_TABLES = {"client_kwargs": _session_options}
-"""The http backend's options that are tables of a client's keywords, and what each takes."""
+class HttpBackend(Backend):
+    """fsspec's aiohttp filesystem."""
 
+    protocols = ("http", "https")
+    version_fields = VersionFields(etag=("ETag",), modified=("Last-Modified",))
+    checksum_fields = (("md5", "Content-MD5", 32),)
+    remote = True
+    errors = ErrorNames(
+        transient=frozenset(
+            {
+                "ClientPayloadError",
+                "ServerDisconnectedError",
+                "ClientConnectionError",
+                "ClientConnectionResetError",
+                "ServerTimeoutError",
+            }
+        )
+    )
+    """aiohttp's network failures (also under gcsfs and s3fs, which make requests with it)."""
+    option_tables = {"client_kwargs": _session_options}
 
-def checksums(info: Mapping[str, Any]) -> list[Checksum]:
-    """``Content-MD5``, when the server sends one."""
-    hexdigest = from_base64(info.get("Content-MD5"))
-    return [Checksum("md5", hexdigest)] if hexdigest and len(hexdigest) == 32 else []
+    def passed_on(self) -> set[str]:
+        """The options fsspec's http backend passes on: to every aiohttp request."""
+        import aiohttp
 
+        return parameters(aiohttp.ClientSession._request) - {"method", "str_or_url"}
 
-def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
-    """The socket fields of the session's ``aiohttp.ClientTimeout``."""
-    client_timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout")
-    return [
-        getattr(client_timeout, name, None) for name in ("sock_read", "sock_connect", "connect")
-    ]
+    def socket_timeouts(self, fs: fsspec.AbstractFileSystem) -> list[Any]:
+        """The socket fields of the session's ``aiohttp.ClientTimeout``."""
+        client_timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout")
+        return [
+            getattr(client_timeout, name, None) for name in ("sock_read", "sock_connect", "connect")
+        ]
 
+    def _tame_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The session with socket time-outs and the redirect middleware (fsspec's http
+        backend does not retry on its own)."""
+        return {
+            **options,
+            "client_kwargs": tamed_client_kwargs(options.get("client_kwargs") or {}, timeout),
+        }
 
-def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """The session with socket time-outs and the redirect middleware."""
-    return {
-        **options,
-        "client_kwargs": tamed_client_kwargs(options.get("client_kwargs") or {}, timeout),
-    }
+    @contextlib.asynccontextmanager
+    async def open_range(self, fs, path, start, end, expect, timeout) -> AsyncIterator:
+        """A GET through the backend's aiohttp session with its headers and options,
+        ``If-Match`` on a strong ETag."""
+        session = await fs.set_session()
+        kwargs = dict(fs.kwargs)
+        headers = dict(kwargs.pop("headers", {}) or {})
+        headers["Range"] = range_header(start, end)
+        if expect is not None and expect.strong_etag:
+            headers["If-Match"] = expect.strong_etag
+        response = await within(
+            session.get(fs.encode_url(path), headers=headers, **kwargs), timeout
+        )
+        async with response:
+            fsspec_deps.raise_for_http_status(fs, response, path)
+            yield facts_from_headers(response.status, response.headers), response.content.read
 
-
-def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
-    """fsspec's http backend does not retry on its own."""
+    def obstore_store(self, options: Options) -> StoreSpec:
+        """The obstore HTTP store (:func:`obstore_store`)."""
+        return obstore_store(options)
 
 
 def tamed_client_kwargs(client_kwargs: dict[str, Any], timeout: float) -> dict[str, Any]:

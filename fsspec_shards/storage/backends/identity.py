@@ -3,7 +3,7 @@
 Invariants:
 
 - Two different objects never share a key. The key covers the protocol, the backend's
-  location (each backend module's ``location``: S3 endpoint as botocore resolves it, or
+  location (each backend's ``location``: S3 endpoint as botocore resolves it, or
   profile and region on AWS; GCS endpoint; Azure account endpoint; HTTP scheme+host+port,
   in the URL itself; for any other backend every option it was built with), the path,
   and the whole query string except signing parameters
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import fsspec
 
 from fsspec_shards.redact import redact_url, without_signing
-from fsspec_shards.storage import backends
-from fsspec_shards.storage.backends import local, protocol_of
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.fields import protocol_of
+from fsspec_shards.storage.backends.local import LocalBackend
 
 KEY_FORMAT = "fsspec-shards-key-v3"  # v3: S3 endpoints from config files, as botocore
 
@@ -50,14 +51,14 @@ def backend_location(fs: fsspec.AbstractFileSystem) -> str:
     """Where the backend's objects live, beyond what the path says: the service endpoint
     (S3-compatible servers, GCS emulators, Azure accounts), or, for backends not known here,
     every option the backend was built with. Empty where the path is the whole address
-    (http URLs, local and in-memory files). Each backend's module says (``backends``)."""
-    return backends.location(fs)
+    (http URLs, local and in-memory files). Each backend says (``Backend.location``)."""
+    return backend_for(protocol_of(fs)).location(fs)
 
 
 def keyed_path(fs: fsspec.AbstractFileSystem, path: str) -> str:
     """``path`` (a backend path) as its key names it: a local path resolved, so that every
     spelling of one file is one object; any other backend's path unchanged."""
-    if protocol_of(fs) in local.PROTOCOLS:
+    if protocol_of(fs) in LocalBackend.protocols:
         return os.path.realpath(path)
     return path
 

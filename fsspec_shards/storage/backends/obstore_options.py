@@ -4,8 +4,8 @@ The user configures a backend with fsspec options (s3fs, gcsfs, adlfs, fsspec's 
 :func:`map_options` turns them into a :class:`StoreSpec` (how to build obstore stores for
 that configuration), or an :class:`Unmappable` naming the option it cannot carry over and
 why. Each backend's mapping is in its module (``backends/<backend>.py``: a table of where
-each setting comes from, and one credential function); ``obstore_transport.py`` builds the
-stores and makes the requests.
+each setting comes from, and one credential function; ``Backend.obstore_store``);
+``obstore_transport.py`` builds the stores and makes the requests.
 
 Invariants:
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsspec_shards.storage.backends import backend_of
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.mapping import Options, Refused, StoreSpec
 
 __all__ = ["StoreSpec", "Unmappable", "map_options"]
@@ -47,10 +47,10 @@ class Unmappable:
 def map_options(protocol: str, options: Mapping[str, Any] | None = None) -> StoreSpec | Unmappable:
     """The obstore store for a backend given by fsspec ``protocol`` and its ``options``, or
     why there is none (the first option that cannot be carried over exactly)."""
-    mapper = getattr(backend_of(protocol), "obstore_store", None)
-    if mapper is None:
-        return Unmappable("target_protocol", f"obstore has no store for protocol {protocol!r}")
     try:
-        return mapper(Options(options or {}))
+        spec = backend_for(protocol).obstore_store(Options(options or {}))
     except Refused as refusal:
         return Unmappable(refusal.option, refusal.reason)
+    if spec is None:
+        return Unmappable("target_protocol", f"obstore has no store for protocol {protocol!r}")
+    return spec

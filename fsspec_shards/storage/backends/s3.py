@@ -2,8 +2,9 @@
 
 - Where one configuration's objects live (:func:`resolve`, for the cache key and the
   obstore store alike), which fields of ``info()`` name a version and carry checksums,
-  the socket time-outs, the taming of s3fs's and botocore's own retries, and the obstore
-  mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
+  the socket time-outs, the taming of s3fs's and botocore's own retries, botocore's failure
+  names and AWS's throttling codes, the streaming GET (:meth:`S3Backend.open_range`), and
+  the obstore mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
 
 Invariant: the cache key (``identity``) and the obstore store (``obstore_options``) take
 the endpoint and the region from :func:`resolve`, which resolves them as botocore does
@@ -21,10 +22,11 @@ when s3fs makes its client, so a key names the endpoint the requests go to:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import weakref
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -32,7 +34,8 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64, parameters
+from fsspec_shards.storage.backends.base import Backend, range_header, within
+from fsspec_shards.storage.backends.fields import VersionFields, parameters
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
     Options,
@@ -41,13 +44,11 @@ from fsspec_shards.storage.backends.mapping import (
     http_endpoint,
     tls,
 )
+from fsspec_shards.storage.backends.versions import Facts, parse_content_range, timestamp
 from fsspec_shards.storage.core.integrity import Checksum
+from fsspec_shards.storage.core.retry import ErrorNames
+from fsspec_shards.storage.deps import s3fs as s3fs_deps
 
-PROTOCOLS = ("s3", "s3a")
-VERSION_FIELDS = VersionFields(
-    etag=("ETag",), version=("VersionId",), modified=("LastModified",), no_version=("", "null")
-)
-"""The ``info()`` fields of a version: a ``VersionId`` of "null" is an unversioned bucket."""
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
@@ -112,18 +113,6 @@ def located(fs: fsspec.AbstractFileSystem) -> Location:
     return found
 
 
-def location(fs: fsspec.AbstractFileSystem) -> str:
-    """The location of s3fs instance ``fs`` as the cache key holds it."""
-    return str(located(fs))
-
-
-def passed_on() -> set[str]:
-    """The options s3fs passes on beyond its own: aiobotocore's ``AioSession``'s."""
-    from aiobotocore.session import AioSession
-
-    return parameters(AioSession.__init__)
-
-
 def _client_options() -> set[str]:
     from botocore.session import Session
 
@@ -136,60 +125,149 @@ def _config_options() -> set[str]:
     return set(Config.OPTION_DEFAULTS)
 
 
-OPTION_TABLES = {"client_kwargs": _client_options, "config_kwargs": _config_options}
-"""s3fs's options that are tables of a client's keywords, and what each takes."""
+class S3Backend(Backend):
+    """s3fs."""
+
+    protocols = ("s3", "s3a")
+    version_fields = VersionFields(
+        etag=("ETag",), version=("VersionId",), modified=("LastModified",), no_version=("", "null")
+    )
+    """The ``info()`` fields of a version: a ``VersionId`` of "null" is an unversioned bucket."""
+    checksum_fields = (("sha256", "ChecksumSHA256", 64), ("crc32c", "ChecksumCRC32C", 8))
+    remote = True
+    head_gives_info = True
+    errors = ErrorNames(
+        transient=frozenset(
+            {
+                "EndpointConnectionError",
+                "ConnectionClosedError",
+                "ReadTimeoutError",
+                "ConnectTimeoutError",
+                "ResponseStreamingError",
+                "IncompleteReadError",
+                "HTTPClientError",
+            }
+        ),
+        not_found=frozenset({"NoSuchKey"}),
+        # no credentials found for a signed request
+        denied=frozenset({"NoCredentialsError", "PartialCredentialsError"}),
+        throttle_codes=frozenset(
+            {
+                "SlowDown",
+                "Throttling",
+                "ThrottlingException",
+                "ThrottledException",
+                "RequestLimitExceeded",
+                "TooManyRequestsException",
+                "ProvisionedThroughputExceededException",
+                "RequestThrottled",
+                "ServiceUnavailable",
+                "InternalError",
+                "RequestTimeout",
+            }
+        ),
+    )
+    """botocore's failures and AWS's error codes."""
+    option_tables = {"client_kwargs": _client_options, "config_kwargs": _config_options}
+
+    def location(self, fs: fsspec.AbstractFileSystem) -> str:
+        """The location of s3fs instance ``fs`` as the cache key holds it."""
+        return str(located(fs))
+
+    def passed_on(self) -> set[str]:
+        """The options s3fs passes on beyond its own: aiobotocore's ``AioSession``'s."""
+        from aiobotocore.session import AioSession
+
+        return parameters(AioSession.__init__)
+
+    def checksums(self, info: Mapping[str, Any]) -> list[Checksum]:
+        """The checksums ``info()`` carries: the ETag when it is a plain MD5 (not multipart,
+        not KMS- or customer-key-encrypted), ``ChecksumSHA256``, ``ChecksumCRC32C``."""
+        found = []
+        etag = str(info.get("ETag") or "").strip('"')
+        encrypted = info.get("ServerSideEncryption") == "aws:kms" or info.get(
+            "SSECustomerAlgorithm"
+        )
+        if _PLAIN_MD5_ETAG.match(etag) and not encrypted:
+            found.append(Checksum("md5", etag.lower()))
+        return found + super().checksums(info)
+
+    def info_from_head(self, meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+        """s3fs's ``info()`` of object ``name`` (``bucket/key``) from obstore's answer to a
+        HEAD of it: the same size, ``ETag``, ``VersionId`` and ``LastModified`` (the version
+        fields, and the MD5 ETag :meth:`checksums` reads: s3fs's ``info()`` carries no
+        checksum header)."""
+        return {
+            "name": name,
+            "type": "file",
+            "size": meta["size"],
+            "ETag": meta["e_tag"] or "",
+            "LastModified": meta["last_modified"],
+            "VersionId": meta["version"],
+        }
+
+    def socket_timeouts(self, fs: fsspec.AbstractFileSystem) -> list[Any]:
+        """botocore's ``connect_timeout`` and ``read_timeout`` as configured on ``fs``."""
+        config = getattr(fs, "config_kwargs", None) or {}
+        return [config.get("connect_timeout"), config.get("read_timeout")]
+
+    def _tame_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """botocore at one attempt and ``timeout`` socket time-outs, unless the user set
+        them."""
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        return {**options, "config_kwargs": config}
+
+    def tame_instance(self, fs: fsspec.AbstractFileSystem) -> None:
+        """s3fs's own ``_error_wrapper`` loop around every call: one attempt."""
+        fs.retries = 1
+
+    @contextlib.asynccontextmanager
+    async def open_range(self, fs, path, start, end, expect, timeout) -> AsyncIterator:
+        """``get_object`` through s3fs's aiobotocore client, pinned to the version
+        expected."""
+        bucket, key, version = fs.split_path(path)
+        extra: dict[str, str] = {}
+        if version:
+            extra["VersionId"] = version
+        elif expect is not None and expect.version and expect.version != "null":
+            extra["VersionId"] = str(expect.version)
+        if expect is not None and expect.strong_etag:
+            extra["IfMatch"] = expect.strong_etag
+        response = await within(
+            s3fs_deps.call_s3(
+                fs, "get_object", Bucket=bucket, Key=key, Range=range_header(start, end), **extra
+            ),
+            timeout,
+        )
+        body = response["Body"]
+        try:
+            yield _facts(response), body.read
+        finally:
+            body.close()
+
+    def obstore_store(self, options: Options) -> StoreSpec:
+        """The obstore S3 store (:func:`obstore_store`)."""
+        return obstore_store(options)
 
 
-def checksums(info: Mapping[str, Any]) -> list[Checksum]:
-    """The checksums ``info()`` carries: the ETag when it is a plain MD5 (not multipart,
-    not KMS- or customer-key-encrypted), ``ChecksumSHA256``, ``ChecksumCRC32C``."""
-    found = []
-    etag = str(info.get("ETag") or "").strip('"')
-    encrypted = info.get("ServerSideEncryption") == "aws:kms" or info.get("SSECustomerAlgorithm")
-    if _PLAIN_MD5_ETAG.match(etag) and not encrypted:
-        found.append(Checksum("md5", etag.lower()))
-    for algorithm, name, length in (
-        ("sha256", "ChecksumSHA256", 64),
-        ("crc32c", "ChecksumCRC32C", 8),
-    ):
-        hexdigest = from_base64(info.get(name))
-        if hexdigest and len(hexdigest) == length:
-            found.append(Checksum(algorithm, hexdigest))
-    return found
-
-
-def info_from_head(meta: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """s3fs's ``info()`` of object ``name`` (``bucket/key``) from obstore's answer to a HEAD
-    of it: the same size, ``ETag``, ``VersionId`` and ``LastModified`` (the version fields
-    and the checksum ``checksums`` reads: s3fs's ``info()`` carries no checksum header)."""
-    return {
-        "name": name,
-        "type": "file",
-        "size": meta["size"],
-        "ETag": meta["e_tag"] or "",
-        "LastModified": meta["last_modified"],
-        "VersionId": meta["version"],
-    }
-
-
-def socket_timeouts(fs: fsspec.AbstractFileSystem) -> list[Any]:
-    """botocore's ``connect_timeout`` and ``read_timeout`` as configured on ``fs``."""
-    config = getattr(fs, "config_kwargs", None) or {}
-    return [config.get("connect_timeout"), config.get("read_timeout")]
-
-
-def tamed_options(options: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """botocore at one attempt and ``timeout`` socket time-outs, unless the user set them."""
-    config = dict(options.get("config_kwargs") or {})
-    config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
-    config.setdefault("connect_timeout", timeout)
-    config.setdefault("read_timeout", timeout)
-    return {**options, "config_kwargs": config}
-
-
-def tame_instance(fs: fsspec.AbstractFileSystem) -> None:
-    """s3fs's own ``_error_wrapper`` loop around every call: one attempt."""
-    fs.retries = 1
+def _facts(response: Mapping[str, Any]) -> Facts:
+    """The facts of a ``get_object`` response."""
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
+    first, stop, total = parse_content_range(response.get("ContentRange"))
+    if status == 200 and not response.get("ContentEncoding"):
+        total = response.get("ContentLength")
+    return Facts(
+        status=status,
+        start=first,
+        stop=stop,
+        total=total,
+        etag=response.get("ETag"),
+        version=response.get("VersionId"),
+        modified=timestamp(response.get("LastModified")),
+    )
 
 
 # -- obstore ---------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec_shards.config import is_number
-from fsspec_shards.storage.backends import backend_of
+from fsspec_shards.storage.backends.fields import VersionFields
 from fsspec_shards.storage.core.retry import TransientError
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
@@ -284,8 +284,8 @@ def check_response(facts: Facts, start: int, expect: Version | None) -> None:
         expect.check(facts, start, whole)
 
 
-def expected_version(protocol: str, info: dict[str, Any]) -> Version:
-    """The version ``info()`` describes, in the backend's own fields (its module's
-    ``VERSION_FIELDS``)."""
-    etag, version, modified = backend_of(protocol).VERSION_FIELDS.read(info)
+def expected_version(fields: VersionFields, info: dict[str, Any]) -> Version:
+    """The version ``info()`` describes, in the backend's own ``fields`` (its
+    ``Backend.version_fields``)."""
+    etag, version, modified = fields.read(info)
     return Version(info.get("size"), etag, version, timestamp(modified))

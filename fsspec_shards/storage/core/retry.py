@@ -4,7 +4,10 @@ Backends report the same failure in different shapes (s3fs turns botocore errors
 ``OSError`` with an errno, gcsfs raises ``HttpError`` with ``.code``, azure-core has
 ``.status_code``, fsspec's http backend wraps aiohttp errors in ``FileNotFoundError``). Here
 they are sorted into transient (retry with backoff) and permanent (raise at once as the
-matching ``OSError`` subclass naming the redacted URL).
+matching ``OSError`` subclass naming the redacted URL). The rules are generic; what each
+backend's library calls its failures (:class:`ErrorNames`) is the backend's
+(``storage/backends/<backend>.py``), learnt here when the backends are registered
+(:func:`learn`).
 
 Invariant: what this module raises carries no secret in its text or in its
 ``__cause__``/``__context__`` chain (:func:`fsspec_shards.redact.clean_error`); callers hand
@@ -35,23 +38,6 @@ logger = logging.getLogger("fsspec_shards.storage")
 T = TypeVar("T")
 
 _TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 507, 509, 598, 599})
-_THROTTLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
-        "ProvisionedThroughputExceededException",
-        "RequestThrottled",
-        "ServiceUnavailable",
-        "InternalError",
-        "RequestTimeout",
-        "ServerBusy",
-        "OperationTimedOut",
-    }
-)
 _TRANSIENT_ERRNOS = frozenset(
     {
         errno.EBUSY,  # s3fs: 503 SlowDown / ServiceUnavailable
@@ -66,47 +52,47 @@ _TRANSIENT_ERRNOS = frozenset(
         errno.EHOSTUNREACH,
     }
 )
-# Exception class names (anywhere in the MRO) of the backends' network failures; matched by
-# name so that no optional backend library has to be imported here.
-_TRANSIENT_TYPE_NAMES = frozenset(
-    {
-        # aiohttp
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ClientConnectionError",
-        "ClientConnectionResetError",
-        "ServerTimeoutError",
-        # botocore
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "ResponseStreamingError",
-        "IncompleteReadError",
-        "HTTPClientError",
-        # azure-core
-        "ServiceRequestError",
-        "ServiceResponseError",
-        # requests / urllib3 / http.client (gcsfs auth, sync clients)
-        "ChunkedEncodingError",
-        "ProtocolError",
-        "IncompleteRead",
-        "ReadTimeout",
-        "ConnectTimeout",
-        "ConnectionError",
-        "Timeout",
-        # this package: a body shorter than asked for
-        "TransientError",
-    }
-)
-_NOT_FOUND_TYPE_NAMES = frozenset({"ResourceNotFoundError", "NoSuchKey"})
-_DENIED_TYPE_NAMES = frozenset(
-    {
-        "ClientAuthenticationError",  # azure-core
-        "NoCredentialsError",  # botocore: no credentials found for a signed request
-        "PartialCredentialsError",
-    }
-)
+
+
+@dataclass(frozen=True)
+class ErrorNames:
+    """How one backend's library says what went wrong, as names (matched by name so that
+    no optional backend library is imported here): exception class names (anywhere in the
+    MRO) of network failures (``transient``), of a missing object (``not_found``) and of
+    refused credentials (``denied``); error codes that mean "slow down, try again"
+    (``throttle_codes``); exception classes whose ``.code`` is the HTTP status
+    (``status_code_types``); message prefixes of a refusal (``denied_texts``) and of a bad
+    request raised as ``ValueError`` (``invalid_texts``)."""
+
+    transient: frozenset[str] = frozenset()
+    not_found: frozenset[str] = frozenset()
+    denied: frozenset[str] = frozenset()
+    throttle_codes: frozenset[str] = frozenset()
+    status_code_types: frozenset[str] = frozenset()
+    denied_texts: tuple[str, ...] = ()
+    invalid_texts: tuple[str, ...] = ()
+
+    def __or__(self, other: ErrorNames) -> ErrorNames:
+        return ErrorNames(
+            self.transient | other.transient,
+            self.not_found | other.not_found,
+            self.denied | other.denied,
+            self.throttle_codes | other.throttle_codes,
+            self.status_code_types | other.status_code_types,
+            self.denied_texts + other.denied_texts,
+            self.invalid_texts + other.invalid_texts,
+        )
+
+
+_known = ErrorNames(transient=frozenset({"TransientError"}))  # a body shorter than asked for
+"""The names of every backend learnt so far (:func:`learn`), and this package's own."""
+
+
+def learn(names: ErrorNames) -> None:
+    """Classify failures with a backend's ``names`` too (each backend's, once, when the
+    backends are registered: ``storage.backends``)."""
+    global _known
+    _known = _known | names
 
 
 class TransientError(OSError):
@@ -133,8 +119,8 @@ def _type_names(exc: BaseException) -> set[str]:
 _STATUS_ATTRS = ("status", "status_code")
 
 
-def _is_gcsfs_error(exc: BaseException) -> bool:
-    return type(exc).__name__ == "HttpError"
+def _status_in_code(exc: BaseException) -> bool:
+    return type(exc).__name__ in _known.status_code_types
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -145,8 +131,9 @@ def http_status(exc: BaseException) -> int | None:
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if isinstance(status, int):
                 return status
-        # `.code` only on gcsfs's HttpError: aiohttp's payload errors carry a parser code there
-        attributes = ("status", "status_code", "code") if _is_gcsfs_error(link) else _STATUS_ATTRS
+        # `.code` only where a backend says it is the status: aiohttp's payload errors carry a
+        # parser code there
+        attributes = ("status", "status_code", "code") if _status_in_code(link) else _STATUS_ATTRS
         for attribute in attributes:
             value = getattr(link, attribute, None)
             if isinstance(value, str) and value.isdigit():
@@ -233,9 +220,9 @@ def is_transient(exc: BaseException) -> bool:
     for link in _chain(exc):
         if isinstance(link, ConnectionError | TimeoutError | EOFError):
             return True
-        if _type_names(link) & _TRANSIENT_TYPE_NAMES:
+        if _type_names(link) & _known.transient:
             return True
-    if _error_code(exc) in _THROTTLE_CODES:
+    if _error_code(exc) in _known.throttle_codes:
         return True
     status = http_status(exc)
     if status is not None:
@@ -276,11 +263,11 @@ def permanent_error(exc: BaseException, url: str, *hide: str) -> BaseException:
     if (
         status in (401, 403)
         or isinstance(exc, PermissionError)
-        or names & _DENIED_TYPE_NAMES
-        or message.startswith("Forbidden")  # gcsfs 403
+        or names & _known.denied
+        or message.startswith(_known.denied_texts)
     ):
         return PermissionError(errno.EACCES, f"permission denied: {shown} ({reason})")
-    if names & _NOT_FOUND_TYPE_NAMES:
+    if names & _known.not_found:
         return FileNotFoundError(errno.ENOENT, f"not found: {shown} ({reason})")
     for kind in (IsADirectoryError, NotADirectoryError, FileExistsError):
         if isinstance(exc, kind):
@@ -288,7 +275,7 @@ def permanent_error(exc: BaseException, url: str, *hide: str) -> BaseException:
     if status is not None:
         code = errno.EINVAL if 400 <= status < 500 else errno.EIO
         return OSError(code, f"request failed for {shown} ({reason})")
-    if isinstance(exc, ValueError) and message.startswith("Bad Request:"):  # gcsfs 400
+    if isinstance(exc, ValueError) and message.startswith(_known.invalid_texts):
         return OSError(errno.EINVAL, f"request failed for {shown} ({reason})")
     if isinstance(exc, OSError):
         return OSError(exc.errno or errno.EIO, f"request failed for {shown} ({reason})")

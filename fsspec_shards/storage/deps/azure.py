@@ -14,24 +14,21 @@ Uses:
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger("fsspec_shards.storage.backends")
 
 _RETRIES = ("total_retries", "connect_retries", "read_retries", "status_retries")
 
 
-def no_retries(service_client: Any) -> None:
-    """Set the retry policy of ``service_client`` to no retries (a warning if the SDK no
-    longer has one where we look: its retries then stay on)."""
+def no_retries(service_client: Any) -> bool:
+    """Set the retry policy of ``service_client`` to no retries; False if the SDK no longer
+    has one where we look (its retries then stay on)."""
     config = getattr(service_client, "_config", None)
     policy = getattr(config, "retry_policy", None)
     if policy is None or not hasattr(policy, "total_retries"):
-        logger.warning("adlfs changed: cannot turn down the Azure SDK's own retries")
-        return
+        return False
     for attribute in _RETRIES:
         setattr(policy, attribute, 0)
+    return True
 
 
 def if_match(etag: str | None) -> Any:

@@ -19,13 +19,10 @@ Uses:
 
 from __future__ import annotations
 
-import logging
 import types
 from typing import Any
 
 import fsspec
-
-logger = logging.getLogger("fsspec_shards.storage.backends")
 
 
 def endpoint(fs: fsspec.AbstractFileSystem) -> str | None:
@@ -41,14 +38,14 @@ def default_endpoint() -> str:
     return _location()
 
 
-def request_without_retries(fs: Any) -> None:
-    """Bind gcsfs's undecorated ``_request`` on instance ``fs`` (a warning if gcsfs no
-    longer has one: its retries then stay on)."""
+def request_without_retries(fs: Any) -> bool:
+    """Bind gcsfs's undecorated ``_request`` on instance ``fs``; False if gcsfs no longer
+    has one (its retries then stay on)."""
     request = getattr(type(fs)._request, "__wrapped__", None)
     if request is None:
-        logger.warning("gcsfs changed: cannot turn down its own retries")
-        return
+        return False
     fs._request = types.MethodType(request, fs)
+    return True
 
 
 async def get_object(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:

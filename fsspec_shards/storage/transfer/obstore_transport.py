@@ -46,7 +46,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
-from fsspec_shards.storage.backends import info_from_head
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch, check_response
 from fsspec_shards.storage.core.options import TRANSPORTS
@@ -490,13 +490,13 @@ class ObstoreTransport:
 
     def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
         """The backend's ``info()`` of ``path`` from one HEAD where that carries all of it
-        (``backends.info_from_head``): a worker then never builds the backend's client for
+        (``Backend.info_from_head``): a worker then never builds the backend's client for
         its stat (an aiobotocore client: 100-250 ms). None where the backend must answer: a
         version in the path, no key obstore can address, nothing there (or a directory)."""
         import obstore
 
-        mapper = info_from_head(self.protocol)
-        if mapper is None:
+        backend = backend_for(self.protocol)
+        if not backend.head_gives_info:
             return None
         try:
             origin, store, key, version, url = self._open(path, timeout)
@@ -505,7 +505,7 @@ class ObstoreTransport:
             meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
         except (ValueError, FileNotFoundError, TransportUnavailable):
             return None
-        return mapper(meta, f"{origin}/{key}")
+        return backend.info_from_head(meta, f"{origin}/{key}")
 
     def _pump(self, body: Any, sink: Sink, skip: int, stop: int | None, url: str, action: str):
         """Hand the body to ``sink``: ``skip`` bytes dropped first, at most ``stop`` passed.

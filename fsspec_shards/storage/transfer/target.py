@@ -38,12 +38,9 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.checksums import BlockList
-from fsspec_shards.storage.backends import (
-    backend_checksums,
-    file_info,
-    object_identity,
-    protocol_of,
-)
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.backends.base import Backend
+from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId
 from fsspec_shards.storage.backends.versions import (
     Facts,
@@ -123,6 +120,11 @@ class Target:
         return self.obj.shown
 
     @property
+    def backend(self) -> Backend:
+        """What the wds layer knows of the object's backend."""
+        return backend_for(protocol_of(self.fs))
+
+    @property
     def link(self) -> str:
         """The store the object lives on, as ``range_plan`` keys what it learned."""
         return link_of(protocol_of(self.fs), self.path, endpoint_of(self.fs))
@@ -183,7 +185,7 @@ class Target:
             info = through_transport(self.path, self.policy.timeout)
             if info is not None:
                 return info
-        return file_info(self.fs, self.path, self.policy.timeout)
+        return self.backend.file_info(self.fs, self.path, self.policy.timeout)
 
     def expect(self, info: dict[str, Any], blocks: BlockList | None = None) -> Expected:
         """What a pass over the version ``info`` describes must deliver: the one place a
@@ -191,16 +193,16 @@ class Target:
         ``verification.py``; the identity the cache records). With ``blocks`` (a block
         manifest entry) every block is checked on its own, so answers need not prove their
         version, and the block manifest's whole-file SHA-256 is expected too."""
-        protocol = protocol_of(self.fs)
-        version = expected_version(protocol, info)
-        checksums = expected(self.manifest, backend_checksums(protocol, info), self.verify)
+        backend = self.backend
+        version = expected_version(backend.version_fields, info)
+        checksums = expected(self.manifest, backend.checksums(info), self.verify)
         if blocks is not None:
             version.blocks_checked = True
             if blocks.checksum not in checksums.checksums:
                 checksums = Expectation(
                     (*checksums.known, Known(blocks.checksum, "the block manifest"))
                 )
-        return Expected(version, checksums, object_identity(info))
+        return Expected(version, checksums, backend.identity(info))
 
     def changed_since(self, version: Version) -> bool:
         """Whether the object's ``info()`` now describes another version than ``version``:

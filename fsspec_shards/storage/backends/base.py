@@ -1,0 +1,179 @@
+"""The backend interface: what the wds layer needs to know about one backend, one subclass
+of :class:`Backend` per backend (``backends/<backend>.py``), looked up by protocol
+(``backends.backend_for``).
+
+- Where its objects live beyond the path (:meth:`Backend.location`, for the cache key).
+- Which ``info()`` fields name a version (``version_fields``) and carry checksums
+  (``checksum_fields``, :meth:`Backend.checksums`); the object's identity
+  (:meth:`Backend.identity`, kept with cache entries) is derived from the version fields.
+- Where obstore's HEAD gives its ``info()`` (:meth:`Backend.info_from_head`).
+- Its socket time-outs and the taming of its own retries (:meth:`Backend.tamed_options`,
+  :meth:`Backend.tame_instance`, :meth:`Backend.timeout`).
+- How its library names failures (``errors``, which ``core/retry.py`` classifies).
+- Its streaming GET (:meth:`Backend.open_range`; ``transfer/streams.py`` pumps the body).
+- Which options it takes (:meth:`Backend.passed_on`, ``option_tables``;
+  ``accepted_options`` applies them) and its obstore store (:meth:`Backend.obstore_store`;
+  ``obstore_options`` applies it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar
+
+import fsspec
+from fsspec.asyn import sync
+
+from fsspec_shards.storage.backends.fields import VersionFields, from_base64
+from fsspec_shards.storage.backends.mapping import Options, StoreSpec
+from fsspec_shards.storage.backends.versions import Facts, Version
+from fsspec_shards.storage.core.integrity import Checksum
+from fsspec_shards.storage.core.retry import ErrorNames
+
+Read = Callable[[int], Awaitable[bytes]]
+"""Reads the next piece of a response body (at most the size given; ``b""`` at its end)."""
+
+
+class Backend:
+    """One backend's facts; the defaults are those of a backend that says nothing: no
+    location beyond the path, no checksum, no socket, no retries of its own, no stream."""
+
+    protocols: ClassVar[tuple[str, ...]] = ()
+    version_fields: ClassVar[VersionFields] = VersionFields()
+    checksum_fields: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    """``(algorithm, info() field, hex digest length)`` of each base64 digest it gives."""
+    remote: ClassVar[bool] = False
+    """Whether it lists a server (its listing cache is then turned off)."""
+    errors: ClassVar[ErrorNames] = ErrorNames()
+    head_gives_info: ClassVar[bool] = False
+    """Whether obstore's answer to a HEAD carries every field of ``info()`` that the version
+    and checksum rules read (:meth:`info_from_head` then makes ``info()`` of it)."""
+    option_tables: ClassVar[Mapping[str, Callable[[], set[str]]]] = {}
+    """Its options that are tables of a client's keywords, and what each takes."""
+
+    def location(self, fs: fsspec.AbstractFileSystem) -> str:
+        """Where instance ``fs``'s objects live beyond what the path says (the cache key)."""
+        return ""
+
+    def identity(self, info: Mapping[str, Any]) -> str:
+        """A string that changes when the object is replaced: every version id and ETag
+        field of :attr:`version_fields` that ``info`` gives, else its first modification
+        time; always with the size."""
+        fields = self.version_fields
+        parts = [
+            f"{name}={str(info[name]).strip(chr(34))}"
+            for name in fields.version + fields.etag
+            if info.get(name)
+        ]
+        if not parts:
+            modified = next((name for name in fields.modified if info.get(name)), None)
+            if modified is not None:
+                parts.append(f"{modified}={info[modified]}")
+        parts.append(f"size={info.get('size')}")
+        return ";".join(parts)
+
+    def checksums(self, info: Mapping[str, Any]) -> list[Checksum]:
+        """The checksums ``info()`` carries (:attr:`checksum_fields`)."""
+        found = []
+        for algorithm, name, length in self.checksum_fields:
+            hexdigest = from_base64(info.get(name))
+            if hexdigest and len(hexdigest) == length:
+                found.append(Checksum(algorithm, hexdigest))
+        return found
+
+    def socket_timeouts(self, fs: fsspec.AbstractFileSystem) -> list[Any]:
+        """The socket time-outs configured on instance ``fs`` (any value; None: unset)."""
+        return []
+
+    def timeout(self, fs: fsspec.AbstractFileSystem) -> float | None:
+        """The shortest socket time-out configured on instance ``fs``, or None."""
+        numbers = [
+            float(value)
+            for value in self.socket_timeouts(fs)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        ]
+        return min(numbers) if numbers else None
+
+    def tamed_options(self, options: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+        """``options`` for building the backend, with its own retries at one attempt, its
+        socket time-outs at ``timeout`` and its listing cache off; whatever the user set
+        explicitly for retries and time-outs is kept."""
+        options = dict(options)
+        # a private instance (it is adjusted after it is built, see tame_instance: a user's
+        # own instance of the same backend keeps its behaviour) whose listings are never stale
+        options["skip_instance_cache"] = True
+        if self.remote:
+            options["use_listings_cache"] = False
+        return self._tame_options(options, timeout)
+
+    def _tame_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The backend's own part of :meth:`tamed_options`."""
+        return options
+
+    def tame_instance(self, fs: fsspec.AbstractFileSystem) -> None:
+        """Turn down the retries that the backend only exposes on the built instance."""
+
+    def file_info(
+        self, fs: fsspec.AbstractFileSystem, path: str, timeout: float | None
+    ) -> dict[str, Any]:
+        """``fs.info(path)`` for a path about to be read as a file."""
+        return call(fs, "info", path, timeout=timeout)
+
+    def info_from_head(self, meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+        """``info()`` of object ``name`` from obstore's answer to a HEAD (where
+        :attr:`head_gives_info`)."""
+        raise NotImplementedError(f"{type(self).__name__}: obstore's HEAD is not its info()")
+
+    def open_range(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        start: int,
+        end: int | None,
+        expect: Version | None,
+        timeout: float | None,
+    ) -> contextlib.AbstractAsyncContextManager[tuple[Facts, Read]] | None:
+        """An async context of one GET of bytes ``[start, end)`` (conditional on ``expect``
+        where the backend can), giving the response's facts and its body's reader; None
+        where the backend has no streaming GET (it is read through ``cat_file``)."""
+        return None
+
+    def passed_on(self) -> set[str] | None:
+        """The options the backend passes on beyond its own parameters; None where they go
+        somewhere that cannot be listed (its options are then not checked)."""
+        return None
+
+    def obstore_store(self, options: Options) -> StoreSpec | None:
+        """The obstore store for the backend's ``options`` (raises ``Refused`` naming an
+        option that cannot be carried over); None where obstore has no store for it."""
+        return None
+
+
+def call(fs: fsspec.AbstractFileSystem, method: str, *args: Any, timeout: float | None, **kwargs):
+    """``fs.<method>(*args, **kwargs)``; for async backends bounded by ``timeout`` seconds, so a
+    stalled request raises ``fsspec.exceptions.FSTimeoutError`` (a ``TimeoutError``)."""
+    coroutine = getattr(fs, "_" + method, None)
+    if (
+        timeout
+        and getattr(fs, "async_impl", False)
+        and not getattr(fs, "asynchronous", False)
+        and coroutine is not None
+    ):
+        return sync(fs.loop, coroutine, *args, timeout=timeout, **kwargs)
+    return getattr(fs, method)(*args, **kwargs)
+
+
+async def within(awaitable: Awaitable, timeout: float | None) -> Any:
+    """``awaitable``'s result; a wait over ``timeout`` seconds raises ``TimeoutError``."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(errno.ETIMEDOUT, f"no data from the server for {timeout:g}s") from None
+
+
+def range_header(start: int, end: int | None) -> str:
+    """The ``Range`` header of bytes ``[start, end)`` (``end`` None: to the object's end)."""
+    return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
