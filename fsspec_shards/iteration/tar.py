@@ -203,6 +203,7 @@ def iter_members(
     plain = True  # no extended header pending: the next regular member is named by its header
     position = start
     parsed = -1  # the offset of the last header parsed: tells what a decompression bomb hit
+    round_up, align = BLOCK_SIZE - 1, -BLOCK_SIZE  # tar_blocks.padded in locals: hottest loop
     try:
         while True:
             header = read(BLOCK_SIZE)
@@ -227,7 +228,7 @@ def iter_members(
             kind = header[156:157]
             if plain and 0 <= size <= small and kind in _PLAIN_REGULAR_TYPES:
                 # One read for data and padding: small members dominate the call count.
-                padded = size + (-size % BLOCK_SIZE)  # tar_blocks.padded, inlined: hottest line
+                padded = (size + round_up) & align
                 data = read(padded)
                 if len(data) != padded:
                     data = entries.rest_of_small_member(data, position, size)
