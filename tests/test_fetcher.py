@@ -316,3 +316,35 @@ def test_without_cache_the_counters_include_reads_made_in_other_threads(shard):
     assert fs.cache_stats()["bytes_downloaded"] == len(DATA)
     fs.clear_cache()
     assert fs.cache_stats()["bytes_downloaded"] == 0
+
+
+def test_the_manifest_loads_beside_the_first_files_stat(tmp_path):
+    """A process's first file waits for the longer of its stat and the manifest's reads,
+    not for both: here the manifest's read waits until the file's stat has been asked."""
+    import threading
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    stat_asked = threading.Event()
+
+    class StatFirst(MemoryFileSystem):
+        def info(self, path, **kwargs):
+            if path.endswith(".tar"):
+                stat_asked.set()
+            return super().info(path, **kwargs)
+
+        def cat_file(self, path, *args, **kwargs):
+            if path.endswith("SHA256SUMS") and not stat_asked.wait(10):
+                raise TimeoutError("the manifest was read before the stat was asked")
+            return super().cat_file(path, *args, **kwargs)
+
+    backend = StatFirst(skip_instance_cache=True)
+    path = f"/fs-{uuid.uuid4().hex}/train-0000.tar"
+    backend.pipe_file(path, DATA)
+    sums = os.path.dirname(path) + "/SHA256SUMS"
+    backend.pipe_file(sums, f"{hashlib.sha256(DATA).hexdigest()} *train-0000.tar\n".encode())
+    fs = wds_filesystem(fs=backend, cache_dir=str(tmp_path / "cache"), retries=1, checksums=sums)
+    with fs.open(path) as handle:
+        assert handle.read() == DATA
+    metadata = fs.shard_cache.metadata(fs.fetcher.object(path))
+    assert metadata["checksum"] == "sha256:" + hashlib.sha256(DATA).hexdigest()

@@ -174,3 +174,24 @@ def test_a_manifest_that_is_not_utf8_is_an_error_naming_the_file_and_line(tmp_pa
     path.write_bytes(b"".join(lines))
     with pytest.raises(ValueError, match=rf"{name} line {len(lines)}: not UTF-8 text"):
         load_manifest(str(tmp_path / "SHA256SUMS"), fsspec.filesystem("file"))
+
+
+def test_the_sums_file_and_its_block_manifest_are_read_at_once(tmp_path):
+    """Both GETs are in flight together: a DataLoader worker's first file waits for one
+    request's time, not two (each read here waits until the other has started)."""
+    import threading
+
+    (tmp_path / "SHA256SUMS").write_text(format_sums([("a.tar", Checksum("sha256", SHA256))]))
+    (tmp_path / "SHA256SUMS.blocks").write_text(format_block_manifest([], 4096))
+    local = fsspec.filesystem("file")
+    both_started = threading.Barrier(2, timeout=10)
+    read: list[str] = []
+
+    def read_own(path: str) -> bytes:
+        both_started.wait()
+        read.append(path)
+        return local.cat_file(path)
+
+    manifest = load_manifest(str(tmp_path / "SHA256SUMS"), local, read_own)
+    assert manifest.lookup(f"{tmp_path}/a.tar") == Checksum("sha256", SHA256)
+    assert sorted(read) == [f"{tmp_path}/SHA256SUMS", f"{tmp_path}/SHA256SUMS.blocks"]

@@ -90,3 +90,25 @@ def test_crc32c_takes_a_writable_buffer_as_a_file_read_back_hands_it_over():
     hasher = WholeHasher(["crc32c"])
     hasher.update(memoryview(bytearray(DATA)))
     assert hasher.checksums() == [CRC]
+
+
+def test_a_forked_child_hashes_large_pieces_with_threads_of_its_own():
+    # the parent's hashing threads are not in a forked child: reusing its executor would
+    # wait forever for them
+    import multiprocessing
+
+    parent = WholeHasher(["sha256", "md5"])
+    parent.update(bytes(verification.CONCURRENT_FROM))  # the parent's threads exist now
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        digests = pool.apply_async(_large_piece_checksums).get(timeout=60)
+    assert digests == [
+        Checksum("sha256", hashlib.sha256(bytes(verification.CONCURRENT_FROM)).hexdigest()),
+        Checksum("md5", hashlib.md5(bytes(verification.CONCURRENT_FROM)).hexdigest()),
+    ]
+
+
+def _large_piece_checksums() -> list[Checksum]:
+    hasher = WholeHasher(["sha256", "md5"])
+    hasher.update(bytes(verification.CONCURRENT_FROM))
+    return hasher.checksums()

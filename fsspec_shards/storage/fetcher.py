@@ -26,22 +26,19 @@ import fsspec
 from fsspec.utils import tokenize
 
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
-from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.base import call
 from fsspec_shards.storage.backends.fields import protocol_of
 from fsspec_shards.storage.backends.identity import ObjectId, object_id
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.integrity import Manifest, load_manifest
-from fsspec_shards.storage.core.retry import RetryPolicy, TransientError
+from fsspec_shards.storage.core.retry import RetryPolicy
 from fsspec_shards.storage.files import BlockCheckedFile, CachedFile, RetryingFile
 from fsspec_shards.storage.transfer import planner
 from fsspec_shards.storage.transfer.obstore_transport import (
-    DownloadTransport,
-    HttpStatusError,
     download_transport,
 )
-from fsspec_shards.storage.transfer.one_stream import read_range
+from fsspec_shards.storage.transfer.one_stream import read_range, read_whole
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
 from fsspec_shards.storage.transfer.target import Target
 
@@ -188,34 +185,15 @@ class Fetcher:
         with self._lock:
             if self._manifest is None:
                 self._manifest = self.policy.call(
-                    lambda: load_manifest(source, self.fs, self.read_whole),
+                    lambda: load_manifest(source, self.fs, self._read_whole),
                     source if isinstance(source, str) else "checksums",
                     "load manifest",
                     lambda: self.incr("retries"),
                 )
             return self._manifest
 
-    def read_whole(self, backend_path: str) -> bytes:
-        """A small object (a manifest) through the download transport: where that is obstore, a
-        DataLoader worker reads it without starting the fsspec backend's (botocore's) session."""
-        transport = self.transport
-        if not isinstance(transport, DownloadTransport):
-            return self.fs.cat_file(backend_path)
-        pieces: list[bytes] = []
-        sink = lambda piece: pieces.append(bytes(piece))  # noqa: E731
-        try:
-            facts = transport.stream(backend_path, 0, None, sink, self.policy.timeout)
-        except HttpStatusError as exc:
-            if exc.status != 416:
-                raise
-            # an empty object has no byte 0 to ask a range from: the backend reads it whole
-            return self.fs.cat_file(backend_path)
-        data = b"".join(pieces)
-        if facts.total is not None and len(data) != facts.total:
-            raise TransientError(
-                f"{redact_url(backend_path)}: read {len(data)} of {facts.total} bytes"
-            )
-        return data
+    def _read_whole(self, backend_path: str) -> bytes:
+        return read_whole(self.transport, self.fs, backend_path, self.policy.timeout)
 
     # -- objects, counters, backend calls -------------------------------------------------
 
@@ -255,9 +233,9 @@ class Fetcher:
             hide=tuple(backend_path) if isinstance(backend_path, list) else (backend_path,),
         )
 
-    def target(self, backend_path: str) -> Target:
+    def target(self, backend_path: str, with_manifest: bool = True) -> Target:
         """What a download of ``backend_path`` needs: backend, identity, policy, checks."""
-        manifest = self.manifest
+        manifest = self.manifest if with_manifest else None
         options = self.options
         return Target(
             fs=self.fs,
@@ -392,8 +370,10 @@ class Fetcher:
         cache = self.cache
         for _ in range(_WRITE_RACE_ATTEMPTS):
             since = cache.generation(obj)
-            target = self.target(backend_path)
-            info = target.stat()
+            loaded = self._manifest is not None or self.options.checksums is None
+            target, info = self.target(backend_path, loaded).stat_beside(
+                None if loaded else lambda: self.target(backend_path).manifest
+            )
             try:
                 blocks = self.blocks_of(backend_path)
                 if blocks is not None:

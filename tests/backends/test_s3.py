@@ -84,6 +84,37 @@ def test_an_instance_keeps_the_location_it_was_first_resolved_with(aws_config):
     assert s3.located(_s3fs()).endpoint == "http://127.0.0.1:9005"
 
 
+def test_the_botocore_session_is_made_where_the_filesystem_is_made(aws_config, monkeypatch):
+    """Made in the process that makes the filesystem (a DataLoader's main process: choosing
+    the download transport resolves the obstore store's location), so that workers forked
+    later inherit it; resolving the location at the first read then makes none, and still
+    sees the config file of then."""
+    import botocore.session
+
+    aws_config(CONFIG)
+    made: list[str | None] = []
+    original = botocore.session.Session.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(kwargs.get("profile"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(botocore.session.Session, "__init__", counted)
+    fs = fsspec.filesystem(
+        "wds",
+        target_protocol="s3",
+        target_options={"anon": True},
+        cache=False,
+        skip_instance_cache=True,
+    )
+    assert made == [None]
+    assert s3.located(fs.fs) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
+    assert made == [None]
+    aws_config("[default]\nendpoint_url = http://127.0.0.1:9005\n")
+    assert s3.located(_s3fs()).endpoint == "http://127.0.0.1:9005"
+    assert made == [None, None]
+
+
 # --------------------------------------------------------------------------- taming
 
 

@@ -78,3 +78,23 @@ def test_botocore_ignores_configured_endpoints_by_that_config_variable(aws_confi
 def test_an_unknown_profile_is_a_botocore_error(aws_config):
     with pytest.raises(deps.Error, match="nowhere"):
         deps.configured_endpoint(deps.session("nowhere"), "s3")
+
+
+def test_a_session_is_kept_while_what_it_reads_stays_the_same(aws_config):
+    aws_config(CONFIG)
+    first = deps.session("plain")
+    assert deps.session("plain") is first  # a DataLoader worker inherits it
+    assert deps.session("lab") is not first
+
+
+def test_a_changed_config_file_or_variable_gets_a_new_session(aws_config):
+    aws_config(CONFIG)
+    before = deps.session("plain")
+    assert before.get_config_variable("region") == "eu-west-3"
+    aws_config(CONFIG.replace("eu-west-3", "eu-west-1"))  # the same size
+    after = deps.session("plain")
+    assert after is not before
+    assert after.get_config_variable("region") == "eu-west-1"
+    aws_config.env.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9003")
+    assert deps.session("plain") is not after
+    assert deps.configured_endpoint(deps.session("plain"), "s3") == "http://127.0.0.1:9003"

@@ -31,7 +31,6 @@ from fsspec_shards.storage.transfer.obstore_transport import (
     ObstoreTransport,
     ServerUnsupported,
     TransportUnavailable,
-    bucket_region,
     choose_transport,
 )
 from tests.faults import Cut, Reset, Stall, Status
@@ -403,10 +402,6 @@ def test_a_server_ignoring_range_gives_the_range_from_the_whole_body(misbehaving
 # --------------------------------------------------------------------------- processes
 
 
-def test_the_bucket_region_comes_from_the_bucket(s3_backend):
-    assert bucket_region(s3_backend.bucket, base_url=s3_backend.endpoint_url) == "us-east-1"
-
-
 def _stream_in_child(transport: ObstoreTransport, target: Target, queue) -> None:
     try:
         data, _ = _read(transport, target.path(), 0, 1000)
@@ -562,3 +557,59 @@ def test_a_stream_waiting_for_the_server_lets_other_threads_run(s3_backend, faul
     waiting.join(timeout=60)
     assert proxy.requests("GET")[-1].fault_applied
     assert counted > 100_000  # a wait holding the GIL would stop this loop until the stall ends
+
+
+# --------------------------------------------------------------------------- info (the stat)
+
+
+def _what_the_rules_read(protocol: str, info: dict) -> tuple:
+    """What the version rule, the checksum rule and the cache key take from an ``info()``."""
+    from fsspec_shards.storage.backends import backend_for
+    from fsspec_shards.storage.backends.versions import expected_version
+
+    backend = backend_for(protocol)
+    return (
+        info["size"],
+        info["type"],
+        repr(expected_version(backend.version_fields, info)),
+        backend.checksums(info),
+        backend.identity(info),
+    )
+
+
+def test_an_s3_info_through_obstore_gives_what_s3fs_info_gives(s3_backend):
+    """The stat a download starts with comes from obstore's HEAD on S3: every field the
+    version rule, the checksum rule and the cache key read is s3fs's, in a versioned bucket
+    (the version id) and an unversioned one (no version id, the MD5 ETag a checksum)."""
+    fs = s3_backend.filesystem()
+    transport = choose_transport("s3", s3_backend.storage_options, "obstore")
+    versioned = f"versioned-{servers.unique_prefix()}"
+    fs.mkdir(versioned)
+    fs.call_s3(
+        "put_bucket_versioning", Bucket=versioned, VersioningConfiguration={"Status": "Enabled"}
+    )
+    plain = Target(s3_backend, "s3", s3_backend.storage_options, s3_backend.address()).put(DATA)
+    for path in (plain, f"{versioned}/{NAME}"):
+        fs.pipe_file(path, DATA)
+        fs.pipe_file(path, OTHER)  # the version id then names the second version
+        ours, theirs = transport.info(path, TIMEOUT), fs.info(path)
+        assert _what_the_rules_read("s3", ours) == _what_the_rules_read("s3", theirs)
+        assert ours["name"] == theirs["name"]
+    assert _what_the_rules_read("s3", ours)[3], "the MD5 ETag is a checksum"
+    assert transport.info(f"{versioned}/{NAME}", TIMEOUT)["VersionId"]
+    assert transport.info(plain, TIMEOUT)["VersionId"] is None
+
+
+def test_info_through_obstore_leaves_to_the_backend_what_a_head_cannot_say(request, s3_backend):
+    """A missing object or a prefix (the backend tells a directory from nothing), a path
+    naming a version, and backends whose ``info()`` carries checksums obstore's answer
+    lacks (GCS's md5Hash and crc32c, Azure's content MD5) are the backend's to answer."""
+    target = Target(s3_backend, "s3", s3_backend.storage_options, s3_backend.address())
+    path = target.put(DATA)
+    transport = target.transport()
+    assert transport.info(path.rsplit("/", 1)[0], TIMEOUT) is None  # a prefix
+    assert transport.info(path + "-missing", TIMEOUT) is None
+    assert transport.info(path + "?versionId=null", TIMEOUT) is None
+    for name in ("gcs", "az", "http"):
+        other = _target(request, name)
+        assert other.transport().info(other.put(DATA), TIMEOUT) is None

@@ -285,3 +285,33 @@ def test_auto_falls_back_to_fsspec_for_a_server_obstore_cannot_read_and_says_why
     required = _wds_fs(gcs_backend, tmp_path / "required", transport="obstore")
     with pytest.raises(OSError, match="cannot serve obstore"):
         required.cat_file(first)
+
+
+def _counted(name: str, original, asked: list[str]):
+    def counting(self, *args, **kwargs):
+        asked.append(name)
+        return original(self, *args, **kwargs)
+
+    return counting
+
+
+def test_a_cold_read_through_obstore_on_s3_never_asks_s3fs(s3_backend, tmp_path, monkeypatch):
+    """The stat before a download comes from obstore's HEAD where the transport is obstore
+    on S3: a DataLoader worker reading through obstore then never builds s3fs's client
+    (100-250 ms of its first batch). The cached copy records the version s3fs sees."""
+    import s3fs
+
+    from fsspec_shards.storage.backends import backend_for
+
+    url = s3_backend.put("shards/train-0002.tar", DATA)
+    theirs = backend_for("s3").identity(s3_backend.filesystem().info(url.split("://", 1)[1]))
+    asked: list[str] = []
+    for name in ("_info", "_call_s3", "set_session"):
+        original = getattr(s3fs.S3FileSystem, name)
+        monkeypatch.setattr(s3fs.S3FileSystem, name, _counted(name, original, asked))
+    fs = _wds_fs(s3_backend, tmp_path, transport="obstore")
+    with fs.open(url) as handle:
+        assert handle.read() == DATA
+    assert asked == []
+    path = fs._backend_path(url)
+    assert fs.shard_cache.metadata(fs.fetcher.object(path))["identity"] == theirs

@@ -6,6 +6,7 @@ of :class:`Backend` per backend (``backends/<backend>.py``), looked up by protoc
 - Which ``info()`` fields name a version (``version_fields``) and carry checksums
   (``checksum_fields``, :meth:`Backend.checksums`); the object's identity
   (:meth:`Backend.identity`, kept with cache entries) is derived from the version fields.
+- Where obstore's HEAD gives its ``info()`` (:meth:`Backend.info_from_head`).
 - Its socket time-outs and the taming of its own retries (:meth:`Backend.tamed_options`,
   :meth:`Backend.tame_instance`, :meth:`Backend.timeout`).
 - How its library names failures (``errors``, which ``core/retry.py`` classifies).
@@ -47,6 +48,9 @@ class Backend:
     remote: ClassVar[bool] = False
     """Whether it lists a server (its listing cache is then turned off)."""
     errors: ClassVar[ErrorNames] = ErrorNames()
+    head_gives_info: ClassVar[bool] = False
+    """Whether obstore's answer to a HEAD carries every field of ``info()`` that the version
+    and checksum rules read (:meth:`info_from_head` then makes ``info()`` of it)."""
     option_tables: ClassVar[Mapping[str, Callable[[], set[str]]]] = {}
     """Its options that are tables of a client's keywords, and what each takes."""
 
@@ -117,6 +121,11 @@ class Backend:
     ) -> dict[str, Any]:
         """``fs.info(path)`` for a path about to be read as a file."""
         return call(fs, "info", path, timeout=timeout)
+
+    def info_from_head(self, meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+        """``info()`` of object ``name`` from obstore's answer to a HEAD (where
+        :attr:`head_gives_info`)."""
+        raise NotImplementedError(f"{type(self).__name__}: obstore's HEAD is not its info()")
 
     def open_range(
         self,

@@ -135,6 +135,7 @@ class S3Backend(Backend):
     """The ``info()`` fields of a version: a ``VersionId`` of "null" is an unversioned bucket."""
     checksum_fields = (("sha256", "ChecksumSHA256", 64), ("crc32c", "ChecksumCRC32C", 8))
     remote = True
+    head_gives_info = True
     errors = ErrorNames(
         transient=frozenset(
             {
@@ -190,6 +191,20 @@ class S3Backend(Backend):
         if _PLAIN_MD5_ETAG.match(etag) and not encrypted:
             found.append(Checksum("md5", etag.lower()))
         return found + super().checksums(info)
+
+    def info_from_head(self, meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+        """s3fs's ``info()`` of object ``name`` (``bucket/key``) from obstore's answer to a
+        HEAD of it: the same size, ``ETag``, ``VersionId`` and ``LastModified`` (the version
+        fields, and the MD5 ETag :meth:`checksums` reads: s3fs's ``info()`` carries no
+        checksum header)."""
+        return {
+            "name": name,
+            "type": "file",
+            "size": meta["size"],
+            "ETag": meta["e_tag"] or "",
+            "LastModified": meta["last_modified"],
+            "VersionId": meta["version"],
+        }
 
     def socket_timeouts(self, fs: fsspec.AbstractFileSystem) -> list[Any]:
         """botocore's ``connect_timeout`` and ``read_timeout`` as configured on ``fs``."""

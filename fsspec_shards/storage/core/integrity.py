@@ -15,6 +15,7 @@ import functools
 import logging
 import posixpath
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fsspec_shards.checksums import (
@@ -201,9 +202,12 @@ def load_manifest(
             with fsspec.open(location, "rb") as handle:
                 return handle.read()
 
-    entries = parse_sums_file(decode_text(read(source), "manifest", source), source)
     blocks_source = _block_manifest_beside(source)
-    blocks = _read_block_manifest(read, blocks_source)
+    # the two files are read at once: a DataLoader worker's first file waits for one GET
+    with ThreadPoolExecutor(1, thread_name_prefix="wds-block-manifest") as beside:
+        blocks_read = beside.submit(_read_block_manifest, read, blocks_source)
+        entries = parse_sums_file(decode_text(read(source), "manifest", source), source)
+        blocks = blocks_read.result()
     _check_agreement(entries, blocks, source, blocks_source)
     logger.info(
         "loaded %d checksums from %s%s",

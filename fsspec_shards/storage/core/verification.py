@@ -23,9 +23,8 @@ The rule:
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fsspec_shards.checksums import Checksum, StreamingHasher
@@ -103,7 +102,7 @@ def expected(
 
 CONCURRENT_FROM = 64 * 1024
 """Pieces of at least this many bytes are hashed with every algorithm at once (one on the
-calling thread, each other one on a helper thread: :class:`_Helpers`); smaller pieces one
+calling thread, each other one on a helper thread of :func:`_helpers`); smaller pieces one
 algorithm after the other (handing a piece over costs more than hashing it)."""
 
 
@@ -124,75 +123,29 @@ class WholeHasher:
             for hasher in self._hashers:
                 hasher.update(data)
             return
-        pieces = [_HELPERS.hash(hasher, data) for hasher in others]
+        helpers = _helpers()
+        pieces = [helpers.submit(hasher.update, data) for hasher in others]
         first.update(data)
         for piece in pieces:
-            piece.wait()
+            piece.result()
 
     def checksums(self) -> list[Checksum]:
         """One checksum per algorithm, of everything handed over."""
         return [hasher.checksum() for hasher in self._hashers]
 
 
-class _Piece:
-    """A piece a helper thread hashes: :meth:`wait` returns once it is hashed (raising what
-    hashing raised)."""
-
-    def __init__(self, hasher: StreamingHasher, data: bytes | memoryview) -> None:
-        self.hasher, self.data = hasher, data
-        self.failure: BaseException | None = None
-        self._done = threading.Lock()
-        self._done.acquire()
-
-    def run(self) -> None:
-        try:
-            self.hasher.update(self.data)
-        except BaseException as exc:  # raised to the caller of wait()
-            self.failure = exc
-        finally:
-            self._done.release()
-
-    def wait(self) -> None:
-        self._done.acquire()
-        if self.failure is not None:
-            raise self.failure
-
-
-class _Helpers:
-    """The threads of a process that hash pieces for :class:`WholeHasher` (daemons started
-    as pieces wait, at most :data:`_HELPER_THREADS`; a forked child starts with none)."""
-
-    def __init__(self) -> None:
-        self._forget()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def hash(self, hasher: StreamingHasher, data: bytes | memoryview) -> _Piece:
-        piece = _Piece(hasher, data)
-        self._work.put(piece)
-        with self._lock:
-            self._idle -= 1
-            if self._idle < 0 and len(self._threads) < _HELPER_THREADS:
-                thread = threading.Thread(target=self._run, name=_HELPER_NAME, daemon=True)
-                self._threads.append(thread)
-                self._idle += 1
-                thread.start()
-        return piece
-
-    def _run(self) -> None:
-        while True:
-            self._work.get().run()
-            with self._lock:
-                self._idle += 1
-
-    def _forget(self) -> None:
-        self._work: queue.SimpleQueue[_Piece] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0
-        """Threads waiting for a piece, less the pieces waiting for a thread."""
-
-
 _HELPER_THREADS = 4
 """At most this many helper threads per process (pieces beyond wait their turn)."""
-_HELPER_NAME = "fsspec-shards-hash-helper"
-_HELPERS = _Helpers()
+_helpers_of_process: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """This process's hashing threads (a forked child makes its own: the parent's threads
+    are not in it, so its executor would wait for them forever). No lock: two threads racing
+    here make two executors, and the one dropped holds no work for long; a lock held by another
+    thread at a fork would never be released in the child."""
+    global _helpers_of_process
+    if _helpers_of_process is None or _helpers_of_process[0] != os.getpid():
+        pool = ThreadPoolExecutor(_HELPER_THREADS, thread_name_prefix="fsspec-shards-hash")
+        _helpers_of_process = (os.getpid(), pool)
+    return _helpers_of_process[1]

@@ -15,6 +15,8 @@ The rest is public: ``Session(profile=...)``, ``full_config``, ``get_scoped_conf
 
 from __future__ import annotations
 
+import hashlib
+import os
 from typing import Any
 
 import botocore.exceptions
@@ -25,10 +27,44 @@ Error = botocore.exceptions.BotoCoreError
 """What botocore raises for a profile or config file it cannot use."""
 
 
+_SESSIONS: dict[tuple, botocore.session.Session] = {}
+_KEPT_SESSIONS = 16
+"""Sessions kept at most (each state of the environment and files makes one)."""
+
+
 def session(profile: str | None) -> botocore.session.Session:
     """A botocore session of ``profile`` (None: ``AWS_PROFILE`` or the default), as s3fs
-    makes one."""
-    return botocore.session.Session(profile=profile)
+    makes one. Kept per process for what a session reads (:func:`_what_sessions_read`):
+    making one registers ~120 handlers (30-160 ms), which each DataLoader worker paid
+    twice; one made before the fork is inherited, and a changed ``AWS_*`` variable or
+    config file gets a new one, as a new session would see it."""
+    key = (profile, _what_sessions_read())
+    found = _SESSIONS.get(key)
+    if found is None:
+        found = botocore.session.Session(profile=profile)
+        if len(_SESSIONS) >= _KEPT_SESSIONS:
+            _SESSIONS.clear()
+        _SESSIONS[key] = found
+    return found
+
+
+def _what_sessions_read() -> tuple:
+    """The ``AWS_*`` environment variables, and the path and a digest of the content of
+    the config and credentials files: what a botocore session's answers depend on (it reads
+    the files once, on first use). Reading two small files takes microseconds."""
+    environment = tuple(sorted(item for item in os.environ.items() if item[0].startswith("AWS_")))
+    files = []
+    for variable, default in (
+        ("AWS_CONFIG_FILE", "~/.aws/config"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+    ):
+        path = os.path.expanduser(os.environ.get(variable) or default)
+        try:
+            with open(path, "rb") as file:
+                files.append((path, hashlib.sha256(file.read()).hexdigest()))
+        except OSError:
+            files.append((path, None))
+    return environment, tuple(files)
 
 
 def configured_endpoint(session: Any, service: str) -> str | None:

@@ -4,7 +4,8 @@
 :func:`choose_transport` applies the user's ``transport="auto" | "obstore" | "fsspec"`` to
 that answer. :class:`ObstoreTransport` then serves what the download layer needs:
 :meth:`~ObstoreTransport.stream` (a ranged GET whose body is handed to a sink as it
-arrives) and :meth:`~ObstoreTransport.info` (size and version of an object).
+arrives) and :meth:`~ObstoreTransport.info` (the backend's ``info()`` of an object from one
+HEAD, where that carries every field the layer reads of it).
 
 Invariants:
 
@@ -39,14 +40,13 @@ import errno
 import logging
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsspec_shards.redact import REDACTED, redact_text, redact_url
+from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, Unmappable, map_options
 from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch, check_response
 from fsspec_shards.storage.core.options import TRANSPORTS
@@ -54,6 +54,7 @@ from fsspec_shards.storage.core.retry import TransientError
 from fsspec_shards.storage.deps.obstore import KIND_RE as _KIND_RE
 from fsspec_shards.storage.deps.obstore import OTHER_RANGE_RE as _OTHER_RANGE_RE
 from fsspec_shards.storage.deps.obstore import STATUS_RE as _STATUS_RE
+from fsspec_shards.storage.transfer.s3_region import bucket_region
 
 logger = logging.getLogger("fsspec_shards.storage.transfer.obstore_transport")
 
@@ -167,6 +168,10 @@ class DownloadTransport:
             )
         return self.fallback.stream(path, start, end, sink, timeout, rest_of_body, expect)
 
+    def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
+        """:meth:`ObstoreTransport.info`; None once obstore stopped serving this backend."""
+        return None if self.unserved else self.fast.info(path, timeout)
+
 
 def download_transport(
     protocol: str, options: Mapping[str, Any] | None, transport: str, fallback: Any
@@ -241,26 +246,6 @@ def _forget_stores_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_stores_after_fork)
-
-
-def bucket_region(
-    bucket: str, base_url: str = "https://s3.amazonaws.com", timeout: float = 30.0
-) -> str:
-    """The region of an S3 bucket, from the ``x-amz-bucket-region`` header that S3 sends on
-    any answer to an unsigned HEAD of the bucket (what s3fs and object_store do too)."""
-    request = urllib.request.Request(f"{base_url.rstrip('/')}/{bucket}", method="HEAD")
-    error: OSError = OSError(errno.EINVAL, f"S3 names no region for bucket {bucket}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            region = response.headers.get("x-amz-bucket-region")
-    except urllib.error.HTTPError as answer:
-        region = answer.headers.get("x-amz-bucket-region")
-    except OSError as exc:
-        region = None
-        error = TransientError(f"cannot reach S3 to find the region of {bucket}: {exc}")
-    if region:
-        return region
-    raise error
 
 
 PIECES_AS_RECEIVED = 0
@@ -502,6 +487,25 @@ class ObstoreTransport:
         finally:
             del result  # not kept by the traceback of a failure: see _pump
         return facts
+
+    def info(self, path: str, timeout: float | None) -> dict[str, Any] | None:
+        """The backend's ``info()`` of ``path`` from one HEAD where that carries all of it
+        (``Backend.info_from_head``): a worker then never builds the backend's client for
+        its stat (an aiobotocore client: 100-250 ms). None where the backend must answer: a
+        version in the path, no key obstore can address, nothing there (or a directory)."""
+        import obstore
+
+        backend = backend_for(self.protocol)
+        if not backend.head_gives_info:
+            return None
+        try:
+            origin, store, key, version, url = self._open(path, timeout)
+            if version is not None:
+                return None
+            meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
+        except (ValueError, FileNotFoundError, TransportUnavailable):
+            return None
+        return backend.info_from_head(meta, f"{origin}/{key}")
 
     def _pump(self, body: Any, sink: Sink, skip: int, stop: int | None, url: str, action: str):
         """Hand the body to ``sink``: ``skip`` bytes dropped first, at most ``stop`` passed.

@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+import fsspec
+
+from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.backends.versions import Version, VersionMismatch
+from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.transfer.obstore_transport import DownloadTransport, HttpStatusError
 from fsspec_shards.storage.transfer.ranges import Gathered, OrderedHasher, Writeback
 from fsspec_shards.storage.transfer.target import ChunkSizer, Target, resume
 
@@ -117,3 +122,25 @@ def fill_one_stream(
     if moved.requests > 1 and expect.unconfirmed and target.changed_since(expect):
         raise VersionMismatch(errno.ESTALE, "its info() changed")
     return position
+
+
+def read_whole(
+    transport: Any, fs: fsspec.AbstractFileSystem, path: str, timeout: float | None
+) -> bytes:
+    """A small object (a manifest) read whole through the download ``transport``: where that
+    is obstore, a DataLoader worker reads it without starting the fsspec backend's
+    (botocore's) session; else, and for an empty object (no byte 0 to ask a range from),
+    through ``fs.cat_file``."""
+    if not isinstance(transport, DownloadTransport):
+        return fs.cat_file(path)
+    pieces: list[bytes] = []
+    try:
+        facts = transport.stream(path, 0, None, lambda piece: pieces.append(bytes(piece)), timeout)
+    except HttpStatusError as exc:
+        if exc.status != 416:
+            raise
+        return fs.cat_file(path)
+    data = b"".join(pieces)
+    if facts.total is not None and len(data) != facts.total:
+        raise TransientError(f"{redact_url(path)}: read {len(data)} of {facts.total} bytes")
+    return data

@@ -31,6 +31,7 @@ import errno
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +148,7 @@ class Target:
         ``IsADirectoryError``: its bytes are no file's."""
         self.fs.invalidate_cache(self.path)
         info = self.policy.call(
-            lambda: self.backend.file_info(self.fs, self.path, self.policy.timeout),
+            self._fresh_info,
             self.shown,
             "info",
             lambda: self.incr("retries"),
@@ -156,6 +157,35 @@ class Target:
         if info.get("type") == "directory":
             raise IsADirectoryError(errno.EISDIR, f"is a directory: {self.shown}")
         return info
+
+    def stat_beside(
+        self, manifest: Callable[[], tuple[Known, ...]] | None
+    ) -> tuple[Target, dict[str, Any]]:
+        """:meth:`stat`, and this target with ``manifest()``'s checksums where given: run in
+        another thread beside the stat (a manifest still to load: its GETs), so that a
+        process's first file waits for the longer of the two, not for both. A failure of
+        ``manifest`` is raised first, as when it loaded before the stat."""
+        if manifest is None:
+            return self, self.stat()
+        with ThreadPoolExecutor(1, thread_name_prefix="wds-manifest") as beside:
+            loading = beside.submit(manifest)
+            try:
+                info = self.stat()
+            except Exception:
+                loading.result()
+                raise
+            return dataclasses.replace(self, manifest=loading.result()), info
+
+    def _fresh_info(self) -> dict[str, Any]:
+        """The object's ``info()``: through the download transport where it gives every field
+        the backend's ``info()`` gives (obstore's HEAD on S3: a DataLoader worker then never
+        builds the backend's client), else the backend's own."""
+        through_transport = getattr(self.transport, "info", None)
+        if through_transport is not None:
+            info = through_transport(self.path, self.policy.timeout)
+            if info is not None:
+                return info
+        return self.backend.file_info(self.fs, self.path, self.policy.timeout)
 
     def expect(self, info: dict[str, Any], blocks: BlockList | None = None) -> Expected:
         """What a pass over the version ``info`` describes must deliver: the one place a
