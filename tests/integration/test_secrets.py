@@ -222,6 +222,7 @@ logging.root.setLevel(logging.DEBUG)
 fs = fsspec.filesystem("wds", target_protocol="s3", target_options=options,
                        transport=transport, skip_instance_cache=True, cache_dir=cache)
 fs.cat_file(url)
+fs.info(url)  # metadata goes through the backend's client on either transport
 print(json.dumps(shown))
 """
 

@@ -492,7 +492,8 @@ class ObstoreTransport:
         """The backend's ``info()`` of ``path`` from one HEAD where that carries all of it
         (``Backend.info_from_head``): a worker then never builds the backend's client for
         its stat (an aiobotocore client: 100-250 ms). None where the backend must answer: a
-        version in the path, no key obstore can address, nothing there (or a directory)."""
+        version in the path, no key obstore can address, nothing there (or a directory), no
+        connection."""
         import obstore
 
         backend = backend_for(self.protocol)
@@ -503,7 +504,10 @@ class ObstoreTransport:
             if version is not None:
                 return None
             meta = self._call(url, "HEAD", lambda: obstore.head(store, key))
-        except (ValueError, FileNotFoundError, TransportUnavailable):
+        except (ValueError, FileNotFoundError, TransportUnavailable, ConnectionError):
+            # a failed connection: the backend's stat fails the same way and says why (a
+            # name that does not resolve, a plain-HTTP server at https://), which obstore's
+            # error leaves to its debug text
             return None
         return backend.info_from_head(meta, f"{origin}/{key}")
 
