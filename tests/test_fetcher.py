@@ -17,31 +17,20 @@ from fsspec_shards.storage.fetcher import Fetcher
 from fsspec_shards.storage.files import RetryingFile
 from fsspec_shards.storage.filesystem import WdsFileSystem
 from tests.faults import Flip
-from tests.planned_faults import PlannedFaultFileSystem, UnknownSizeFileSystem
-from tests.wds_filesystem import wds_filesystem
+from tests.planned_faults import UnknownSizeFileSystem
+from tests.wds_filesystem import SHARD_DATA, local_shard, planned_filesystem, wds_filesystem
 
-DATA = bytes(range(256)) * 4000  # 1 MB, deterministic
+DATA = SHARD_DATA
 
 
 @pytest.fixture
 def shard(tmp_path):
     """A local file and the options of a fresh cache directory."""
-    path = tmp_path / "data" / "train-0000.tar"
-    path.parent.mkdir()
-    path.write_bytes(DATA)
-    return str(path), {"cache_dir": str(tmp_path / "cache"), "backoff": 0.001}
-
-
-def _planned(tmp_path, plan=None, **options):
-    backend = PlannedFaultFileSystem(plan)
-    path = f"/fs-{uuid.uuid4().hex}/train-0000.tar"
-    backend.pipe_file(path, DATA)
-    fs = wds_filesystem(fs=backend, cache_dir=str(tmp_path / "cache"), backoff=0.001, **options)
-    return fs, backend, path
+    return local_shard(tmp_path)
 
 
 def test_the_filesystem_makes_one_fetcher_holding_backend_transport_and_policy(tmp_path):
-    fs, backend, path = _planned(tmp_path, retries=4)
+    fs, backend, path = planned_filesystem(tmp_path, retries=4)
     fetcher = fs.fetcher
     assert isinstance(fetcher, Fetcher) and fs.fetcher is fetcher
     assert fetcher.fs is backend is fs.fs
@@ -84,7 +73,7 @@ def test_a_forked_child_reads_through_a_fetcher_of_its_own(shard):
 
 
 def test_ranges_of_one_path_are_read_of_one_opened_copy(tmp_path):
-    fs, backend, path = _planned(tmp_path, cache=False)
+    fs, backend, path = planned_filesystem(tmp_path, cache=False)
     assert fs.fetcher.read_ranges(path, [(0, 3), (-3, None), (5, 5)]) == [
         DATA[:3],
         DATA[-3:],
@@ -94,7 +83,7 @@ def test_ranges_of_one_path_are_read_of_one_opened_copy(tmp_path):
 
 
 def test_a_cache_hit_makes_no_backend_read(tmp_path):
-    fs, backend, path = _planned(tmp_path)
+    fs, backend, path = planned_filesystem(tmp_path)
     assert fs.cat_file(path) == DATA
     reads = len(backend.reads)
     with fs.open(path) as handle:
@@ -121,7 +110,7 @@ def test_without_cache_reads_stream_seekably_and_keep_nothing(shard, tmp_path):
 
 
 def test_an_uncached_file_replaced_while_open_raises_instead_of_mixing_versions(tmp_path):
-    fs, backend, path = _planned(tmp_path, cache=False, block_size=4096)
+    fs, backend, path = planned_filesystem(tmp_path, cache=False, block_size=4096)
     with fs.open(path) as handle:
         assert handle.read(4096) == DATA[:4096]
         backend.pipe_file(path, bytes(reversed(DATA)))
@@ -158,7 +147,7 @@ def test_verify_size_ignores_a_wrong_checksum(shard):
 
 def test_a_flipped_byte_is_caught_by_the_sums_file_and_fetched_again(tmp_path):
     # the sums file, the block manifest beside it (none), then the shard
-    fs, backend, path = _planned(tmp_path, plan=[None, None, Flip(99)])
+    fs, backend, path = planned_filesystem(tmp_path, plan=[None, None, Flip(99)])
     sums = os.path.dirname(path) + "/SHA256SUMS"
     backend.pipe_file(sums, f"{hashlib.sha256(DATA).hexdigest()} *train-0000.tar\n".encode())
     fs = wds_filesystem(fs=backend, cache_dir=str(tmp_path / "c2"), backoff=0.001, checksums=sums)
@@ -169,7 +158,7 @@ def test_a_flipped_byte_is_caught_by_the_sums_file_and_fetched_again(tmp_path):
 
 
 def test_a_ranged_miss_fills_the_cache_with_the_whole_verified_file(tmp_path):
-    fs, backend, path = _planned(tmp_path)
+    fs, backend, path = planned_filesystem(tmp_path)
     assert fs.cat_file(path, 10, 20) == DATA[10:20]
     assert fs.cache_stats()["cached_files"] == 1
     reads = len(backend.reads)
@@ -181,7 +170,7 @@ def test_a_ranged_miss_fills_the_cache_with_the_whole_verified_file(tmp_path):
 
 def test_a_ranged_miss_with_a_checksum_known_never_returns_a_corrupted_byte(tmp_path):
     manifest = {"train-0000.tar": "sha256:" + hashlib.sha256(DATA).hexdigest()}
-    fs, _, path = _planned(tmp_path, plan=[Flip(15)] * 10, checksums=manifest)
+    fs, _, path = planned_filesystem(tmp_path, plan=[Flip(15)] * 10, checksums=manifest)
     with pytest.raises(IntegrityError, match="train-0000.tar"):
         fs.cat_file(path, 10, 20)
     assert isinstance(fs.cat_ranges([path], [10], [20])[0], IntegrityError)
@@ -189,7 +178,7 @@ def test_a_ranged_miss_with_a_checksum_known_never_returns_a_corrupted_byte(tmp_
 
 
 def test_direct_ranged_reads_read_just_the_range_and_keep_nothing(tmp_path):
-    fs, backend, path = _planned(tmp_path, ranged_reads="direct")
+    fs, backend, path = planned_filesystem(tmp_path, ranged_reads="direct")
     assert fs.cat_file(path, 10, 20) == DATA[10:20]
     assert fs.cat_file(path, -10) == DATA[-10:]
     results = fs.cat_ranges([path, path, path], [0, 100, -5], [4, 110, None])

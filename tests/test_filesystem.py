@@ -7,32 +7,19 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import fsspec
 import pytest
 
-from tests.planned_faults import PlannedFaultFileSystem
-from tests.wds_filesystem import wds_filesystem
+from tests.wds_filesystem import SHARD_DATA, local_shard, planned_filesystem, wds_filesystem
 
-DATA = os.urandom(0) or bytes(range(256)) * 4000  # 1 MB, deterministic
+DATA = SHARD_DATA
 
 
 @pytest.fixture
 def shard(tmp_path):
     """A local file and the options of a fresh cache directory."""
-    path = tmp_path / "data" / "train-0000.tar"
-    path.parent.mkdir()
-    path.write_bytes(DATA)
-    return str(path), {"cache_dir": str(tmp_path / "cache"), "backoff": 0.001}
-
-
-def _planned(tmp_path, plan=None, **options):
-    backend = PlannedFaultFileSystem(plan)
-    path = f"/fs-{uuid.uuid4().hex}/train-0000.tar"
-    backend.pipe_file(path, DATA)
-    fs = wds_filesystem(fs=backend, cache_dir=str(tmp_path / "cache"), backoff=0.001, **options)
-    return fs, backend, path
+    return local_shard(tmp_path)
 
 
 def test_chained_url_reads_the_backend_bytes_and_a_second_read_is_a_cache_hit(shard):
@@ -160,7 +147,7 @@ def test_transport_comes_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_cat_ranges_reports_a_missing_path_without_failing_the_others(tmp_path):
-    fs, _, path = _planned(tmp_path)
+    fs, _, path = planned_filesystem(tmp_path)
     results = fs.cat_ranges([path, path + ".missing"], [0, 0], [3, 3])
     assert results[0] == DATA[:3] and isinstance(results[1], FileNotFoundError)
 

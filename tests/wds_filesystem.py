@@ -3,15 +3,20 @@ instance cache skipped), so no test sees another's options or counters."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
 import fsspec
 
 from fsspec_shards import WdsFileSystem
+from tests.planned_faults import PlannedFaultFileSystem
 
 QUICK_RETRIES = {"backoff": 0.01, "max_backoff": 0.05}
 """Retry pauses short enough for tests that make requests fail on purpose."""
+
+SHARD_DATA = bytes(range(256)) * 4000
+"""The bytes of the shard :func:`local_shard` and :func:`planned_filesystem` serve (1 MB)."""
 
 
 def wds_filesystem(
@@ -30,3 +35,23 @@ def wds_filesystem(
     }
     chosen = {name: value for name, value in given.items() if value is not None}
     return fsspec.filesystem("wds", skip_instance_cache=True, **chosen, **options)
+
+
+def local_shard(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """A local file of :data:`SHARD_DATA` and the options of a fresh cache directory."""
+    path = tmp_path / "data" / "train-0000.tar"
+    path.parent.mkdir()
+    path.write_bytes(SHARD_DATA)
+    return str(path), {"cache_dir": str(tmp_path / "cache"), "backoff": 0.001}
+
+
+def planned_filesystem(
+    tmp_path: Path, plan: Any = None, **options: Any
+) -> tuple[WdsFileSystem, PlannedFaultFileSystem, str]:
+    """A ``wds`` filesystem over a backend failing by ``plan``, holding :data:`SHARD_DATA`
+    at the path returned: ``(fs, backend, path)``."""
+    backend = PlannedFaultFileSystem(plan)
+    path = f"/fs-{uuid.uuid4().hex}/train-0000.tar"
+    backend.pipe_file(path, SHARD_DATA)
+    fs = wds_filesystem(fs=backend, cache_dir=str(tmp_path / "cache"), backoff=0.001, **options)
+    return fs, backend, path
