@@ -121,9 +121,10 @@ class WdsFileSystem(ChainedFileSystem):
         own = dict(options.get(layer) or {})
         if names is None or {"target_protocol", "target_options", "fo"} & set(own):
             return None
-        if names._get_kwargs_from_urls(inner) or cls._get_kwargs_from_urls(f"{layer}://"):
+        url_options = fsspec_deps.kwargs_from_url
+        if url_options(names, inner) or url_options(cls, f"{layer}://"):
             return None
-        path = names._strip_protocol(inner)
+        path = fsspec_deps.strip_protocol(names, inner)
         if not path:
             return None
         target = dict(options.get(protocol) or {})

@@ -50,6 +50,7 @@ from fsspec_shards.storage.backends.mapping import (
 from fsspec_shards.storage.backends.versions import Facts, parse_content_range, timestamp
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.deps import s3fs as s3fs_deps
 
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
@@ -156,16 +157,13 @@ S3FS_PARAMETERS = frozenset(
     }
 )
 """The named parameters of ``S3FileSystem.__init__`` (a test holds them to s3fs's)."""
-S3FS_OPTIONS = (
-    S3FS_PARAMETERS
-    | {"batch_size"}
-    | {
-        "event_hooks",
-        "include_builtin_handlers",
-        "profile",
-        "session_vars",
-    }
-)
+S3FS_OPTIONS = S3FS_PARAMETERS | {
+    "batch_size",
+    "event_hooks",
+    "include_builtin_handlers",
+    "profile",
+    "session_vars",
+}
 """Every option s3fs takes: its own, ``AsyncFileSystem``'s ``batch_size`` and what it passes
 on to aiobotocore's ``AioSession`` (a test holds them to the classes')."""
 
@@ -180,7 +178,7 @@ class UnbuiltS3FileSystem:
 
     protocol = ("s3", "s3a")
     root_marker = ""
-    _strip_protocol = classmethod(fsspec.AbstractFileSystem._strip_protocol.__func__)
+    _strip_protocol = fsspec_deps.default_strip_protocol()
     unstrip_protocol = fsspec.AbstractFileSystem.unstrip_protocol
 
     @staticmethod
