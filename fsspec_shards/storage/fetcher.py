@@ -26,6 +26,7 @@ import fsspec
 from fsspec.utils import tokenize
 
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
+from fsspec_shards.redact import install_log_redaction
 from fsspec_shards.storage.backends import backend_for
 from fsspec_shards.storage.backends.base import call
 from fsspec_shards.storage.backends.fields import protocol_of
@@ -563,6 +564,7 @@ def _backend(
     def build() -> fsspec.AbstractFileSystem:
         built = fsspec.filesystem(protocol, **options)
         backend_class.tame_instance(built)
+        install_log_redaction()  # the loggers of a backend imported only now
         return built
 
     with _SHARED_BACKENDS_LOCK:

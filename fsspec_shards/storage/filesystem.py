@@ -99,6 +99,7 @@ class WdsFileSystem(ChainedFileSystem):
         if fs is None:
             check_backend_options(target_protocol, target_options or {})
         self._fetcher = Fetcher(self.options, self, target_protocol, target_options, fs)
+        install_log_redaction()  # the loggers of what the check and the fetcher imported
         # the options' retry policy, its time-out shortened to the backend's if shorter
         self.policy = self._fetcher.policy
 
