@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage.backends.identity import KEY_FORMAT
+from fsspec_shards.storage.backends import KEY_FORMAT
 from fsspec_shards.storage.cache import (
     ShardCache,
     WrittenWhileReadingError,
@@ -202,7 +202,7 @@ def test_objects_are_kept_apart_by_their_keys(cache: ShardCache) -> None:
 
 
 def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
-    from fsspec_shards.storage.backends.identity import ObjectId
+    from fsspec_shards.storage.backends import ObjectId
 
     with pytest.raises(ValueError, match="not a cache key"):
         cache.fetch(ObjectId("../../etc/passwd", "x"), writer(b"x"))
@@ -211,7 +211,7 @@ def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
 def test_no_secret_reaches_any_file_under_the_cache(cache: ShardCache) -> None:
     import fsspec
 
-    from fsspec_shards.storage.backends.identity import object_id
+    from fsspec_shards.storage.backends import object_id
 
     http = fsspec.filesystem("https")
     signed = "https://user:SECRETPW@host/bucket/a.tar?X-Amz-Signature=SECRETSIG&token=SECRETTOK"

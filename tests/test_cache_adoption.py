@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage.backends.identity import KEY_FORMAT
+from fsspec_shards.storage.backends import KEY_FORMAT
 from fsspec_shards.storage.cache import NotACacheError, ShardCache, layout
 from tests import cache_objects
 from tests.cache_objects import as_a_new_process, fill, obj, payload, tree, writer

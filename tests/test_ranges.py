@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from fsspec_shards.storage.backends.identity import object_id
+from fsspec_shards.storage.backends import object_id
 from fsspec_shards.storage.core.retry import RetryPolicy
 from fsspec_shards.storage.transfer import range_plan, ranges
 from fsspec_shards.storage.transfer.ranges import (

@@ -23,7 +23,7 @@ import fsspec
 
 from fsspec_shards.errors import OptionError
 from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.fields import parameters
+from fsspec_shards.storage.backends.base import parameters
 from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
 
 

@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 import fsspec
 
 from fsspec_shards.redact import redact_text
-from fsspec_shards.storage.backends.base import Backend, Read, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64
+from fsspec_shards.storage.backends.base import Backend, Read, from_base64, range_header, within
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
     Options,
@@ -29,7 +28,7 @@ from fsspec_shards.storage.backends.mapping import (
     as_bool,
     http_endpoint,
 )
-from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import adlfs as adlfs_deps

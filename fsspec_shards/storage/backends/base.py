@@ -19,22 +19,53 @@ of :class:`Backend` per backend (``backends/<backend>.py``), looked up by protoc
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import errno
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 import fsspec
 from fsspec.asyn import sync
 
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64
 from fsspec_shards.storage.backends.mapping import Options, StoreSpec
-from fsspec_shards.storage.backends.versions import Facts, Version
+from fsspec_shards.storage.backends.versions import Facts, Version, VersionFields
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
 
 Read = Callable[[int], Awaitable[bytes]]
 """Reads the next piece of a response body (at most the size given; ``b""`` at its end)."""
+
+
+def protocol_of(fs: fsspec.AbstractFileSystem) -> str:
+    """The backend's main protocol name."""
+    protocol = fs.protocol
+    return protocol[0] if isinstance(protocol, tuple | list) else protocol
+
+
+def parameters(function: Callable) -> set[str]:
+    """The named parameters of ``function`` (not ``self``, ``*args`` or ``**kwargs``): the
+    options a backend or its client takes."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in kinds and name != "self"
+    }
+
+
+def from_base64(value: Any) -> str | None:
+    """The hex digest of a base64 digest (or of raw digest bytes); None if it is neither."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return base64.b64decode(value, validate=True).hex()
+    except (binascii.Error, ValueError):
+        return None
 
 
 class Backend:

@@ -23,7 +23,6 @@ from fsspec.asyn import sync
 
 from fsspec_shards.redact import redact_text
 from fsspec_shards.storage.backends.base import Backend, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
     Options,
@@ -31,7 +30,7 @@ from fsspec_shards.storage.backends.mapping import (
     as_bool,
     http_endpoint,
 )
-from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
 

@@ -34,8 +34,7 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
-from fsspec_shards.storage.backends.base import Backend, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields, parameters
+from fsspec_shards.storage.backends.base import Backend, parameters, range_header, within
 from fsspec_shards.storage.backends.mapping import (
     IGNORED_COMMON,
     Options,
@@ -44,7 +43,12 @@ from fsspec_shards.storage.backends.mapping import (
     http_endpoint,
     tls,
 )
-from fsspec_shards.storage.backends.versions import Facts, parse_content_range, timestamp
+from fsspec_shards.storage.backends.versions import (
+    Facts,
+    VersionFields,
+    parse_content_range,
+    timestamp,
+)
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import s3fs as s3fs_deps

@@ -25,7 +25,7 @@ import sqlite3
 import stat
 from urllib.request import pathname2url
 
-from fsspec_shards.storage.backends.identity import KEY_FORMAT
+from fsspec_shards.storage.backends import KEY_FORMAT
 from fsspec_shards.storage.cache import layout, locks
 from fsspec_shards.storage.cache.index import Index
 

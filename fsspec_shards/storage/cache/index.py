@@ -28,7 +28,7 @@ from typing import Any
 
 import diskcache
 
-from fsspec_shards.storage.backends.identity import KEY_FORMAT
+from fsspec_shards.storage.backends import KEY_FORMAT
 from fsspec_shards.storage.cache.index_database import Database, Table
 from fsspec_shards.storage.cache.index_rows import (
     COUNTER,

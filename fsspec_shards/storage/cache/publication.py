@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.backends.identity import ObjectId
+from fsspec_shards.storage.backends import ObjectId
 from fsspec_shards.storage.cache import layout, trust
 from fsspec_shards.storage.cache.durability import SYNCER, boot_id
 from fsspec_shards.storage.cache.own_files import READ_FLAGS

@@ -48,7 +48,7 @@ from typing import Any, BinaryIO
 from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.backends.identity import KEY_FORMAT, ObjectId
+from fsspec_shards.storage.backends import KEY_FORMAT, ObjectId
 from fsspec_shards.storage.cache import deletion, layout, locks, own_files, space, trust
 from fsspec_shards.storage.cache.durability import (
     SYNCER,
