@@ -1,7 +1,7 @@
 """The index of a cache directory, kept by diskcache: entries, write generations, counters.
 
-The rows and their format are :mod:`.index_rows`'s; the database, its connections and its
-recovery :mod:`.index_database`'s.
+The rows and their format, the database, its connections and its recovery are
+:mod:`.index_database`'s.
 
 Invariants:
 
@@ -29,16 +29,17 @@ from typing import Any
 import diskcache
 
 from fsspec_shards.storage.backends import KEY_FORMAT
-from fsspec_shards.storage.cache.index_database import Database, Table
-from fsspec_shards.storage.cache.index_rows import (
+from fsspec_shards.storage.cache.index_database import (
     COUNTER,
     ENTRY,
     GENERATION,
     KEY_FORMAT_NAME,
     PENDING,
     SIZE_LIMIT,
+    Database,
     Entry,
     Row,
+    Table,
     file_and_size,
     integer,
     pending_boot,

@@ -27,7 +27,7 @@ from typing import Any
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.cache import deletion, layout, locks, space
 from fsspec_shards.storage.cache.index import Index
-from fsspec_shards.storage.cache.index_rows import Row
+from fsspec_shards.storage.cache.index_database import Row
 from fsspec_shards.storage.cache.own_files import OwnFiles
 from fsspec_shards.storage.cache.usage import Usage
 
