@@ -5,7 +5,7 @@ download into it, :mod:`.room` keeps it under its size limit and :mod:`.own_file
 removes the files it made; :mod:`.trust` decides which directories
 it uses and :mod:`.adoption` takes over those of earlier layouts, :mod:`.layout` says which
 names it makes (and so may delete), :mod:`.index` records entries, write generations and
-counters in a diskcache, :mod:`.usage` batches what hits record, :mod:`.locks` serializes
+counters in a diskcache (what hits record batched by :mod:`.room`), :mod:`.locks` serializes
 processes with filelock, :mod:`.space` handles a full disk, and :mod:`.shared` is the tier
 all nodes mount.
 """

@@ -12,7 +12,7 @@ Invariants:
   begun before a write publish after it.
 - Least-recently-used order is diskcache's store time (``eviction_policy=
   "least-recently-stored"``): a use of an entry re-stores it (batched per process by
-  :mod:`.usage`), so a lookup is a plain read, never a write transaction, and an entry's
+  :mod:`.room`), so a lookup is a plain read, never a write transaction, and an entry's
   place only moves forward.
 - A lookup's answer is remembered only with the database's file change counter it was read
   under (:meth:`Index.lookup`): any commit, in any process, makes it read again.

@@ -14,7 +14,7 @@ Invariants:
   it does not match or none is known. Without a boot id the fsync comes before publishing.
 - One download per key across processes (the key's lock); the bytes of published files
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
-  least-recently-used files (:mod:`.room`; access times batched per process: :mod:`.usage`).
+  least-recently-used files (:mod:`.room`; access times batched per process there too).
 - A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
   ``open`` and an ``fstat``: no write transaction. A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
@@ -61,8 +61,7 @@ from fsspec_shards.storage.cache.index_database import ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.cache.own_files import READ_FLAGS, OwnFiles
 from fsspec_shards.storage.cache.publication import download_and_publish
-from fsspec_shards.storage.cache.room import Room, check_fits, holding_space
-from fsspec_shards.storage.cache.usage import Usage
+from fsspec_shards.storage.cache.room import Room, Usage, check_fits, holding_space
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
