@@ -3,6 +3,9 @@ counting bytes reserved by downloads in flight, eviction in batches, and a full 
 
 Hits and counters batched in memory and written in one transaction (:class:`Usage`), over a
 real index.
+
+The files a cache made (:class:`OwnFiles`): leftovers of killed processes and
+stale temp files removed, names the cache does not make left alone.
 """
 
 from __future__ import annotations
@@ -295,3 +298,40 @@ def test_a_forked_child_starts_with_nothing_pending():
         child = json.loads(pipe.read())
     os.waitpid(pid, 0)
     assert child == {} and usage.pending_counts() == {"hits": 5}
+
+
+def test_stale_temp_file_of_a_dead_download_is_removed(cache: ShardCache) -> None:
+    key = obj("s3://bucket/a").key
+    tmp = Path(cache.directory) / "tmp"
+    (tmp / f"{key}.999999.deadbeef.100.part").write_bytes(b"partial")
+    other = obj("s3://bucket/other").key
+    (tmp / f"{other}.999999.deadbeef.900.part").write_bytes(b"partial")
+    # The stale 900-byte reservation of "other" must not keep this 100-byte file out.
+    path = fill(cache, "s3://bucket/a")
+    assert Path(path).read_bytes() == payload("s3://bucket/a", 100)
+    assert os.listdir(tmp) == []
+
+
+def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
+    cache: ShardCache,
+) -> None:
+    key = obj("s3://bucket/a").key
+    orphan = Path(cache.directory) / "files" / key[:2] / f"{key}.deadbeef"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(payload("s3://bucket/a", 100))
+    path = fill(cache, "s3://bucket/a")
+    assert not orphan.exists() and Path(path).exists()
+
+
+def test_removing_every_data_file_leaves_the_names_the_cache_does_not_make(
+    cache: ShardCache,
+) -> None:
+    made = Path(fill(cache, "s3://bucket/a"))
+    theirs = [made.parent / "notes.txt", Path(cache.directory) / "files" / "README"]
+    theirs.append(Path(cache.directory) / "tmp" / "draft.part")
+    for path in theirs:
+        path.write_bytes(b"keep")
+    room.remove_data_files(cache.directory)
+    assert not made.exists()
+    assert all(path.exists() for path in theirs)
+    assert sorted(room.foreign_names(cache.directory)) == sorted(map(str, theirs))
