@@ -22,8 +22,7 @@ from fsspec.utils import other_paths, stringify_path
 from fsspec_shards import option_shapes
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage.backends.accepted_options import check_backend_options
-from fsspec_shards.storage.backends.base import protocol_of
-from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
+from fsspec_shards.storage.backends.base import FSSPEC_INSTANCE_OPTIONS, protocol_of
 from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.fetcher import Fetcher

@@ -22,8 +22,15 @@ from typing import Any
 
 import fsspec
 
-from fsspec_shards.storage.backends.base import Backend, parameters, range_header, within
-from fsspec_shards.storage.backends.mapping import IGNORED_COMMON, Options, StoreSpec
+from fsspec_shards.storage.backends.base import (
+    IGNORED_COMMON,
+    Backend,
+    Options,
+    StoreSpec,
+    parameters,
+    range_header,
+    within,
+)
 from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import fsspec as fsspec_deps

@@ -34,14 +34,17 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
-from fsspec_shards.storage.backends.base import Backend, parameters, range_header, within
-from fsspec_shards.storage.backends.mapping import (
+from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
+    Backend,
     Options,
     StoreSpec,
     as_bool,
     http_endpoint,
+    parameters,
+    range_header,
     tls,
+    within,
 )
 from fsspec_shards.storage.backends.versions import (
     Facts,
