@@ -103,8 +103,6 @@ def timestamp(value: Any) -> float | None:
     number; whole seconds, as HTTP dates carry them."""
     if value is None or value == "":
         return None
-    if is_number(value):
-        return float(int(value))
     if isinstance(value, str):
         try:
             value = email.utils.parsedate_to_datetime(value)
@@ -117,6 +115,8 @@ def timestamp(value: Any) -> float | None:
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.timezone.utc)
         return float(int(value.timestamp()))
+    if is_number(value):
+        return float(int(value))
     return None
 
 
