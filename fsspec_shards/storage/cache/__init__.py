@@ -2,8 +2,8 @@
 
 :class:`ShardCache` (:mod:`.store`) keeps the files, :mod:`.publication` publishes a
 download into it, :mod:`.room` finds and removes the files it made and keeps them under its
-size limit; :mod:`.trust` decides which directories it uses and :mod:`.adoption` takes over
-those of earlier layouts, :mod:`.layout` says which names it makes (and so may delete),
+size limit; :mod:`.trust` decides which directories it uses and takes over those of earlier
+layouts, :mod:`.layout` says which names it makes (and so may delete),
 :mod:`.index` records entries, write generations and counters in a diskcache (what hits
 record batched by :mod:`.room`), :mod:`.locks` serializes processes with filelock,
 :mod:`.space` handles a full disk, and :mod:`.shared` is the tier all nodes mount.
