@@ -6,8 +6,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import backend_for, s3
-from fsspec_shards.storage.backends.identity import backend_location
+from fsspec_shards.storage.backends import backend_for, backend_location, s3
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
 from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)
@@ -432,6 +431,6 @@ def test_anything_else_asked_of_the_stand_in_builds_s3fs_once():
 def test_s3fs_parameters_listed_without_its_import_are_s3fss():
     from s3fs import S3FileSystem
 
-    from fsspec_shards.storage.backends.fields import parameters
+    from fsspec_shards.storage.backends.base import parameters
 
     assert parameters(S3FileSystem.__init__) == s3.S3FS_PARAMETERS
