@@ -366,10 +366,10 @@ class ShardCache:
         return None if self._index is None else self._index.size_limit()
 
     def flush(self) -> None:
-        """Write this process's batched access times and counts to the index now, and wait
-        for the background syncs of the files it published."""
-        self._usage.flush()
+        """Wait for the background syncs of the files this process published, then write
+        its batched access times and counts, and which files are durable, to the index."""
         SYNCER.drain()
+        self._usage.flush()
         deletion.DELETER.drain()
 
     # -- writing -------------------------------------------------------------------------

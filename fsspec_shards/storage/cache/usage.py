@@ -114,7 +114,8 @@ class Usage:
             return dict(self._counts)
 
     def flush(self) -> None:
-        """Write what is pending now, in one transaction; kept for later if that fails."""
+        """Write what is pending now, in one transaction (with it the files this process
+        synced: :meth:`.Index.note_durable`); kept for later if that fails."""
         if self._pid != os.getpid():
             self._reset()
             return
@@ -123,7 +124,7 @@ class Usage:
         with self._lock:
             touches, counts = self._touches, self._counts
             self._touches, self._counts = {}, {}
-        if not touches and not counts:
+        if not touches and not counts and not self._index.durable_unrecorded():
             return
         try:
             self._index.record_usage(touches, counts)
