@@ -16,10 +16,10 @@ Invariants:
   place only moves forward.
 - A lookup's answer is remembered only with the database's file change counter it was read
   under (:meth:`Index.lookup`): any commit, in any process, makes it read again.
-- Nothing writes the index on a thread of its own after a call returned: what the
+- Nothing writes the index on a thread of its own after a call returned (a caller that
+  removes the directory then never races a journal file being created in it): what the
   background syncer learns (a file is durable) waits in memory for the process's next write
-  (:meth:`Index.note_durable`), so a caller that removes the directory afterwards never
-  races a journal file being created in it.
+  (:meth:`Index.note_durable`), batched uses for a later use (:mod:`.usage`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Invariants:
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
   least-recently-used files (:mod:`.room`; access times batched per process: :mod:`.usage`).
 - A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
-  ``open`` and an ``fstat``: no write transaction. A hit's file
+  ``open`` and an ``fstat``: no write transaction (but the one a second that finds this
+  process's batched uses due: :mod:`.usage`). A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
   makes for the key (:func:`~.layout.data_file_path`), opened without following symlinks;
   anything else is a miss, and the entry is dropped (the file is left where it is if the
