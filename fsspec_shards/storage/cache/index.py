@@ -92,7 +92,8 @@ class Index:
 
     def lookup(self, key: str) -> tuple[str, int, str | None] | None:
         """``(file, size, boot)`` recorded for ``key`` (``boot``: the boot it was published
-        under when not durable yet, else None), or None: the hit path, kept short.
+        under when not durable yet, nor noted durable here, else None), or None: the hit
+        path, kept short.
 
         Answers are remembered with the database's file change counter (header bytes
         24-27, which every committed write moves, in any process) read *before* the query;
@@ -103,7 +104,8 @@ class Index:
         if counter is not None:
             remembered = self._remembered.get(key)
             if remembered is not None and remembered[0] == counter:
-                return self._durable_if_synced(key, remembered[1])
+                found = remembered[1]
+                return self._durable_if_synced(key, found) if self._synced else found
         found = self.database.run(
             lambda: file_and_size(
                 self.database.value(ENTRY + key), self.database.value(PENDING + key)
@@ -114,7 +116,7 @@ class Index:
             if len(self._remembered) >= _REMEMBERED_LOOKUPS:
                 self._remembered.clear()
             self._remembered[key] = (counter, found)
-        return self._durable_if_synced(key, found)
+        return self._durable_if_synced(key, found) if self._synced else found
 
     def _durable_if_synced(
         self, key: str, found: tuple[str, int, str | None] | None
