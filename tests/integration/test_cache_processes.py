@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fsspec_shards.storage.cache import CacheFullError, ShardCache, layout, locks, usage
+from fsspec_shards.storage.cache import CacheFullError, ShardCache, layout, locks, room
 from tests.cache_objects import indexed_entries, obj
 
 if TYPE_CHECKING:  # spawned workers import this module: keep it light
@@ -450,7 +450,7 @@ def test_touches_reach_other_processes_within_the_batching_window(tmp_path: Path
     touched = [known[0], known[2]]
     for name in touched:
         assert cache.get(obj(name)) is not None
-    time.sleep(usage.FLUSH_INTERVAL_SECONDS)
+    time.sleep(room.FLUSH_INTERVAL_SECONDS)
     assert cache.get(obj(touched[-1])) is not None  # the batch is due: this use writes it
     deadline = time.monotonic() + JOIN_TIMEOUT
     while True:  # wait, without flushing, until the order on disk shows the touches
