@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
+import sys
 
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import BACKENDS, OTHER, backend_for
+from fsspec_shards.storage.backends import MODULES, OTHER, backend_for
 from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
     Backend,
@@ -38,7 +40,7 @@ from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames, http_status, is_transient
 from tests.obstore_helpers import no_ambient_credentials  # noqa: F401 - the fixture
 
-EVERY = (*BACKENDS, OTHER)
+EVERY = (*dict.fromkeys(backend_for(protocol) for protocol in MODULES), OTHER)
 
 
 @pytest.mark.parametrize("backend", EVERY, ids=lambda b: type(b).__name__)
@@ -56,8 +58,8 @@ def test_each_backend_satisfies_the_interface(backend):
 
 
 def test_each_protocol_has_one_backend_and_unknown_ones_the_other():
-    protocols = [protocol for backend in BACKENDS for protocol in backend.protocols]
-    assert len(protocols) == len(set(protocols))
+    protocols = [protocol for backend in EVERY for protocol in backend.protocols]
+    assert sorted(protocols) == sorted(MODULES)  # the table names each backend's protocols
     assert backend_for("memory") is backend_for("no-such-protocol") is OTHER
     assert OTHER.protocols == ()
 
@@ -123,6 +125,33 @@ def test_the_shortest_positive_socket_time_out_is_the_backends():
 
     assert Sockets().timeout(None) == 2.5
     assert Backend().timeout(None) is None
+
+
+def test_a_backend_module_is_imported_on_first_ask_and_failures_are_known_before():
+    """Reading S3 imports no other backend's module, and the retry classification knows
+    every backend's failure names already (gcsfs's status-carrying ``HttpError``, aiohttp's
+    and azure-core's network failures), whichever backend modules are imported."""
+    script = """
+import sys
+from fsspec_shards.storage.backends import backend_for
+from fsspec_shards.storage.core.retry import http_status, is_transient
+
+def loaded():
+    prefix = "fsspec_shards.storage.backends."
+    return {name[len(prefix):] for name in sys.modules if name.startswith(prefix)}
+
+assert not loaded() & {"s3", "gcs", "azure", "http"}, loaded()
+error = type("HttpError", (Exception,), {})("failed")
+error.code = 503
+assert http_status(error) == 503 and is_transient(error)
+assert is_transient(type("ServerDisconnectedError", (Exception,), {})("cut"))
+assert is_transient(type("ServiceRequestError", (Exception,), {})("cut"))
+assert backend_for("s3") is backend_for("s3a")
+assert not loaded() & {"gcs", "azure", "http"}, loaded()
+assert "s3" in loaded()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_defaults_say_nothing():
