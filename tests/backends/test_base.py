@@ -1,6 +1,6 @@
 """The backend interface (storage/backends/base.py): every registered backend satisfies it,
 each protocol has one backend, an object's identity is derived from its backend's version
-fields, and the retry classification knows each backend's failure names; how a backend's own
+fields; how a backend's own
 words are read: its protocol name, the ``info()`` fields naming a version, the options a
 function takes, base64 digests.
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import subprocess
-import sys
 
 import fsspec
 import pytest
@@ -37,7 +35,7 @@ from fsspec_shards.storage.backends.base import (
 from fsspec_shards.storage.backends.obstore_options import Unmappable, map_options
 from fsspec_shards.storage.backends.versions import VersionFields
 from fsspec_shards.storage.core.integrity import Checksum
-from fsspec_shards.storage.core.retry import ErrorNames, http_status, is_transient
+from fsspec_shards.storage.core.retry import ErrorNames
 from tests.obstore_helpers import no_ambient_credentials  # noqa: F401 - the fixture
 
 EVERY = (*dict.fromkeys(backend_for(protocol) for protocol in MODULES), OTHER)
@@ -127,33 +125,6 @@ def test_the_shortest_positive_socket_time_out_is_the_backends():
     assert Backend().timeout(None) is None
 
 
-def test_a_backend_module_is_imported_on_first_ask_and_failures_are_known_before():
-    """Reading S3 imports no other backend's module, and the retry classification knows
-    every backend's failure names already (gcsfs's status-carrying ``HttpError``, aiohttp's
-    and azure-core's network failures), whichever backend modules are imported."""
-    script = """
-import sys
-from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.core.retry import http_status, is_transient
-
-def loaded():
-    prefix = "fsspec_shards.storage.backends."
-    return {name[len(prefix):] for name in sys.modules if name.startswith(prefix)}
-
-assert not loaded() & {"s3", "gcs", "azure", "http"}, loaded()
-error = type("HttpError", (Exception,), {})("failed")
-error.code = 503
-assert http_status(error) == 503 and is_transient(error)
-assert is_transient(type("ServerDisconnectedError", (Exception,), {})("cut"))
-assert is_transient(type("ServiceRequestError", (Exception,), {})("cut"))
-assert backend_for("s3") is backend_for("s3a")
-assert not loaded() & {"gcs", "azure", "http"}, loaded()
-assert "s3" in loaded()
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
 def test_the_defaults_say_nothing():
     backend = Backend()
     assert backend.location(None) == ""
@@ -161,16 +132,6 @@ def test_the_defaults_say_nothing():
     assert backend.open_range(None, "p", 0, 1, None, 1.0) is None
     assert backend.tamed_options({"a": 1}, 5.0) == {"a": 1, "skip_instance_cache": True}
     assert range_header(3, None) == "bytes=3-" and range_header(3, 10) == "bytes=3-9"
-
-
-@pytest.mark.parametrize("backend", EVERY, ids=lambda b: type(b).__name__)
-def test_the_retry_classification_knows_each_backends_failure_names(backend):
-    for name in backend.errors.transient:
-        assert is_transient(type(name, (Exception,), {})("cut")), name
-    for name in backend.errors.status_code_types:
-        error = type(name, (Exception,), {})("failed")
-        error.code = 503
-        assert http_status(error) == 503 and is_transient(error)
 
 
 def test_the_main_protocol_is_the_first_of_a_backends_names_or_its_only_one():
