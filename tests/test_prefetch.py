@@ -15,7 +15,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards import ShardDataset
-from fsspec_shards.iteration.prefetch import ShardPrefetcher
+from fsspec_shards.iteration.prefetch import AUTO_DEPTH, AUTO_MAX_DEPTH, ShardPrefetcher
 from tests.shardmaker import write_shards
 
 PROTOCOL = "prefetchrecorder"
@@ -150,6 +150,50 @@ def test_queued_prefetches_are_cancelled_on_close(recorded):
     RecordingFileSystem.gate.set()
     wait_for(lambda: not prefetch_threads())
     assert RecordingFileSystem.calls == [paths[1]]
+
+
+def test_auto_depth_grows_when_the_reader_reaches_a_shard_still_fetching(recorded):
+    """Under "auto" two shards are fetched ahead while the fetches keep up; a reader that
+    waits for one makes the prefetcher fetch AUTO_MAX_DEPTH ahead."""
+    _, urls = recorded
+    many = urls + urls[:4]
+    RecordingFileSystem.gate.clear()
+    prefetcher = ShardPrefetcher(many, lambda url: fsspec.core.url_to_fs(url), depth="auto")
+    assert prefetcher.depth == AUTO_DEPTH
+    prefetcher.advance(0)
+    wait_for(lambda: len(RecordingFileSystem.calls) == AUTO_DEPTH)
+    waiting = threading.Thread(target=prefetcher.wait, args=(1,))
+    waiting.start()  # the reader at shard 1, whose fetch is held
+    wait_for(lambda: prefetcher.depth == AUTO_MAX_DEPTH)
+    RecordingFileSystem.gate.set()
+    waiting.join()
+    prefetcher.advance(1)  # shards 2 to 1 + AUTO_MAX_DEPTH
+    wait_for(lambda: len(RecordingFileSystem.calls) == 1 + AUTO_MAX_DEPTH)
+    assert RecordingFileSystem.calls[AUTO_DEPTH:] == [
+        url.removeprefix(f"{PROTOCOL}://") for url in many[AUTO_DEPTH + 1 : AUTO_MAX_DEPTH + 2]
+    ]
+    prefetcher.close()
+
+
+def test_auto_depth_stays_while_the_fetches_keep_up(recorded):
+    paths, urls = recorded
+    prefetcher = ShardPrefetcher(urls, lambda url: fsspec.core.url_to_fs(url), depth="auto")
+    for index in range(len(urls)):
+        if index:
+            wait_for(lambda: prefetcher._futures[index].done())  # noqa: B023
+            assert prefetcher.wait(index) is None
+        prefetcher.advance(index)
+    assert prefetcher.depth == AUTO_DEPTH
+    assert RecordingFileSystem.calls == paths[1:]
+    prefetcher.close()
+
+
+def test_prefetch_is_auto_or_a_non_negative_int():
+    with pytest.raises(ValueError, match='prefetch must be "auto" or an int >= 0'):
+        ShardDataset(["file:///nowhere.tar"], prefetch="deep")
+    with pytest.raises(ValueError, match="prefetch"):
+        ShardDataset(["file:///nowhere.tar"], prefetch=-1)
+    assert ShardDataset(["file:///nowhere.tar"]).prefetch == "auto"
 
 
 def test_an_unreachable_url_is_reported_when_its_shard_is_reached():

@@ -5,6 +5,14 @@ others :class:`ShardPrefetcher` does nothing. At most ``depth`` shards are fetch
 at a time. A prefetch failure is kept, not raised, and handed to the reader when it reaches
 that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's error handler.
 
+``depth="auto"`` (``ShardDataset``'s default) starts at :data:`AUTO_DEPTH` and goes to
+:data:`AUTO_MAX_DEPTH` the first time the reader reaches a shard still being fetched: where
+one connection is slow (an object store far away carries tens of MB/s per connection),
+fetching a shard takes several times what reading it does, and only that many fills in
+flight keep the reader fed; where fills keep up (a local disk, a warm cache), it stays at
+two. Doubling instead (2, 4, 8) cost a wait per step: slower in the 9 shards per worker of
+``benchmarks/bench_peers.py``.
+
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
 prefetches take a millisecond, hands each shard to a waiting thread instead of starting one
@@ -30,22 +38,30 @@ logger = logging.getLogger("fsspec_shards.prefetch")
 Locate = Callable[[str], tuple[Any, str]]
 LINGER_SECONDS = 1.0
 """How long a prefetch thread with nothing to do waits for more before it ends."""
+AUTO_DEPTH = 2
+"""Shards fetched ahead at the start of a stream under ``depth="auto"``."""
+AUTO_MAX_DEPTH = 8
+"""The most shards ``depth="auto"`` fetches ahead (and threads it runs): enough for a
+3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up with a reader
+of two cores, and a bound on the cache space held ahead of the reader."""
 
 
 class ShardPrefetcher:
-    """Keeps the ``depth`` shards after the one being read fetched or fetching."""
+    """Keeps the ``depth`` shards after the one being read fetched or fetching (an int, or
+    ``"auto"``: module docstring)."""
 
-    def __init__(self, urls: Sequence[str], locate: Locate, depth: int) -> None:
+    def __init__(self, urls: Sequence[str], locate: Locate, depth: int | str) -> None:
         self.urls = list(urls)
         self.locate = locate
-        self.depth = depth
+        self.auto = depth == "auto"
+        self.depth = AUTO_DEPTH if self.auto else int(depth)
         self._futures: dict[int, Future] = {}
         self._queue: deque[tuple[Future, Callable[[str], Any], str]] = deque()
         self._lock = threading.Lock()
         self._more = threading.Condition(self._lock)
         self._threads = 0
         self._idle = 0
-        self._max_threads = depth
+        self._max_threads = self.depth
         self._closed = False
 
     def advance(self, current: int) -> None:
@@ -104,10 +120,17 @@ class ShardPrefetcher:
                 future.set_exception(exc)
 
     def wait(self, index: int) -> BaseException | None:
-        """Wait for the prefetch of shard ``index``, if any; return its error, if any."""
+        """Wait for the prefetch of shard ``index``, if any; return its error, if any. Under
+        ``"auto"``, a prefetch not done yet deepens the next :meth:`advance` to
+        :data:`AUTO_MAX_DEPTH`."""
         future = self._futures.pop(index, None)
         if future is None or future.cancelled():
             return None
+        if self.auto and self.depth < AUTO_MAX_DEPTH and not future.done():
+            self.depth = AUTO_MAX_DEPTH
+            with self._lock:
+                self._max_threads = AUTO_MAX_DEPTH
+            logger.debug("the reader waited for a prefetch: %d shards ahead now", self.depth)
         return future.exception()
 
     def close(self) -> None:
