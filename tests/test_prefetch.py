@@ -15,7 +15,12 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards import ShardDataset
-from fsspec_shards.iteration.prefetch import AUTO_DEPTH, AUTO_MAX_DEPTH, ShardPrefetcher
+from fsspec_shards.iteration.prefetch import (
+    AUTO_DEEPEN_AFTER,
+    AUTO_DEPTH,
+    AUTO_MAX_DEPTH,
+    ShardPrefetcher,
+)
 from tests.shardmaker import write_shards
 
 PROTOCOL = "prefetchrecorder"
@@ -154,7 +159,8 @@ def test_queued_prefetches_are_cancelled_on_close(recorded):
 
 def test_auto_depth_grows_when_the_reader_reaches_a_shard_still_fetching(recorded):
     """Under "auto" two shards are fetched ahead while the fetches keep up; a reader that
-    waits for one makes the prefetcher fetch AUTO_MAX_DEPTH ahead."""
+    waits AUTO_DEEPEN_AFTER or more for one makes the prefetcher fetch AUTO_MAX_DEPTH
+    ahead."""
     _, urls = recorded
     many = urls + urls[:4]
     RecordingFileSystem.gate.clear()
@@ -164,9 +170,11 @@ def test_auto_depth_grows_when_the_reader_reaches_a_shard_still_fetching(recorde
     wait_for(lambda: len(RecordingFileSystem.calls) == AUTO_DEPTH)
     waiting = threading.Thread(target=prefetcher.wait, args=(1,))
     waiting.start()  # the reader at shard 1, whose fetch is held
-    wait_for(lambda: prefetcher.depth == AUTO_MAX_DEPTH)
+    time.sleep(AUTO_DEEPEN_AFTER * 1.5)
+    assert prefetcher.depth == AUTO_DEPTH
     RecordingFileSystem.gate.set()
     waiting.join()
+    assert prefetcher.depth == AUTO_MAX_DEPTH
     prefetcher.advance(1)  # shards 2 to 1 + AUTO_MAX_DEPTH
     wait_for(lambda: len(RecordingFileSystem.calls) == 1 + AUTO_MAX_DEPTH)
     assert RecordingFileSystem.calls[AUTO_DEPTH:] == [

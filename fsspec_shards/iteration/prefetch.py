@@ -6,12 +6,12 @@ at a time. A prefetch failure is kept, not raised, and handed to the reader when
 that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's error handler.
 
 ``depth="auto"`` (``ShardDataset``'s default) starts at :data:`AUTO_DEPTH` and goes to
-:data:`AUTO_MAX_DEPTH` the first time the reader reaches a shard still being fetched: where
-one connection is slow (an object store far away carries tens of MB/s per connection),
-fetching a shard takes several times what reading it does, and only that many fills in
-flight keep the reader fed; where fills keep up (a local disk, a warm cache), it stays at
-two. Doubling instead (2, 4, 8) cost a wait per step: slower in the 9 shards per worker of
-``benchmarks/bench_peers.py``.
+:data:`AUTO_MAX_DEPTH` the first time the reader waits :data:`AUTO_DEEPEN_AFTER` or more for
+a shard still being fetched: where one connection is slow (an object store far away carries
+tens of MB/s per connection), fetching a shard takes several times what reading it does,
+and only that many fills in flight keep the reader fed; where fills keep up or nearly (a
+local disk, a warm cache), it stays at two. Doubling instead (2, 4, 8) cost a wait per step:
+slower in the 9 shards per worker of ``benchmarks/bench_peers.py``.
 
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -44,6 +45,12 @@ AUTO_MAX_DEPTH = 8
 """The most shards ``depth="auto"`` fetches ahead (and threads it runs): enough for a
 3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up with a reader
 of two cores, and a bound on the cache space held ahead of the reader."""
+AUTO_DEEPEN_AFTER = 0.1
+"""Seconds the reader waits for a prefetch that make ``depth="auto"`` fetch
+:data:`AUTO_MAX_DEPTH` ahead. A local disk fills a shard in tens of milliseconds, and its
+waits are the fills' own work (copying, hashing, the cache's index and locks), which more
+fills at once only slow down (a cold pass over 18 local 3 MiB shards took 1.3x as long at
+depth 8); a 3 MiB shard at 25 MB/s per connection makes the reader wait about 0.2 s."""
 
 
 class ShardPrefetcher:
@@ -121,16 +128,21 @@ class ShardPrefetcher:
 
     def wait(self, index: int) -> BaseException | None:
         """Wait for the prefetch of shard ``index``, if any; return its error, if any. Under
-        ``"auto"``, a prefetch not done yet deepens the next :meth:`advance` to
-        :data:`AUTO_MAX_DEPTH`."""
+        ``"auto"``, a wait of :data:`AUTO_DEEPEN_AFTER` or more deepens the next
+        :meth:`advance` to :data:`AUTO_MAX_DEPTH`."""
         future = self._futures.pop(index, None)
         if future is None or future.cancelled():
             return None
         if self.auto and self.depth < AUTO_MAX_DEPTH and not future.done():
-            self.depth = AUTO_MAX_DEPTH
-            with self._lock:
-                self._max_threads = AUTO_MAX_DEPTH
-            logger.debug("the reader waited for a prefetch: %d shards ahead now", self.depth)
+            started = time.perf_counter()
+            error = future.exception()
+            waited = time.perf_counter() - started
+            if waited >= AUTO_DEEPEN_AFTER:
+                self.depth = AUTO_MAX_DEPTH
+                with self._lock:
+                    self._max_threads = AUTO_MAX_DEPTH
+            logger.debug("waited %.3f s for a prefetch: %d shards ahead", waited, self.depth)
+            return error
         return future.exception()
 
     def close(self) -> None:
