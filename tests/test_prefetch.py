@@ -196,6 +196,23 @@ def test_auto_depth_stays_while_the_fetches_keep_up(recorded):
     prefetcher.close()
 
 
+@pytest.mark.parametrize(("deep_seconds", "kept"), [(0.4, True), (1.6, False)])
+def test_auto_keeps_the_deep_level_only_where_it_adds_fetches_per_second(deep_seconds, kept):
+    """A link capped per connection: 8 fetches at once take little longer than 2 (kept); a
+    link capped as a whole: each takes 4x as long, no more per second (back to 2)."""
+    prefetcher = ShardPrefetcher(["a"], lambda url: (None, url), depth="auto")
+    now = time.perf_counter()
+    shallow = [prefetcher._started() for _ in range(AUTO_DEPTH)]
+    for peak in shallow:
+        prefetcher._ended(peak, now - 0.4)  # 2 at once, 0.4 s each: 5 per second
+    prefetcher._deepened = True
+    prefetcher.depth = AUTO_MAX_DEPTH
+    deep = [prefetcher._started() for _ in range(AUTO_MAX_DEPTH)]
+    prefetcher._ended(deep[0], time.perf_counter() - deep_seconds)
+    assert prefetcher.depth == (AUTO_MAX_DEPTH if kept else AUTO_DEPTH)
+    assert prefetcher._settled
+
+
 def test_prefetch_is_auto_or_a_non_negative_int():
     with pytest.raises(ValueError, match='prefetch must be "auto" or an int >= 0'):
         ShardDataset(["file:///nowhere.tar"], prefetch="deep")

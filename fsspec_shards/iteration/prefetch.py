@@ -11,7 +11,10 @@ a shard still being fetched: where one connection is slow (an object store far a
 tens of MB/s per connection), fetching a shard takes several times what reading it does,
 and only that many fills in flight keep the reader fed; where fills keep up or nearly (a
 local disk, a warm cache), it stays at two. Doubling instead (2, 4, 8) cost a wait per step:
-slower in the 9 shards per worker of ``benchmarks/bench_peers.py``.
+slower in the 9 shards per worker of ``benchmarks/bench_peers.py``. The first fetch that
+ran at the deep level says whether it pays (:data:`AUTO_GROWTH`): on a link capped as a
+whole it does not (the fetches only share the link, and the next shard arrives later), and
+the depth goes back to two for the rest of the stream.
 
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
@@ -45,6 +48,10 @@ AUTO_MAX_DEPTH = 8
 """The most shards ``depth="auto"`` fetches ahead (and threads it runs): enough for a
 3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up with a reader
 of two cores, and a bound on the cache space held ahead of the reader."""
+AUTO_GROWTH = 1.5
+"""Fetches per second that the deep level must bring over the shallow one's to be kept: on
+a link capped per connection more fetches at once add rate; on a link capped as a whole
+they only share it, and the next shard, which the reader waits for, arrives later."""
 AUTO_DEEPEN_AFTER = 0.1
 """Seconds the reader waits for a prefetch that make ``depth="auto"`` fetch
 :data:`AUTO_MAX_DEPTH` ahead. A local disk fills a shard in tens of milliseconds, and its
@@ -70,6 +77,10 @@ class ShardPrefetcher:
         self._idle = 0
         self._max_threads = self.depth
         self._closed = False
+        self._peaks: list[list[int]] = []  # per fetch running: the most running beside it
+        self._shallow_rate = 0.0  # fetches per second at AUTO_DEPTH (auto)
+        self._deepened = False
+        self._settled = False  # auto: the deep level was measured, kept or given up
 
     def advance(self, current: int) -> None:
         """The reader is at shard ``current``: start fetching the next ``depth`` shards."""
@@ -121,10 +132,50 @@ class ShardPrefetcher:
                 future, prefetch, path = self._queue.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
+            peak, started = self._started(), time.perf_counter()
             try:
-                future.set_result(prefetch(path))
+                result = prefetch(path)
             except BaseException as exc:  # handed to wait(), as an executor does
+                self._ended(peak, started)
                 future.set_exception(exc)
+            else:
+                self._ended(peak, started)
+                future.set_result(result)
+
+    def _started(self) -> list[int]:
+        """A fetch starts: its record of the most fetches running beside it (itself too)."""
+        with self._lock:
+            peak = [len(self._peaks) + 1, self._deepened]
+            self._peaks.append(peak)
+            for other in self._peaks:
+                other[0] = max(other[0], len(self._peaks))
+            return peak
+
+    def _ended(self, peak: list[int], started: float) -> None:
+        """A fetch ended: under ``"auto"``, its rate (fetches running beside it over the time
+        it took) is the shallow level's, or says whether the deep level pays
+        (:data:`AUTO_GROWTH`); a deep level that does not goes back to :data:`AUTO_DEPTH`."""
+        took = max(time.perf_counter() - started, 1e-6)
+        with self._lock:
+            self._peaks.remove(peak)
+            if not self.auto or self._settled:
+                return
+            running, deep = peak
+            rate = running / took
+            if not deep:
+                self._shallow_rate = max(self._shallow_rate, rate)
+            elif running > AUTO_DEPTH:
+                self._settled = True
+                if rate < AUTO_GROWTH * self._shallow_rate:
+                    self.depth = self._max_threads = AUTO_DEPTH
+                logger.debug(
+                    "%.1f fetches/s at depth %d, %.1f at %d: %d shards ahead",
+                    self._shallow_rate,
+                    AUTO_DEPTH,
+                    rate,
+                    running,
+                    self.depth,
+                )
 
     def wait(self, index: int) -> BaseException | None:
         """Wait for the prefetch of shard ``index``, if any; return its error, if any. Under
@@ -137,10 +188,10 @@ class ShardPrefetcher:
             started = time.perf_counter()
             error = future.exception()
             waited = time.perf_counter() - started
-            if waited >= AUTO_DEEPEN_AFTER:
-                self.depth = AUTO_MAX_DEPTH
-                with self._lock:
-                    self._max_threads = AUTO_MAX_DEPTH
+            with self._lock:
+                if waited >= AUTO_DEEPEN_AFTER and not self._settled:
+                    self.depth = self._max_threads = AUTO_MAX_DEPTH
+                    self._deepened = True
             logger.debug("waited %.3f s for a prefetch: %d shards ahead", waited, self.depth)
             return error
         return future.exception()
