@@ -58,7 +58,7 @@ import fsspec  # noqa: E402
 
 from fsspec_shards.storage.transfer import planner, range_plan, ranges  # noqa: E402
 from fsspec_shards.storage.transfer.obstore_transport import ObstoreTransport, choose_transport  # noqa: E402
-from fsspec_shards.storage.transfer.ranges import OrderedHasher  # noqa: E402
+from fsspec_shards.storage.transfer.one_stream import OrderedHasher  # noqa: E402
 from tests.integration import servers  # noqa: E402
 
 MiB = 1024 * 1024

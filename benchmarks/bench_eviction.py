@@ -24,7 +24,7 @@ import time
 
 from report import print_results
 
-from fsspec_shards.storage.backends.identity import ObjectId
+from fsspec_shards.storage.backends import ObjectId
 from fsspec_shards.storage.cache import ShardCache, layout
 
 ENTRY_SIZE = 1024

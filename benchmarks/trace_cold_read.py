@@ -31,9 +31,13 @@ class Trail:
         self.stays: list[str] = []
         self.returns = 0
         self.seen: list[str] = []
+        self.stopped = False
+        """Set when the read returned: threads started during it keep this profile, and what
+        they do afterwards (a timer's flush, a sync, the cache removed under them) is not the
+        read's."""
 
     def profile(self, frame, event, arg):  # noqa: ANN001 - the sys.setprofile signature
-        if event not in ("call", "return"):
+        if self.stopped or event not in ("call", "return"):
             return
         module = frame.f_globals.get("__name__", "")
         if not module.startswith(PACKAGE):
@@ -104,6 +108,7 @@ def main() -> None:
             with opened as handle:
                 handle.read()
         finally:
+            trail.stopped = True
             sys.setprofile(None)
             threading.setprofile(None)
     finally:

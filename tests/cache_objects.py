@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.backends.identity import KEY_FORMAT, ObjectId
+from fsspec_shards.storage.backends import KEY_FORMAT, ObjectId
 from fsspec_shards.storage.cache import layout, store
 from fsspec_shards.storage.cache.durability import SYNCER
 

@@ -13,13 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_shards.storage.backends.identity import KEY_FORMAT
-from fsspec_shards.storage.cache import (
-    ShardCache,
-    WrittenWhileReadingError,
-    layout,
-    usage,
-)
+from fsspec_shards.storage.backends import KEY_FORMAT
+from fsspec_shards.storage.cache import ShardCache, WrittenWhileReadingError, layout, room
 from tests.cache_objects import (
     as_a_new_process,
     fill,
@@ -54,7 +49,7 @@ def cache(tmp_path: Path) -> ShardCache:
 @pytest.fixture
 def slow_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batched usage waits an hour: only explicit flushes (and exits) write it."""
-    monkeypatch.setattr(usage, "FLUSH_INTERVAL_SECONDS", 3600.0)
+    monkeypatch.setattr(room, "FLUSH_INTERVAL_SECONDS", 3600.0)
 
 
 def test_fetch_returns_whole_file_and_counts_a_miss_then_hits(cache: ShardCache) -> None:
@@ -96,7 +91,7 @@ def test_hits_write_nothing_to_the_index_until_the_batch_is_flushed(
 def test_batched_hits_reach_the_index_within_the_flush_interval(
     cache: ShardCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(usage, "FLUSH_INTERVAL_SECONDS", 0.2)
+    monkeypatch.setattr(room, "FLUSH_INTERVAL_SECONDS", 0.2)
     url = "s3://bucket/a.tar"
     fill(cache, url)
     cache.get(obj(url))
@@ -202,7 +197,7 @@ def test_objects_are_kept_apart_by_their_keys(cache: ShardCache) -> None:
 
 
 def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
-    from fsspec_shards.storage.backends.identity import ObjectId
+    from fsspec_shards.storage.backends import ObjectId
 
     with pytest.raises(ValueError, match="not a cache key"):
         cache.fetch(ObjectId("../../etc/passwd", "x"), writer(b"x"))
@@ -211,7 +206,7 @@ def test_a_key_that_is_not_a_digest_is_refused(cache: ShardCache) -> None:
 def test_no_secret_reaches_any_file_under_the_cache(cache: ShardCache) -> None:
     import fsspec
 
-    from fsspec_shards.storage.backends.identity import object_id
+    from fsspec_shards.storage.backends import object_id
 
     http = fsspec.filesystem("https")
     signed = "https://user:SECRETPW@host/bucket/a.tar?X-Amz-Signature=SECRETSIG&token=SECRETTOK"

@@ -1,9 +1,18 @@
 """Making room in a cache (storage/cache/room.py): least-recently-used eviction, the size limit
-counting bytes reserved by downloads in flight, eviction in batches, and a full disk."""
+counting bytes reserved by downloads in flight, eviction in batches, and a full disk.
+
+Hits and counters batched in memory and written in one transaction (:class:`Usage`), over a
+real index.
+
+The files a cache made (:class:`OwnFiles`): leftovers of killed processes and
+stale temp files removed, names the cache does not make left alone.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import threading
 from pathlib import Path
@@ -16,6 +25,7 @@ from fsspec_shards.storage.cache import (
     room,
 )
 from fsspec_shards.storage.cache.index import Index
+from fsspec_shards.storage.cache.room import Usage, flush_all
 from fsspec_shards.units import MiB
 from tests.cache_objects import (
     SmallDisk,
@@ -211,3 +221,117 @@ def test_eviction_of_many_entries_takes_one_index_transaction_per_batch(
     cache.size_limit = 50 * 100 + 100
     fill(cache, "s3://bucket/new", 100)
     assert transactions == [10, 10, 10, 10, 10] and cache.stats()["cached_files"] == 51
+
+
+KEY = "ab" + "0" * 62
+
+
+@pytest.fixture(autouse=True)
+def no_timer_during_a_test(monkeypatch):
+    """The background write comes after a minute, not a second: a loaded box must not
+    write a batch while a test looks at what is pending."""
+    monkeypatch.setattr(room, "FLUSH_INTERVAL_SECONDS", 60.0)
+
+
+def _index(path) -> Index:
+    path.mkdir(exist_ok=True)
+    return Index(str(path), True, space_lock=contextlib.nullcontext, on_reset=lambda: None)
+
+
+def test_hits_and_counts_gather_in_memory_and_one_flush_writes_them(tmp_path):
+    index = _index(tmp_path)
+    usage = Usage(index)
+    for _ in range(3):
+        usage.touch(KEY)
+    usage.touch(KEY, count=False)  # a use, not counted as a hit
+    usage.add("misses", 2)
+    assert index.counters() == {}
+    assert usage.pending_counts() == {"hits": 3, "misses": 2}
+    usage.flush()
+    assert index.counters() == {"hits": 3, "misses": 2}
+    assert usage.pending_counts() == {}
+    usage.add("misses")
+    usage.flush()
+    assert index.counters()["misses"] == 3  # added to, not replaced
+
+
+def test_without_a_writable_index_the_counts_stay_pending_for_the_report():
+    usage = Usage(None)
+    usage.touch(KEY)
+    usage.add("bytes_downloaded", 100)
+    usage.flush()
+    assert usage.pending_counts() == {"hits": 1, "bytes_downloaded": 100}
+
+
+def test_forget_drops_what_is_pending(tmp_path):
+    index = _index(tmp_path)
+    usage = Usage(index)
+    usage.touch(KEY)
+    usage.forget()
+    usage.flush()
+    assert usage.pending_counts() == {} and index.counters() == {}
+
+
+def test_flush_all_writes_every_cache_of_the_process(tmp_path):
+    indexes = [_index(tmp_path / name) for name in ("one", "two")]
+    usages = [Usage(index) for index in indexes]
+    for amount, usage in enumerate(usages, 1):
+        usage.add("retries", amount)
+    flush_all()
+    assert [index.counters() for index in indexes] == [{"retries": 1}, {"retries": 2}]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_nothing_pending():
+    usage = Usage(None)
+    usage.add("hits", 5)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it finds pending, then leave at once
+        try:
+            os.close(read)
+            os.write(write, json.dumps(usage.pending_counts()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert child == {} and usage.pending_counts() == {"hits": 5}
+
+
+def test_stale_temp_file_of_a_dead_download_is_removed(cache: ShardCache) -> None:
+    key = obj("s3://bucket/a").key
+    tmp = Path(cache.directory) / "tmp"
+    (tmp / f"{key}.999999.deadbeef.100.part").write_bytes(b"partial")
+    other = obj("s3://bucket/other").key
+    (tmp / f"{other}.999999.deadbeef.900.part").write_bytes(b"partial")
+    # The stale 900-byte reservation of "other" must not keep this 100-byte file out.
+    path = fill(cache, "s3://bucket/a")
+    assert Path(path).read_bytes() == payload("s3://bucket/a", 100)
+    assert os.listdir(tmp) == []
+
+
+def test_published_file_left_without_index_entry_is_removed_on_next_fetch(
+    cache: ShardCache,
+) -> None:
+    key = obj("s3://bucket/a").key
+    orphan = Path(cache.directory) / "files" / key[:2] / f"{key}.deadbeef"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(payload("s3://bucket/a", 100))
+    path = fill(cache, "s3://bucket/a")
+    assert not orphan.exists() and Path(path).exists()
+
+
+def test_removing_every_data_file_leaves_the_names_the_cache_does_not_make(
+    cache: ShardCache,
+) -> None:
+    made = Path(fill(cache, "s3://bucket/a"))
+    theirs = [made.parent / "notes.txt", Path(cache.directory) / "files" / "README"]
+    theirs.append(Path(cache.directory) / "tmp" / "draft.part")
+    for path in theirs:
+        path.write_bytes(b"keep")
+    room.remove_data_files(cache.directory)
+    assert not made.exists()
+    assert all(path.exists() for path in theirs)
+    assert sorted(room.foreign_names(cache.directory)) == sorted(map(str, theirs))

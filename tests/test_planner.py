@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends.identity import object_id
+from fsspec_shards.storage.backends import object_id
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
 from fsspec_shards.storage.core.verification import Known

@@ -20,7 +20,7 @@ import time
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends.identity import object_id
+from fsspec_shards.storage.backends import object_id
 from fsspec_shards.storage.backends.versions import Facts, Version, VersionMismatch
 from fsspec_shards.storage.core.retry import RetriesExhaustedError, RetryPolicy
 from fsspec_shards.storage.transfer.streams import CatFileTransport

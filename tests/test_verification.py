@@ -86,7 +86,7 @@ def test_a_helper_threads_failure_is_raised_to_the_caller_of_update():
 
 
 def test_crc32c_takes_a_writable_buffer_as_a_file_read_back_hands_it_over():
-    # the ranges fill reads the file back into one reused bytearray (ranges.OrderedHasher)
+    # the ranges fill reads the file back into one reused bytearray (one_stream.OrderedHasher)
     hasher = WholeHasher(["crc32c"])
     hasher.update(memoryview(bytearray(DATA)))
     assert hasher.checksums() == [CRC]

@@ -26,10 +26,8 @@ import fsspec
 from fsspec.utils import tokenize
 
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
-from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.base import call
-from fsspec_shards.storage.backends.fields import protocol_of
-from fsspec_shards.storage.backends.identity import ObjectId, object_id
+from fsspec_shards.storage.backends import ObjectId, backend_for, object_id
+from fsspec_shards.storage.backends.base import call, protocol_of
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.integrity import Manifest, load_manifest
 from fsspec_shards.storage.core.retry import RetryPolicy

@@ -22,8 +22,7 @@ from fsspec.utils import other_paths, stringify_path
 from fsspec_shards import option_shapes
 from fsspec_shards.redact import clean_error, install_log_redaction, raising_clean
 from fsspec_shards.storage.backends.accepted_options import check_backend_options
-from fsspec_shards.storage.backends.fields import protocol_of
-from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
+from fsspec_shards.storage.backends.base import FSSPEC_INSTANCE_OPTIONS, protocol_of
 from fsspec_shards.storage.core.options import StorageOptions
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.fetcher import Fetcher
@@ -155,7 +154,7 @@ class WdsFileSystem(ChainedFileSystem):
     def _writing(self, backend_paths: Any) -> Iterator[None]:
         """The one invalidation rule, around every write through the layer: the cached
         copies of every path written are dropped (under the key reads use,
-        :func:`~fsspec_shards.storage.backends.identity.keyed_path`) before the write and again
+        :func:`~fsspec_shards.storage.backends.keyed_path`) before the write and again
         after it, failed or not, so neither a copy cached before nor a download that
         looked at the backend before the write's end is served afterwards."""
         self.fetcher.drop_cached(backend_paths)

@@ -4,7 +4,7 @@ backend gives (under ``verify="auto"``), else only the size."""
 from __future__ import annotations
 
 from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.fields import protocol_of
+from fsspec_shards.storage.backends.base import protocol_of
 from fsspec_shards.storage.core.verification import expected
 from fsspec_shards.storage.filesystem import WdsFileSystem
 

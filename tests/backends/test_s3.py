@@ -6,8 +6,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import backend_for, s3
-from fsspec_shards.storage.backends.identity import backend_location
+from fsspec_shards.storage.backends import backend_for, backend_location, s3
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
 from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)

@@ -120,7 +120,7 @@ def test_a_cache_owned_by_another_user_is_named_with_the_reason(filled_cache: Pa
 def test_no_secret_of_any_signed_url_reaches_cache_ls_or_any_file_of_the_cache(
     tmp_path: Path,
 ) -> None:
-    from fsspec_shards.storage.backends.identity import object_id
+    from fsspec_shards.storage.backends import object_id
     from fsspec_shards.storage.cache import ShardCache
 
     http = fsspec.filesystem("https")

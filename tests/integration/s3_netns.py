@@ -38,7 +38,7 @@ def read(arguments: dict) -> dict:
     """One run's read of ``URL``: the bytes (or the error), and where the key says it lives."""
     import fsspec
 
-    from fsspec_shards.storage.backends.identity import backend_location
+    from fsspec_shards.storage.backends import backend_location
 
     fs = fsspec.filesystem(
         "wds",

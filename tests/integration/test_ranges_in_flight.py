@@ -211,7 +211,8 @@ def test_the_rate_floor_is_the_fills_shared_out_over_its_streams(tmp_path, trans
     # after a first range served at once, four ranges at 6 kB/s each: the fill moves at
     # 24 kB/s, above min_rate (16 KiB/s), though each stream alone is below it; streams
     # that share a slow link are not stalls
-    from fsspec_shards.storage.transfer.ranges import fill_ranges, preallocate
+    from fsspec_shards.storage.transfer.one_stream import preallocate
+    from fsspec_shards.storage.transfer.ranges import fill_ranges
 
     piece, every, span = 300, 0.05, 6000
     data = random.Random(19).randbytes(4 * span)

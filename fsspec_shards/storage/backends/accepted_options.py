@@ -23,8 +23,7 @@ import fsspec
 
 from fsspec_shards.errors import OptionError
 from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.fields import parameters
-from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
+from fsspec_shards.storage.backends.base import FSSPEC_INSTANCE_OPTIONS, parameters
 
 
 def check_backend_options(protocol: str, options: Mapping[str, Any]) -> None:

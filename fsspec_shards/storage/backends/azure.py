@@ -20,16 +20,19 @@ from urllib.parse import urlsplit
 import fsspec
 
 from fsspec_shards.redact import redact_text
-from fsspec_shards.storage.backends.base import Backend, Read, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields, from_base64
-from fsspec_shards.storage.backends.mapping import (
+from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
+    Backend,
     Options,
+    Read,
     StoreSpec,
     as_bool,
+    from_base64,
     http_endpoint,
+    range_header,
+    within,
 )
-from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import adlfs as adlfs_deps

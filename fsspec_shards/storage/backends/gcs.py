@@ -22,16 +22,17 @@ import fsspec
 from fsspec.asyn import sync
 
 from fsspec_shards.redact import redact_text
-from fsspec_shards.storage.backends.base import Backend, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields
-from fsspec_shards.storage.backends.mapping import (
+from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
+    Backend,
     Options,
     StoreSpec,
     as_bool,
     http_endpoint,
+    range_header,
+    within,
 )
-from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
 

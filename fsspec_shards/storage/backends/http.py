@@ -22,10 +22,16 @@ from typing import Any
 
 import fsspec
 
-from fsspec_shards.storage.backends.base import Backend, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields, parameters
-from fsspec_shards.storage.backends.mapping import IGNORED_COMMON, Options, StoreSpec
-from fsspec_shards.storage.backends.versions import facts_from_headers
+from fsspec_shards.storage.backends.base import (
+    IGNORED_COMMON,
+    Backend,
+    Options,
+    StoreSpec,
+    parameters,
+    range_header,
+    within,
+)
+from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 

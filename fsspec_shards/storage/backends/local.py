@@ -4,7 +4,7 @@ names a version; no checksum comes for free, no time-out, no retries to tame."""
 from __future__ import annotations
 
 from fsspec_shards.storage.backends.base import Backend
-from fsspec_shards.storage.backends.fields import VersionFields
+from fsspec_shards.storage.backends.versions import VersionFields
 
 
 class LocalBackend(Backend):

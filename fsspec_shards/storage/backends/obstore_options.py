@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.mapping import Options, Refused, StoreSpec
+from fsspec_shards.storage.backends.base import Options, Refused, StoreSpec
 
 __all__ = ["StoreSpec", "Unmappable", "map_options"]
 

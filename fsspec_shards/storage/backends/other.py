@@ -8,9 +8,8 @@ from __future__ import annotations
 import fsspec
 from fsspec.utils import tokenize
 
-from fsspec_shards.storage.backends.base import Backend
-from fsspec_shards.storage.backends.fields import VersionFields, protocol_of
-from fsspec_shards.storage.backends.mapping import FSSPEC_INSTANCE_OPTIONS
+from fsspec_shards.storage.backends.base import FSSPEC_INSTANCE_OPTIONS, Backend, protocol_of
+from fsspec_shards.storage.backends.versions import VersionFields
 from fsspec_shards.storage.core.retry import ErrorNames
 
 _PATH_IS_ADDRESS = ("memory",)

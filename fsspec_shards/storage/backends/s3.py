@@ -34,17 +34,24 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
-from fsspec_shards.storage.backends.base import Backend, range_header, within
-from fsspec_shards.storage.backends.fields import VersionFields, parameters
-from fsspec_shards.storage.backends.mapping import (
+from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
+    Backend,
     Options,
     StoreSpec,
     as_bool,
     http_endpoint,
+    parameters,
+    range_header,
     tls,
+    within,
 )
-from fsspec_shards.storage.backends.versions import Facts, parse_content_range, timestamp
+from fsspec_shards.storage.backends.versions import (
+    Facts,
+    VersionFields,
+    parse_content_range,
+    timestamp,
+)
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import s3fs as s3fs_deps

@@ -33,14 +33,35 @@ import datetime
 import email.utils
 import errno
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fsspec_shards.config import is_number
-from fsspec_shards.storage.backends.fields import VersionFields
 from fsspec_shards.storage.core.retry import TransientError
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class VersionFields:
+    """The ``info()`` fields of one backend that name a version: each the first of its
+    names present; a version id in ``no_version`` (or empty) means none."""
+
+    etag: tuple[str, ...] = ()
+    version: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+    no_version: tuple[str, ...] = ("",)
+
+    def read(self, info: Mapping[str, Any]) -> tuple[Any, str | None, Any]:
+        """``(etag, version id, modified)`` of ``info`` (None where absent)."""
+        etag, version, modified = (
+            next((info[name] for name in names if name in info), None)
+            for names in (self.etag, self.version, self.modified)
+        )
+        if version is not None and str(version) in self.no_version:
+            version = None
+        return etag, None if version is None else str(version), modified
 
 
 class VersionMismatch(OSError):
@@ -82,8 +103,6 @@ def timestamp(value: Any) -> float | None:
     number; whole seconds, as HTTP dates carry them."""
     if value is None or value == "":
         return None
-    if is_number(value):
-        return float(int(value))
     if isinstance(value, str):
         try:
             value = email.utils.parsedate_to_datetime(value)
@@ -96,6 +115,8 @@ def timestamp(value: Any) -> float | None:
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.timezone.utc)
         return float(int(value.timestamp()))
+    if is_number(value):
+        return float(int(value))
     return None
 
 

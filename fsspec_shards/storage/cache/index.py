@@ -1,7 +1,7 @@
 """The index of a cache directory, kept by diskcache: entries, write generations, counters.
 
-The rows and their format are :mod:`.index_rows`'s; the database, its connections and its
-recovery :mod:`.index_database`'s.
+The rows and their format, the database, its connections and its recovery are
+:mod:`.index_database`'s.
 
 Invariants:
 
@@ -12,7 +12,7 @@ Invariants:
   begun before a write publish after it.
 - Least-recently-used order is diskcache's store time (``eviction_policy=
   "least-recently-stored"``): a use of an entry re-stores it (batched per process by
-  :mod:`.usage`), so a lookup is a plain read, never a write transaction, and an entry's
+  :mod:`.room`), so a lookup is a plain read, never a write transaction, and an entry's
   place only moves forward.
 - A lookup's answer is remembered only with the database's file change counter it was read
   under (:meth:`Index.lookup`): any commit, in any process, makes it read again.
@@ -28,17 +28,18 @@ from typing import Any
 
 import diskcache
 
-from fsspec_shards.storage.backends.identity import KEY_FORMAT
-from fsspec_shards.storage.cache.index_database import Database, Table
-from fsspec_shards.storage.cache.index_rows import (
+from fsspec_shards.storage.backends import KEY_FORMAT
+from fsspec_shards.storage.cache.index_database import (
     COUNTER,
     ENTRY,
     GENERATION,
     KEY_FORMAT_NAME,
     PENDING,
     SIZE_LIMIT,
+    Database,
     Entry,
     Row,
+    Table,
     file_and_size,
     integer,
     pending_boot,

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from diskcache.core import DBNAME
 
 FORMAT = 3
-"""Layout format written into the marker. Earlier formats, which :mod:`.adoption` adopts:
+"""Layout format written into the marker. Earlier formats, which :mod:`.trust` adopts:
 1, the diskcache layout of the released versions (no marker; ``cache.db`` + ``state/``);
 2, a marker and an index of the cache's own SQLite schema (``index.db``)."""
 

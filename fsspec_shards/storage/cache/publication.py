@@ -28,11 +28,10 @@ from typing import BinaryIO
 
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.backends.identity import ObjectId
+from fsspec_shards.storage.backends import ObjectId
 from fsspec_shards.storage.cache import layout, trust
 from fsspec_shards.storage.cache.durability import SYNCER, boot_id
-from fsspec_shards.storage.cache.own_files import READ_FLAGS
-from fsspec_shards.storage.cache.room import CacheFullError, Room, wait_for_room
+from fsspec_shards.storage.cache.room import READ_FLAGS, CacheFullError, Room, wait_for_room
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 

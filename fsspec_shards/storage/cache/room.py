@@ -1,6 +1,8 @@
-"""Making room in a cache: the size limit, the space lock, eviction, and a full disk.
+"""Making room in a cache: the files it made (:class:`OwnFiles`: found, reserved, removed),
+the size limit, the space lock, eviction in least-recently-used order (the hits that make
+that order, batched), and a full disk.
 
-Invariants:
+Invariants of the room:
 
 - The bytes of published files plus the bytes reserved by downloads in flight (their temp
   files' names say how many) stay within ``size_limit``: a reservation and a publication
@@ -11,25 +13,290 @@ Invariants:
 - A full disk is handled in one place (:meth:`Room.with_room`): the index's reserve is
   released, entries are evicted until the bytes needed are free, the reserve is made
   again, and the operation runs once more.
+
+Hits without write transactions (:class:`Usage`): access times and counters batched in
+memory. Invariants:
+
+- A hit records its key's use and counts in this process's memory only; a background
+  timer writes what gathered to the index in one transaction, at most once a second, and
+  so does process exit (``atexit``, and multiprocessing's exit of forked workers, which
+  skips ``atexit``). Least-recently-used order is therefore exact up to that one-second
+  window; an eviction made by this process writes its own first.
+- Writing a use re-stores the entry (:meth:`.Index.record_usage`): its place only moves
+  forward, so a late batch never makes a file look older.
+- A forked child starts with nothing pending: what the parent gathered, the parent writes.
+- When the index cannot be written (read-only), counts stay in memory, and
+  :meth:`Usage.pending_counts` lets the cache report them.
+
+The files a cache made in its directory (:class:`OwnFiles`): finding them and removing them.
+Invariants:
+
+- Only names :mod:`.layout` makes are removed, each in the subdirectory its pattern belongs
+  to; a file named otherwise is reported (:func:`foreign_names`), never deleted.
+- An entry's file is served or deleted only inside ``files/<ab>`` that is a real directory
+  owned by the user and writable by no one else (:meth:`OwnFiles.shard_is_safe`).
+- A temp file is removed only when no download holds its key's lock (stale), or with that
+  lock held by the caller (leftovers of a killed process).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
+import sqlite3
+import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from multiprocessing import util as multiprocessing_util
 from typing import Any
 
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.cache import deletion, layout, locks, space
 from fsspec_shards.storage.cache.index import Index
-from fsspec_shards.storage.cache.index_rows import Row
-from fsspec_shards.storage.cache.own_files import OwnFiles
-from fsspec_shards.storage.cache.usage import Usage
+from fsspec_shards.storage.cache.index_database import Row
+from fsspec_shards.storage.cache.notices import warn_once
+
+logger = logging.getLogger("fsspec_shards.storage.cache")
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""How a cached file is opened for reading: never through a symlink, never blocking on a
+FIFO planted in its place."""
+
+
+class OwnFiles:
+    """The files of the cache in ``directory``, for a process of user ``uid``; what it
+    removes is logged at ``log_level``."""
+
+    def __init__(self, directory: str, uid: int, log_level: int) -> None:
+        self.directory = directory
+        self._uid = uid
+        self._log_level = log_level
+        self._checked_shards: set[str] = set()
+
+    def shard_is_safe(self, shard: str) -> bool:
+        """``files/<shard>`` is a real directory owned by the user, writable by no one else."""
+        if shard in self._checked_shards:
+            return True
+        try:
+            info = os.lstat(layout.shard_directory_path(self.directory, shard))
+        except FileNotFoundError:
+            return True  # nothing there to open; made 0700 by the cache when needed
+        safe = stat.S_ISDIR(info.st_mode) and info.st_uid == self._uid and not info.st_mode & 0o022
+        if safe:
+            self._checked_shards.add(shard)
+        return safe
+
+    def data_path(self, key: str, file: str) -> str | None:
+        """The path of an index row's ``file`` if it is the cache's own name for ``key`` in a
+        safe ``files/`` subdirectory, else None."""
+        path = layout.data_file_path(self.directory, key, file)
+        return path if path is not None and self.shard_is_safe(key[:2]) else None
+
+    def warn_not_ours(self, key: str, file: str, subject: str) -> None:
+        """Warn once that ``subject`` (the index's ``file`` of ``key``) is not a file the
+        cache made."""
+        warn_once(
+            self.directory,
+            f"outside:{key}:{file}",
+            f"cache {self.directory}: {subject} is not a file this cache made in "
+            f"{layout.files_directory(self.directory)}",
+        )
+
+    def remove_data_file(self, key: str, file: str) -> None:
+        """Delete an entry's file, if it is a name the cache made for ``key``."""
+        path = self.data_path(key, file)
+        if path is None:
+            self.warn_not_ours(key, file, f"not deleting {file!r} named by the index: it")
+            return
+        layout.remove_file(path)
+
+    def temp_files(self) -> list[str]:
+        """Temp files the cache made (names it makes), in ``tmp/``."""
+        return [
+            name
+            for name in layout.list_directory(layout.temp_directory(self.directory))
+            if layout.parse_temp_name(name) is not None
+        ]
+
+    def reserved_bytes(self, excluding: str | None = None) -> int:
+        """Bytes reserved by the downloads in flight (their temp files' names say), the
+        temp file ``excluding`` left out; stale temp files are removed, not counted."""
+        return sum(
+            layout.parse_temp_name(name)[1]
+            for name in self.temp_files()
+            if layout.temp_path(self.directory, name) != excluding
+            and not self.remove_if_stale(name)
+        )
+
+    def remove_if_stale(self, name: str) -> bool:
+        """Remove a temp file whose download is not in progress (its key lock is free)."""
+        key = layout.parse_temp_name(name)[0]
+        if not locks.is_free(layout.key_lock_path(self.directory, key)):
+            return False
+        logger.log(self._log_level, "removing stale temp file %s", name)
+        layout.remove_file(layout.temp_path(self.directory, name))
+        return True
+
+    def remove_leftovers(self, key: str) -> None:
+        """Remove what killed processes left for ``key``: temp files, and published files that
+        never made it into the index. Called on a miss with the key's lock held, so no one else
+        is writing these files and none of them is referenced."""
+        for name in layout.list_directory(layout.temp_directory(self.directory)):
+            parsed = layout.parse_temp_name(name)
+            if (parsed is not None and parsed[0] == key) or layout.parse_progress_name(name) == key:
+                logger.log(self._log_level, "removing leftover file %s", name)
+                layout.remove_file(layout.temp_path(self.directory, name))
+        if not self.shard_is_safe(key[:2]):
+            return
+        shard = layout.shard_directory_path(self.directory, key[:2])
+        for name in layout.list_directory(shard):
+            if name.startswith(key + ".") and layout.is_data_name(name, key[:2]):
+                logger.log(self._log_level, "removing leftover file %s", name)
+                layout.remove_file(os.path.join(shard, name))
+
+
+def remove_data_files(directory: str) -> None:
+    """Delete every data file the cache made in ``files/`` (the index no longer knows them)."""
+    for _, path in list(layout.data_files(directory)):
+        layout.remove_file(path)
+
+
+def foreign_names(directory: str) -> list[str]:
+    """Files in ``files/`` and ``tmp/`` with names the cache does not make."""
+    found = []
+    files = layout.files_directory(directory)
+    for shard in layout.list_directory(files):
+        if not layout.is_shard_directory(shard):
+            found.append(os.path.join(files, shard))
+            continue
+        shard_path = layout.shard_directory_path(directory, shard)
+        for name in layout.list_directory(shard_path):
+            if not layout.is_data_name(name, shard):
+                found.append(os.path.join(shard_path, name))
+    found.extend(
+        layout.temp_path(directory, name)
+        for name in layout.list_directory(layout.temp_directory(directory))
+        if layout.parse_temp_name(name) is None
+        and layout.parse_progress_name(name) is None
+        and not deletion.is_list_name(name)
+    )
+    return found
+
+
+logger = logging.getLogger("fsspec_shards.storage.cache")
+
+FLUSH_INTERVAL_SECONDS = 1.0
+_LIVE: weakref.WeakSet[Usage] = weakref.WeakSet()
+_EXIT_HOOK_PID = [-1]
+
+
+def flush_all() -> None:
+    """Write what every cache of this process gathered (at exit)."""
+    for usage in list(_LIVE):
+        usage.flush()
+
+
+def _register_exit_hook() -> None:
+    if _EXIT_HOOK_PID[0] == os.getpid():
+        return
+    _EXIT_HOOK_PID[0] = os.getpid()
+    atexit.register(flush_all)
+    multiprocessing_util.Finalize(None, flush_all, exitpriority=10)
+
+
+class Usage:
+    """Access times and counter increments of one index, pending in this process."""
+
+    def __init__(self, index: Index | None) -> None:
+        self._index = index
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._touches: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        self._timer: threading.Timer | None = None
+
+    def touch(self, key: str, count: bool = True) -> None:
+        """A hit of ``key``: its access time is now; with ``count``, one more hit."""
+        if self._pid != os.getpid():
+            self._reset()
+        now = time.time()
+        with self._lock:
+            if self._writable():
+                self._touches[key] = now
+            if count:
+                self._counts["hits"] = self._counts.get("hits", 0) + 1
+            if self._timer is None and self._writable():
+                self._start_timer()
+
+    def add(self, name: str, amount: int = 1) -> None:
+        """Add ``amount`` to counter ``name``."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + amount
+            if self._timer is None and self._writable():
+                self._start_timer()
+
+    def _writable(self) -> bool:
+        return self._index is not None and self._index.writable
+
+    def _start_timer(self) -> None:
+        """Called with the lock held, when something became pending."""
+        _register_exit_hook()
+        timer = threading.Timer(FLUSH_INTERVAL_SECONDS, self._on_timer)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+        self.flush()
+
+    def forget(self) -> None:
+        """Drop what is pending (the cache was cleared)."""
+        with self._lock:
+            self._touches, self._counts = {}, {}
+
+    def pending_counts(self) -> dict[str, int]:
+        """Counter increments not written to the index (yet)."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._lock:
+            return dict(self._counts)
+
+    def flush(self) -> None:
+        """Write what is pending now, in one transaction; kept for later if that fails."""
+        if self._pid != os.getpid():
+            self._reset()
+            return
+        if not self._writable():
+            return
+        with self._lock:
+            touches, counts = self._touches, self._counts
+            self._touches, self._counts = {}, {}
+        if not touches and not counts:
+            return
+        try:
+            self._index.record_usage(touches, counts)
+        except (OSError, sqlite3.Error) as error:
+            with self._lock:
+                for key, when in touches.items():
+                    self._touches[key] = max(when, self._touches.get(key, when))
+                for name, amount in counts.items():
+                    self._counts[name] = self._counts.get(name, 0) + amount
+            if self._index.writable:
+                logger.debug("could not record cache usage in %s: %s", self._index.path, error)
+
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 

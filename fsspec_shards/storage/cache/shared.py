@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from fsspec_shards.storage.backends.identity import ObjectId
+from fsspec_shards.storage.backends import ObjectId
 from fsspec_shards.storage.cache import layout, locks, trust
 from fsspec_shards.storage.cache.notices import warn_once
 from fsspec_shards.storage.core.verification import Expectation, WholeHasher

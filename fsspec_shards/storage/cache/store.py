@@ -6,7 +6,7 @@ Invariants:
   ``download()`` returns (it verifies what it wrote) is the file made read-only, renamed
   into ``files/`` and recorded in the index (:mod:`.publication`). A process killed at any
   instant leaves a temp file or an unindexed file (both removed later, by name:
-  :mod:`.own_files`) or a whole entry.
+  :class:`.room.OwnFiles`) or a whole entry.
 - Durable, or verified again: the fsync of a published file and its directory runs in the
   background (:mod:`fsspec_shards.storage.cache.durability`); until it is done the entry is
   recorded as not durable under this boot, and under another boot (a machine crash may
@@ -14,7 +14,7 @@ Invariants:
   it does not match or none is known. Without a boot id the fsync comes before publishing.
 - One download per key across processes (the key's lock); the bytes of published files
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
-  least-recently-used files (:mod:`.room`; access times batched per process: :mod:`.usage`).
+  least-recently-used files (:mod:`.room`; access times batched per process there too).
 - A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
   ``open`` and an ``fstat``: no write transaction. A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
@@ -26,7 +26,7 @@ Invariants:
   the caller reads the bytes it downloaded and nothing is published.
 - Everything stored or logged about an object is its ``ObjectId.shown`` (redacted) text.
 - The cache deletes only files it made (:mod:`.layout` names, in its own subdirectories:
-  :mod:`.own_files`).
+  :class:`.room.OwnFiles`).
 - Degraded modes: a read-only cache serves the entries that check out and raises
   :class:`ReadOnlyCacheError` for misses (the caller streams); a directory that cannot be a
   cache at all serves nothing; both warn once, naming the path.
@@ -48,8 +48,8 @@ from typing import Any, BinaryIO
 from fsspec_shards.config import verbose_cache
 from fsspec_shards.counters import COUNTERS
 from fsspec_shards.redact import redact_url
-from fsspec_shards.storage.backends.identity import KEY_FORMAT, ObjectId
-from fsspec_shards.storage.cache import deletion, layout, locks, own_files, space, trust
+from fsspec_shards.storage.backends import KEY_FORMAT, ObjectId
+from fsspec_shards.storage.cache import deletion, layout, locks, space, trust
 from fsspec_shards.storage.cache.durability import (
     SYNCER,
     boot_id,
@@ -59,10 +59,17 @@ from fsspec_shards.storage.cache.durability import (
 from fsspec_shards.storage.cache.index import Index
 from fsspec_shards.storage.cache.index_database import ReadOnlyCacheError
 from fsspec_shards.storage.cache.notices import warn_once
-from fsspec_shards.storage.cache.own_files import READ_FLAGS, OwnFiles
 from fsspec_shards.storage.cache.publication import download_and_publish
-from fsspec_shards.storage.cache.room import Room, check_fits, holding_space
-from fsspec_shards.storage.cache.usage import Usage
+from fsspec_shards.storage.cache.room import (
+    READ_FLAGS,
+    OwnFiles,
+    Room,
+    Usage,
+    check_fits,
+    foreign_names,
+    holding_space,
+    remove_data_files,
+)
 
 logger = logging.getLogger("fsspec_shards.storage.cache")
 
@@ -192,7 +199,7 @@ class ShardCache:
                     directory,
                     writable,
                     space_lock=lambda: holding_space(directory),
-                    on_reset=lambda: own_files.remove_data_files(directory),
+                    on_reset=lambda: remove_data_files(directory),
                 )
                 if writable and index.key_format() != KEY_FORMAT:
                     for key, file in index.set_key_format():
@@ -459,8 +466,8 @@ class ShardCache:
                 self._files.remove_data_file(key, file)
             for name in self._files.temp_files():
                 self._files.remove_if_stale(name)
-            own_files.remove_data_files(self.directory)
-        foreign = own_files.foreign_names(self.directory)
+            remove_data_files(self.directory)
+        foreign = foreign_names(self.directory)
         if foreign:
             logger.warning(
                 "cache %s: left %d file(s) the cache did not make, e.g. %s",

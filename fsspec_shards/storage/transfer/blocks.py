@@ -41,8 +41,13 @@ from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends.versions import VersionMismatch
 from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.transfer.one_stream import (
+    Frontier,
+    OrderedHasher,
+    preallocate,
+    pwrite_all,
+)
 from fsspec_shards.storage.transfer.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
-from fsspec_shards.storage.transfer.ranges import Frontier, OrderedHasher, preallocate, pwrite_all
 from fsspec_shards.storage.transfer.target import (
     INTEGRITY_PASSES,
     Expected,

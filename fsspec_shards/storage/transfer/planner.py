@@ -15,7 +15,7 @@ Each pass reads the object's ``info()`` in one place (``Target.expect``: the ver
 ``versions.py``, the verification rule of ``verification.py``, the identity the cache
 records) and ends with the one check: the size and every checksum known (manifests' and
 backend's), hashed on the one pass (large objects on a worker thread:
-``ranges.OrderedHasher``).
+``one_stream.OrderedHasher``).
 
 Invariants:
 
@@ -43,9 +43,9 @@ from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.verification import BACKEND, Mismatch
 from fsspec_shards.storage.transfer.blocks import BlockProgress, fill_blocks
-from fsspec_shards.storage.transfer.one_stream import fill_one_stream
+from fsspec_shards.storage.transfer.one_stream import OrderedHasher, fill_one_stream, preallocate
 from fsspec_shards.storage.transfer.range_plan import AUTO_ABOVE, one_request
-from fsspec_shards.storage.transfer.ranges import OrderedHasher, fill_ranges, preallocate
+from fsspec_shards.storage.transfer.ranges import fill_ranges
 from fsspec_shards.storage.transfer.target import (
     INTEGRITY_PASSES,
     ChunkSizer,

@@ -45,8 +45,7 @@ from typing import Protocol
 import fsspec
 
 from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.base import Backend, Read, call, within
-from fsspec_shards.storage.backends.fields import protocol_of
+from fsspec_shards.storage.backends.base import Backend, Read, call, protocol_of, within
 from fsspec_shards.storage.backends.versions import (
     Facts,
     Version,

@@ -38,10 +38,8 @@ from typing import Any
 import fsspec
 
 from fsspec_shards.checksums import BlockList
-from fsspec_shards.storage.backends import backend_for
-from fsspec_shards.storage.backends.base import Backend
-from fsspec_shards.storage.backends.fields import protocol_of
-from fsspec_shards.storage.backends.identity import ObjectId
+from fsspec_shards.storage.backends import ObjectId, backend_for
+from fsspec_shards.storage.backends.base import Backend, protocol_of
 from fsspec_shards.storage.backends.versions import (
     Facts,
     Unproven,
