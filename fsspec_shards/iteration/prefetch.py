@@ -163,7 +163,8 @@ class ShardPrefetcher:
             running, deep = peak
             rate = running / took
             if not deep:
-                self._shallow_rate = max(self._shallow_rate, rate)
+                if took >= AUTO_DEEPEN_AFTER:  # a shard already cached says nothing of the link
+                    self._shallow_rate = max(self._shallow_rate, rate)
             elif running > AUTO_DEPTH:
                 self._settled = True
                 if rate < AUTO_GROWTH * self._shallow_rate:
