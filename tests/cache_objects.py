@@ -25,8 +25,8 @@ def obj(url: str) -> ObjectId:
 
 def as_a_new_process() -> None:
     """Let the next cache opened see its directory as a new process would: this process's
-    background syncs are done (one still pending would write to an index the test is about
-    to damage) and its shared indexes are forgotten."""
+    background syncs are done and its shared indexes (with what the syncs noted in them)
+    are forgotten."""
     SYNCER.drain()
     store._SHARED.clear()
 

@@ -78,3 +78,25 @@ def test_a_reader_of_a_fill_here_waits_for_each_block_to_verify(tmp_path):
     waiting.join(5)
     assert got == [DATA[BLOCK : 2 * BLOCK]]
     reader.close()
+
+
+def test_the_last_bytes_of_a_fill_here_are_returned_once_the_fetch_ended(tmp_path):
+    """The fill publishes after its last block verified: a reader that read everything
+    returns after that, so nothing of the fill writes into the directory afterwards."""
+    blocks = _blocks()
+    temp = tmp_path / "part"
+    temp.write_bytes(DATA)
+    progress = BlockProgress(blocks)
+    local = LocalFill(progress, str(temp), ProgressRecord(str(tmp_path), "ab" * 32, str(temp)))
+    reader = ProgressiveReader(io.FileIO(str(temp), "rb"), len(DATA), local, lambda: None)
+    progress.mark_all()
+    assert reader.read(BLOCK) == DATA[:BLOCK]  # not the end: no wait
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(reader.read()))
+    waiting.start()
+    time.sleep(0.05)
+    assert waiting.is_alive()  # every byte verified, the fetch still publishing
+    local.ended.set()
+    waiting.join(5)
+    assert got == [DATA[BLOCK:]]
+    reader.close()

@@ -61,6 +61,41 @@ def test_marking_a_replaced_file_durable_leaves_its_replacement_pending(index):
     assert index.lookup("k") == ("f3", 10, None)
 
 
+def _pending_row(tmp_path, key: str) -> str | None:
+    """What another process reads: the index's own row, not this one's memory."""
+    other = Index(str(tmp_path), True, space_lock=contextlib.nullcontext, on_reset=lambda: None)
+    found = other.lookup(key)
+    return None if found is None else found[2]
+
+
+def test_a_file_noted_durable_is_recorded_by_the_next_write_and_looked_up_durable_until(
+    index, tmp_path
+):
+    _publish(index, "k", "f1", boot="boot-1")
+    _publish(index, "r", "r1", boot="boot-1")
+    index.note_durable("k", "f1")  # (the syncer's thread: nothing written)
+    index.note_durable("r", "r0")  # a file replaced before its sync: nothing to record
+    assert index.lookup("k") == ("f1", 10, None)
+    assert _pending_row(tmp_path, "k") == "boot-1" and index.durable_unrecorded()
+    index.record_usage({}, {"hits": 1})  # any write of the process
+    assert _pending_row(tmp_path, "k") is None and not index.durable_unrecorded()
+    assert index.lookup("r") == ("r1", 10, "boot-1")
+
+
+def test_a_write_that_fails_keeps_what_was_noted_durable(index, tmp_path):
+    _publish(index, "k", "f1", boot="boot-1")
+    index.note_durable("k", "f1")
+
+    def fails(store):
+        raise OSError("disk trouble")
+
+    with pytest.raises(OSError):
+        index._write(fails)
+    assert index.durable_unrecorded() and _pending_row(tmp_path, "k") == "boot-1"
+    _publish(index, "other")
+    assert _pending_row(tmp_path, "k") is None
+
+
 def test_dropping_an_entry_drops_its_pending_row(index):
     _publish(index, "k", "f1", boot="boot-1")
     assert index.drop("k", written=False) == "f1"

@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -227,9 +228,9 @@ KEY = "ab" + "0" * 62
 
 
 @pytest.fixture(autouse=True)
-def no_timer_during_a_test(monkeypatch):
-    """The background write comes after a minute, not a second: a loaded box must not
-    write a batch while a test looks at what is pending."""
+def no_due_batch_during_a_test(monkeypatch):
+    """A batch is due after a minute, not a second: a loaded box must not write a batch
+    while a test looks at what is pending."""
     monkeypatch.setattr(room, "FLUSH_INTERVAL_SECONDS", 60.0)
 
 
@@ -253,6 +254,23 @@ def test_hits_and_counts_gather_in_memory_and_one_flush_writes_them(tmp_path):
     usage.add("misses")
     usage.flush()
     assert index.counters()["misses"] == 3  # added to, not replaced
+
+
+def test_the_first_use_a_flush_interval_later_writes_the_batch_and_no_thread_before(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(room, "FLUSH_INTERVAL_SECONDS", 0.2)
+    index = _index(tmp_path)
+    usage = Usage(index)
+    usage.touch(KEY)
+    usage.add("misses")
+    time.sleep(0.5)
+    assert index.counters() == {}  # nothing written once the uses returned
+    usage.add("misses")  # finds the batch due: written before it returns
+    assert index.counters() == {"hits": 1, "misses": 2}
+    assert usage.pending_counts() == {}
+    usage.touch(KEY)
+    assert usage.pending_counts() == {"hits": 1}  # a new batch
 
 
 def test_without_a_writable_index_the_counts_stay_pending_for_the_report():

@@ -5,9 +5,12 @@ A process killed at any instant loses nothing the kernel has: the page cache out
 process, so a published file is whole for every later reader on the same boot. Only a
 machine crash (power loss, kernel panic) can lose or tear what was not yet on disk. So the
 cache publishes a file once it is written and verified, and :data:`SYNCER` (one thread per
-process) then fsyncs it and its directory and records it durable in the index. An entry not
-recorded durable carries the boot it was published under (:func:`boot_id`); under another
-boot it is verified again against the checksum its download verified (dropped where none is
+process) then fsyncs it and its directory, creating nothing (a file or directory gone by
+then is skipped), and tells the cache, which notes it durable in memory: the index records
+it with the process's next write (``index.Index.note_durable``), so no write into the
+cache directory happens after the call that filled it returned. An entry not recorded
+durable carries the boot it was published under (:func:`boot_id`); under another boot it
+is verified again against the checksum its download verified (dropped where none is
 known) before it is served, then made durable.
 
 Where the system has no boot id (not Linux), a file is fsynced before it is published, as
@@ -87,8 +90,8 @@ def _make_durable(path: str, on_durable: Callable[[], None]) -> None:
 
 class Syncer(WorkerThread):
     """Makes queued files durable on a thread of its own (``submit(path, on_durable)``),
-    then calls each one's ``on_durable``; a file that cannot be synced stays not durable
-    (logged)."""
+    then calls each one's ``on_durable`` (which must not write into the cache directory);
+    a file that cannot be synced stays not durable (logged)."""
 
     def __init__(self) -> None:
         super().__init__("fsspec-shards-sync", _make_durable)

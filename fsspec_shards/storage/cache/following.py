@@ -16,6 +16,9 @@ starts (the fill: ``transfer/blocks.py``, which verifies each block as it comple
 - The cache's own rules stand: the entry is published (fsynced, renamed, indexed) only when
   the whole object is verified; a kill at any instant leaves a temp file and a record, both
   removed by name on the next miss, never a partial entry.
+- A reader of a fill of this process gets the object's last bytes once the fetch ended
+  (published, its record removed): nothing of the fill writes into the cache directory
+  after that read returned (the caller may remove the directory).
 """
 
 from __future__ import annotations
@@ -289,6 +292,8 @@ class ProgressiveReader(io.RawIOBase):
                 errno.EIO, f"{self.name} ends at byte {self._position}, short of a verified block"
             )
         self._position += got
+        if self._position >= self.size and isinstance(self._progress, LocalFill):
+            self._progress.ended.wait()  # published: nothing of the fill writes after this
         return got
 
     def readall(self) -> bytes:

@@ -16,6 +16,10 @@ Invariants:
   place only moves forward.
 - A lookup's answer is remembered only with the database's file change counter it was read
   under (:meth:`Index.lookup`): any commit, in any process, makes it read again.
+- Nothing writes the index on a thread of its own after a call returned (a caller that
+  removes the directory then never races a journal file being created in it): what the
+  background syncer learns (a file is durable) waits in memory for the process's next write
+  (:meth:`Index.note_durable`), batched uses for a later use (:class:`.room.Usage`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import diskcache
 
@@ -48,6 +52,7 @@ from fsspec_shards.storage.cache.index_database import (
 from fsspec_shards.storage.deps.diskcache import delete_raw_keys
 
 _REMEMBERED_LOOKUPS = 65536
+T = TypeVar("T")
 
 
 class Index:
@@ -69,6 +74,10 @@ class Index:
         self.database = Database(directory, writable, space_lock, on_reset)
         self._header: tuple[int, int, int] = (-1, -1, -1)  # pid, epoch, descriptor
         self._remembered: dict[str, tuple[bytes, tuple[str, int] | None]] = {}
+        self._synced: dict[tuple[str, str], None] = {}
+        """(key, file) of entries synced in the background and not recorded durable yet
+        (:meth:`note_durable`); changed only by single dict operations: no lock to hold
+        across a fork."""
 
     @property
     def path(self) -> str:
@@ -84,7 +93,8 @@ class Index:
 
     def lookup(self, key: str) -> tuple[str, int, str | None] | None:
         """``(file, size, boot)`` recorded for ``key`` (``boot``: the boot it was published
-        under when not durable yet, else None), or None: the hit path, kept short.
+        under when not durable yet, nor noted durable here, else None), or None: the hit
+        path, kept short.
 
         Answers are remembered with the database's file change counter (header bytes
         24-27, which every committed write moves, in any process) read *before* the query;
@@ -95,7 +105,8 @@ class Index:
         if counter is not None:
             remembered = self._remembered.get(key)
             if remembered is not None and remembered[0] == counter:
-                return remembered[1]
+                found = remembered[1]
+                return self._durable_if_synced(key, found) if self._synced else found
         found = self.database.run(
             lambda: file_and_size(
                 self.database.value(ENTRY + key), self.database.value(PENDING + key)
@@ -106,7 +117,15 @@ class Index:
             if len(self._remembered) >= _REMEMBERED_LOOKUPS:
                 self._remembered.clear()
             self._remembered[key] = (counter, found)
-        return found
+        return self._durable_if_synced(key, found) if self._synced else found
+
+    def _durable_if_synced(
+        self, key: str, found: tuple[str, int, str | None] | None
+    ) -> tuple[str, int, str | None] | None:
+        """``found`` as durable where this process synced its file (not recorded yet)."""
+        if found is None or found[2] is None or (key, found[0]) not in self._synced:
+            return found
+        return found[0], found[1], None
 
     def _change_counter(self) -> bytes | None:
         """The database's file change counter, through a descriptor kept per process and
@@ -201,7 +220,7 @@ class Index:
             store.set(ENTRY + key, Entry({**record, "stored_at": now, "validated_at": now}))
             return True, None if old is None else old["file"]
 
-        return self.database.write(insert, (False, None))
+        return self._write(insert, (False, None))
 
     def drop(self, key: str, *, written: bool) -> str | None:
         """Delete the entry of ``key``; with ``written`` also bump its generation, so no
@@ -215,7 +234,7 @@ class Index:
             store.delete(PENDING + key)
             return None if old is None else old["file"]
 
-        return self.database.write(delete)
+        return self._write(delete)
 
     def drop_if(self, key: str, file: str | None) -> bool:
         """Delete the entry of ``key`` only if it still names ``file`` (None: a row the
@@ -229,7 +248,7 @@ class Index:
             store.delete(PENDING + key)
             return store.delete(ENTRY + key)
 
-        return self.database.write(delete, False)
+        return self._write(delete, False)
 
     def drop_least_recent(self, limit: int, covering: int | None = None) -> list[Row]:
         """Delete least recently used entries in one transaction: at most ``limit``, and
@@ -251,7 +270,7 @@ class Index:
             delete_raw_keys(store, names)  # one statement per 250 entries, not 3 each
             return dropped
 
-        return self.database.write(delete, [])
+        return self._write(delete, [])
 
     def size_limit(self) -> int | None:
         """The size limit recorded by the last writable use (None: never recorded)."""
@@ -261,7 +280,7 @@ class Index:
     def record_size_limit(self, limit: int) -> None:
         """Record the size limit this cache is used with (a write only when it changed)."""
         if self.size_limit() != limit:
-            self.database.write(lambda store: store.set(SIZE_LIMIT, int(limit)))
+            self._write(lambda store: store.set(SIZE_LIMIT, int(limit)))
 
     def record_usage(self, touches: dict[str, float], counts: dict[str, int]) -> None:
         """Re-store the entries used (in the order of their use: their least-recently-used
@@ -275,16 +294,39 @@ class Index:
             for name, amount in counts.items():
                 store.incr(COUNTER + name, amount)
 
-        self.database.write(apply)
+        self._write(apply)
 
     def mark_durable(self, key: str, file: str) -> None:
-        """The entry of ``key`` is on disk, if it still names ``file``."""
+        """The entry of ``key`` is on disk, if it still names ``file``: recorded now."""
+        self._write(lambda store: _record_durable(store, key, file))
 
-        def update(store: diskcache.Cache) -> None:
-            if pending_boot(store.get(PENDING + key), file) is not None:
-                store.delete(PENDING + key)  # (the entry's row, its LRU place, untouched)
+    def note_durable(self, key: str, file: str) -> None:
+        """The entry of ``key`` is on disk, if it still names ``file``: noted in memory
+        only (the background syncer calls this after a read returned, when a write could
+        race whoever removes the directory). Recorded by this process's next write to the
+        index (:meth:`_write`); until then its lookups answer it durable. Never recorded
+        (the process ended first), it stays published under this boot: verified again
+        after a reboot, a cost and never a wrong byte."""
+        self._synced[(key, file)] = None
 
-        self.database.write(update)
+    def durable_unrecorded(self) -> bool:
+        """Whether files noted durable wait for the next write (:meth:`note_durable`)."""
+        return bool(self._synced)
+
+    def _write(self, operation: Callable[[diskcache.Cache], T], default: T = None) -> T:
+        """``operation(cache)`` inside one write transaction, which first records durable
+        the files noted durable so far (:meth:`note_durable`)."""
+        synced = list(self._synced.copy())
+
+        def transact(store: diskcache.Cache) -> T:
+            for key, file in synced:
+                _record_durable(store, key, file)
+            return operation(store)
+
+        result = self.database.write(transact, default)
+        for noted in synced:
+            self._synced.pop(noted, None)
+        return result
 
     def touch_validated(self, key: str) -> None:
         def update(store: diskcache.Cache) -> None:
@@ -292,7 +334,7 @@ class Index:
             if record is not None:
                 store.set(ENTRY + key, Entry({**record, "validated_at": time.time()}))
 
-        self.database.write(update)
+        self._write(update)
 
     def clear(self) -> list[tuple[str, str | None]]:
         """Delete every entry and counter; the ``(key, file)`` of the entries deleted.
@@ -304,7 +346,7 @@ class Index:
                 store.delete(name)
             return dropped
 
-        return self.database.write(delete, [])
+        return self._write(delete, [])
 
     def set_key_format(self) -> list[tuple[str, str | None]]:
         """Drop every entry made under another key format (they could never be hit) and
@@ -317,7 +359,7 @@ class Index:
             store.set(KEY_FORMAT_NAME, KEY_FORMAT)
             return dropped
 
-        return self.database.write(reset, [])
+        return self._write(reset, [])
 
     def _drop_entries(self, store: diskcache.Cache) -> list[tuple[str, str | None]]:
         """Inside a transaction: delete every entry; their ``(key, file)``."""
@@ -347,4 +389,10 @@ class Index:
                 store.set(ENTRY + key, Entry(record))
             store.set(KEY_FORMAT_NAME, KEY_FORMAT)
 
-        self.database.write(insert)
+        self._write(insert)
+
+
+def _record_durable(store: diskcache.Cache, key: str, file: str) -> None:
+    """Inside a transaction: the entry of ``key`` is on disk, if it still names ``file``."""
+    if pending_boot(store.get(PENDING + key), file) is not None:
+        store.delete(PENDING + key)  # (the entry's row, its LRU place, untouched)

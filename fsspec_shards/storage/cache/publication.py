@@ -9,7 +9,8 @@ Invariants:
   a whole entry.
 - Durable, or verified again: with a boot id the fsync of a published file and its
   directory runs in the background (:mod:`.durability`) and the entry is recorded as not
-  durable under this boot; without one the fsync comes before publishing.
+  durable under this boot (until this process's next index write records what the sync
+  noted: :meth:`.Index.note_durable`); without one the fsync comes before publishing.
 - Generations: the entry is recorded only if no write of the object happened since
   ``since``; otherwise the caller gets its own copy, already unlinked.
 - The file is opened before the index names it: from then on another thread or process
@@ -151,8 +152,8 @@ def _publish(
                     layout.remove_file(final)
                 else:
                     if boot is not None:
-                        mark = functools.partial(room.index.mark_durable, key, relative)
-                        SYNCER.submit(final, mark)
+                        noted = functools.partial(room.index.note_durable, key, relative)
+                        SYNCER.submit(final, noted)
                     if replaced is not None and replaced != relative:
                         room.files.remove_data_file(key, replaced)
                 return handle, published

@@ -14,14 +14,18 @@ Invariants of the room:
   released, entries are evicted until the bytes needed are free, the reserve is made
   again, and the operation runs once more.
 
-Hits without write transactions (:class:`Usage`): access times and counters batched in
-memory. Invariants:
+Hits almost without write transactions (:class:`Usage`): access times and counters batched
+in memory. Invariants:
 
-- A hit records its key's use and counts in this process's memory only; a background
-  timer writes what gathered to the index in one transaction, at most once a second, and
-  so does process exit (``atexit``, and multiprocessing's exit of forked workers, which
-  skips ``atexit``). Least-recently-used order is therefore exact up to that one-second
-  window; an eviction made by this process writes its own first.
+- A hit records its key's use and counts in this process's memory only; the first use
+  that finds the batch :data:`FLUSH_INTERVAL_SECONDS` old writes it to the index in one
+  transaction, on its own thread before it returns, and so does process exit (``atexit``,
+  and multiprocessing's exit of forked workers, which skips ``atexit``). Least-recently-used
+  order is therefore exact up to that one-second window while the process uses the cache
+  (what an idle process gathered waits for its next use or its exit); an eviction made by
+  this process writes its own first.
+- Nothing is written on a thread of its own: once a call of the cache returned, nothing
+  of this process creates a file in the cache directory (a caller may remove it).
 - Writing a use re-stores the entry (:meth:`.Index.record_usage`): its place only moves
   forward, so a late batch never makes a file look older.
 - A forked child starts with nothing pending: what the parent gathered, the parent writes.
@@ -54,6 +58,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from multiprocessing import util as multiprocessing_util
 from typing import Any
+
+import diskcache
 
 from fsspec_shards.redact import redact_url
 from fsspec_shards.storage.cache import deletion, layout, locks, space
@@ -222,7 +228,8 @@ class Usage:
         self._lock = threading.Lock()
         self._touches: dict[str, float] = {}
         self._counts: dict[str, int] = {}
-        self._timer: threading.Timer | None = None
+        self._pending_since: float | None = None
+        """When the batch began (monotonic; None: nothing pending to write)."""
 
     def touch(self, key: str, count: bool = True) -> None:
         """A hit of ``key``: its access time is now; with ``count``, one more hit."""
@@ -234,8 +241,9 @@ class Usage:
                 self._touches[key] = now
             if count:
                 self._counts["hits"] = self._counts.get("hits", 0) + 1
-            if self._timer is None and self._writable():
-                self._start_timer()
+            due = self._due()
+        if due:
+            self.flush()
 
     def add(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` to counter ``name``."""
@@ -243,29 +251,29 @@ class Usage:
             self._reset()
         with self._lock:
             self._counts[name] = self._counts.get(name, 0) + amount
-            if self._timer is None and self._writable():
-                self._start_timer()
+            due = self._due()
+        if due:
+            self.flush()
 
     def _writable(self) -> bool:
         return self._index is not None and self._index.writable
 
-    def _start_timer(self) -> None:
-        """Called with the lock held, when something became pending."""
-        _register_exit_hook()
-        timer = threading.Timer(FLUSH_INTERVAL_SECONDS, self._on_timer)
-        timer.daemon = True
-        self._timer = timer
-        timer.start()
-
-    def _on_timer(self) -> None:
-        with self._lock:
-            self._timer = None
-        self.flush()
+    def _due(self) -> bool:
+        """Called with the lock held, after something became pending: whether the batch
+        is a flush interval old (the caller writes it)."""
+        if not self._writable():
+            return False
+        now = time.monotonic()
+        if self._pending_since is None:
+            _register_exit_hook()
+            self._pending_since = now
+        return now - self._pending_since >= FLUSH_INTERVAL_SECONDS
 
     def forget(self) -> None:
         """Drop what is pending (the cache was cleared)."""
         with self._lock:
             self._touches, self._counts = {}, {}
+            self._pending_since = None
 
     def pending_counts(self) -> dict[str, int]:
         """Counter increments not written to the index (yet)."""
@@ -275,7 +283,9 @@ class Usage:
             return dict(self._counts)
 
     def flush(self) -> None:
-        """Write what is pending now, in one transaction; kept for later if that fails."""
+        """Write what is pending now, in one transaction (with it the files this process
+        synced: :meth:`.Index.note_durable`); kept for later if that fails (a use, of a
+        hit's thread too, never sees the failure)."""
         if self._pid != os.getpid():
             self._reset()
             return
@@ -284,12 +294,15 @@ class Usage:
         with self._lock:
             touches, counts = self._touches, self._counts
             self._touches, self._counts = {}, {}
-        if not touches and not counts:
+            self._pending_since = None
+        if not touches and not counts and not self._index.durable_unrecorded():
             return
         try:
             self._index.record_usage(touches, counts)
-        except (OSError, sqlite3.Error) as error:
+        except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             with self._lock:
+                if self._pending_since is None:  # tried again a flush interval from now
+                    self._pending_since = time.monotonic()
                 for key, when in touches.items():
                     self._touches[key] = max(when, self._touches.get(key, when))
                 for name, amount in counts.items():

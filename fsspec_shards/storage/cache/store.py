@@ -16,7 +16,8 @@ Invariants:
   plus the bytes reserved by downloads in flight stay within ``size_limit``, evicting
   least-recently-used files (:mod:`.room`; access times batched per process there too).
 - A hit is one index lookup (usually answered from memory: :meth:`.Index.lookup`), an
-  ``open`` and an ``fstat``: no write transaction. A hit's file
+  ``open`` and an ``fstat``: no write transaction (but the one a second that finds this
+  process's batched uses due: :class:`.room.Usage`). A hit's file
   must be a regular file of the recorded size owned by the user, at the one name the cache
   makes for the key (:func:`~.layout.data_file_path`), opened without following symlinks;
   anything else is a miss, and the entry is dropped (the file is left where it is if the
@@ -373,10 +374,10 @@ class ShardCache:
         return None if self._index is None else self._index.size_limit()
 
     def flush(self) -> None:
-        """Write this process's batched access times and counts to the index now, and wait
-        for the background syncs of the files it published."""
-        self._usage.flush()
+        """Wait for the background syncs of the files this process published, then write
+        its batched access times and counts, and which files are durable, to the index."""
         SYNCER.drain()
+        self._usage.flush()
         deletion.DELETER.drain()
 
     # -- writing -------------------------------------------------------------------------
