@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from fsspec_shards.errors import OptionError
-from fsspec_shards.storage.backends.accepted_options import accepted_options, check_backend_options
+from fsspec_shards.storage.backends.accepted_options import (
+    accepted_options,
+    check_backend_options,
+    introspected_options,
+)
 
 
 def test_a_misspelt_s3_option_is_named_with_the_one_meant():
@@ -49,3 +53,7 @@ def test_tables_of_a_clients_keywords_are_checked_against_that_client():
     )
     with pytest.raises(OptionError, match=r"https\.client_kwargs\.trust_envv"):
         check_backend_options("https", {"client_kwargs": {"trust_envv": True}})
+
+
+def test_s3s_options_listed_without_importing_s3fs_are_what_its_classes_take():
+    assert accepted_options("s3") == introspected_options("s3")

@@ -234,3 +234,53 @@ def test_sections_reach_the_layer_and_the_backend_and_others_are_dropped(tmp_pat
     assert fs.fs.auto_mkdir is True
     (tmp_path / "a.bin").write_bytes(b"abc")
     assert fs.cat_file(str(tmp_path / "a.bin")) == b"abc"
+
+
+# --------------------------------------------------------------------------- from_url
+
+RESOLVED_AS_URL_TO_FS = [
+    ("wds::s3://bucket/a/b.tar", {}),
+    ("wds::s3://bucket/a/b.tar", {"s3": {"anon": True}}),
+    ("wds::s3://bucket/a/b.tar", {"wds": {"cache": False}, "s3": {"anon": True, "key": None}}),
+    ("wds::s3a://bucket/a/", {"s3a": {"anon": True}}),
+    ("wds::gcs://bucket/x.tar", {"gcs": {"token": "anon"}}),
+    ("wds::gs://bucket/x.tar", {"wds": {"retries": 2}, "gs": {"token": "anon"}}),
+    ("wds::file:///data/x.tar", {}),
+    ("wds::file:///data/x.tar", {"wds": {"cache": False}, "file": {"auto_mkdir": True}}),
+    ("wds::https://example.com/a/b.tar", {}),
+    ("wds::https://example.com/a/b.tar", {"https": {"headers": {"a": "b"}}}),
+    ("wds::http://example.com:8080/a/b.tar", {"wds": {"verify": "off"}}),
+]
+
+
+@pytest.mark.parametrize(("url", "options"), RESOLVED_AS_URL_TO_FS)
+def test_from_url_gives_what_url_to_fs_gives(url, options):
+    """The same cached instance and path as fsspec's chain resolution (the backend's class
+    imported: without, only S3 is resolved, by its stand-in; see the integration test)."""
+    fsspec.get_filesystem_class(fsspec.core.split_protocol(url[len("wds::") :])[0])
+    cls = fsspec.get_filesystem_class("wds")
+    found = cls.from_url(url, **options)
+    assert found is not None
+    expected = fsspec.core.url_to_fs(url, **options)
+    assert found[1] == expected[1]
+    assert found[0] is expected[0]
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("wds::s3://bucket/k.tar?versionId=1", {}),
+        ("wds::https://example.com/k.tar?token=1", {}),
+        ("wds::https://example.com/k.tar#part", {}),
+        ("wds::simplecache::s3://bucket/k.tar", {}),
+        ("wds::/data/x.tar", {}),
+        ("wds::s3://bucket", {"s3": {"anon": True}, "gcs": {}}),
+        ("wds::s3://bucket/k.tar", {"cache": False}),
+        ("wds::s3://bucket/k.tar", {"protocol": "s3"}),
+        ("wds::s3://bucket/k.tar", {"wds": {"target_protocol": "s3"}}),
+        ("s3://bucket/k.tar", {}),
+        ("simplecache::s3://bucket/k.tar", {}),
+    ],
+)
+def test_from_url_leaves_anything_unusual_to_url_to_fs(url, options):
+    assert fsspec.get_filesystem_class("wds").from_url(url, **options) is None

@@ -137,3 +137,26 @@ def test_warm_leaves_an_error_to_the_read(tmp_path):
         list(dataset)
     assert list(ShardDataset(missing, handler="skip")) == []
     ShardReader().warm("nosuchprotocol://x/y.tar")  # an unknown protocol: left to the read
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("wds::s3://bucket/a/shard-0.tar", {"wds": {"cache": False}, "s3": {"anon": True}}),
+        ("s3://bucket/a/shard-0.tar", {"wds": {"cache": False}, "s3": {"anon": True}}),
+        ("wds::s3://bucket/a/shard-0.tar?versionId=7", {"s3": {"anon": True}}),
+        ("wds::file:///data/shard-0.tar", {"wds": {"verify": "off"}, "gcs": {"token": "anon"}}),
+        ("wds::simplecache::file:///data/shard-0.tar", {}),
+    ],
+)
+def test_locate_opens_what_url_to_fs_opens(url, options):
+    """A ``wds::`` URL resolved by the layer's ``from_url`` is the instance and path that
+    fsspec's chain resolution gives (anything else is resolved by fsspec itself)."""
+    import fsspec
+
+    from fsspec_shards.option_shapes import fsspec_arguments
+
+    fs, path = ShardReader(options).locate(url)
+    chained, arguments = fsspec_arguments(url, options)
+    expected = fsspec.core.url_to_fs(chained, **arguments)
+    assert fs is expected[0] and path == expected[1]

@@ -25,7 +25,7 @@ from fsspec_shards.iteration.tar import (
     open_shard_stream,
     parse_members,
 )
-from fsspec_shards.option_shapes import fsspec_arguments
+from fsspec_shards.option_shapes import LAYER, fsspec_arguments
 
 _SKIP_PIECE = 1 << 20
 
@@ -50,6 +50,12 @@ class ShardReader:
         (``{"wds": {...}, "s3": {...}}``) read a plain backend URL through the layer, and
         sections the URL does not use are left out (see :mod:`fsspec_shards.option_shapes`)."""
         chained, options = fsspec_arguments(url, self.storage_options)
+        if chained.startswith(LAYER + "::"):
+            # the layer's from_url resolves what url_to_fs would without importing the
+            # backend's class where it can (s3fs: 0.3-0.7 s); None: url_to_fs resolves it
+            found = fsspec.get_filesystem_class(LAYER).from_url(chained, **options)
+            if found is not None:
+                return found
         return fsspec.core.url_to_fs(chained, **options)
 
     def warm(self, url: str) -> None:

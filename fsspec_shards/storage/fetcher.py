@@ -26,6 +26,7 @@ import fsspec
 from fsspec.utils import tokenize
 
 from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
+from fsspec_shards.redact import install_log_redaction
 from fsspec_shards.storage.backends import ObjectId, backend_for, object_id
 from fsspec_shards.storage.backends.base import call, protocol_of
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
@@ -34,6 +35,7 @@ from fsspec_shards.storage.core.retry import RetryPolicy
 from fsspec_shards.storage.files import BlockCheckedFile, CachedFile, RetryingFile
 from fsspec_shards.storage.transfer import planner
 from fsspec_shards.storage.transfer.obstore_transport import (
+    DownloadTransport,
     download_transport,
 )
 from fsspec_shards.storage.transfer.one_stream import read_range, read_whole
@@ -102,6 +104,8 @@ class Fetcher:
             policy = dataclasses.replace(policy, timeout=shorter)
         self.policy = policy
         self.transport = self._download_transport()
+        if not isinstance(self.transport, DownloadTransport):
+            self.fs = self.built_fs  # fsspec's transport reads it: built now, before a fork
         self._lock = threading.RLock()
         self._cache: ShardCache | None = None
         self._shared: SharedTier | None = None
@@ -115,6 +119,14 @@ class Fetcher:
             self._memory_counters = _MEMORY_COUNTERS.setdefault(
                 options.cache_dir, dict.fromkeys(COUNTERS, 0)
             )
+
+    @property
+    def built_fs(self) -> fsspec.AbstractFileSystem:
+        """The backend itself: :attr:`fs`, built now where that is its stand-in."""
+        unbuilt = backend_for(protocol_of(self.fs)).unbuilt
+        if unbuilt is not None and isinstance(self.fs, unbuilt):
+            return self.fs.built()
+        return self.fs
 
     def in_this_process(self) -> Fetcher:
         """This fetcher, or in a forked child the child's own (built once)."""
@@ -540,14 +552,24 @@ def _backend(
     protocol: str | None, target_options: dict, policy: RetryPolicy
 ) -> fsspec.AbstractFileSystem:
     """The tamed backend (own retries down, listing cache off), one per process and options:
-    fsspec makes a wds instance per thread, and a client each would cost (S3: about 1 s)."""
-    options = backend_for(protocol).tamed_options(target_options, policy.timeout)
+    fsspec makes a wds instance per thread, and a client each would cost (S3: about 1 s).
+    Where the backend has a stand-in (``Backend.unbuilt``), the stand-in: it is built on
+    first use, which a read through obstore may never make."""
+    backend_class = backend_for(protocol)
+    options = backend_class.tamed_options(target_options, policy.timeout)
     key = tokenize(protocol, options)  # per process: emptied in a forked child
+
+    def build() -> fsspec.AbstractFileSystem:
+        built = fsspec.filesystem(protocol, **options)
+        backend_class.tame_instance(built)
+        install_log_redaction()  # the loggers of a backend imported only now
+        return built
+
     with _SHARED_BACKENDS_LOCK:
         backend = _SHARED_BACKENDS.get(key)
         if backend is None:
-            backend = fsspec.filesystem(protocol, **options)
-            backend_for(protocol).tame_instance(backend)
+            unbuilt = backend_class.unbuilt
+            backend = build() if unbuilt is None else unbuilt(options, build)
             _SHARED_BACKENDS[key] = backend
     return backend
 

@@ -354,3 +354,83 @@ def test_the_tamed_s3_options_of_the_wds_filesystem_map():
 )
 def test_s3_options_without_an_obstore_equivalent_are_refused_by_name(options, option):
     assert refusal_of("s3", options).option == option
+
+
+# --------------------------------------------------------------------------- the stand-in
+
+STAND_IN_OPTIONS = [
+    {},
+    {"anon": True, "skip_instance_cache": True},
+    {
+        "key": "k",
+        "secret": "s",
+        "endpoint_url": "http://127.0.0.1:9000",
+        "session_vars": {},
+        "batch_size": 4,
+        "use_listings_cache": False,
+        "config_kwargs": {"read_timeout": 3},
+    },
+    {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9002", "region_name": "eu-west-3"}},
+    {"profile": "stand-in", "anon": True},
+]
+
+
+@pytest.mark.parametrize("options", STAND_IN_OPTIONS)
+def test_the_stand_in_answers_what_s3fs_would_without_building_it(aws_config, options):
+    """What the cache key, the time-outs and the transport's choice read of the stand-in
+    are s3fs's own, and reading them builds nothing (no import of s3fs)."""
+    aws_config("[profile stand-in]\nregion = eu-west-2\n")
+    real = fsspec.filesystem("s3", **options)
+    stand_in = s3.UnbuiltS3FileSystem(options, lambda: pytest.fail("built"))
+    for name in ("endpoint_url", "client_kwargs", "config_kwargs", "session", "kwargs"):
+        assert getattr(stand_in, name) == getattr(real, name), name
+    assert stand_in.asynchronous == real.asynchronous
+    assert stand_in.storage_options == real.storage_options
+    assert stand_in.protocol == real.protocol
+    assert backend_for("s3").socket_timeouts(stand_in) == backend_for("s3").socket_timeouts(real)
+    assert str(s3.located(stand_in)) == str(s3.located(real))
+    stand_in.invalidate_cache("bucket/key")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://bucket/a/b.tar",
+        "s3a://bucket/a/b.tar",
+        "s3://bucket/a/",
+        "bucket/a//b.tar",
+        "s3://bucket",
+        "s3://",
+        "s3://bucket/k.tar?versionId=abc",
+        "s3://bucket/k.tar?x=1",
+    ],
+)
+def test_the_stand_in_names_paths_as_s3fs(url):
+    real = type(fsspec.filesystem("s3", anon=True))
+    stand_in = s3.UnbuiltS3FileSystem
+    assert stand_in._strip_protocol(url) == real._strip_protocol(url)
+    assert stand_in._get_kwargs_from_urls(url) == real._get_kwargs_from_urls(url)
+    path = real._strip_protocol(url)
+    instance = s3.UnbuiltS3FileSystem({}, lambda: pytest.fail("built"))
+    assert instance.unstrip_protocol(path) == fsspec.filesystem("s3").unstrip_protocol(path)
+
+
+def test_anything_else_asked_of_the_stand_in_builds_s3fs_once():
+    built = []
+
+    def build():
+        built.append(fsspec.filesystem("s3", anon=True, skip_instance_cache=True))
+        return built[-1]
+
+    stand_in = s3.UnbuiltS3FileSystem({"anon": True}, build)
+    assert stand_in.split_path("bucket/key") == ("bucket", "key", None)
+    assert stand_in.built() is built[0] and len(built) == 1
+    assert stand_in.anon is True
+
+
+def test_s3fs_parameters_listed_without_its_import_are_s3fss():
+    from s3fs import S3FileSystem
+
+    from fsspec_shards.storage.backends.base import parameters
+
+    assert parameters(S3FileSystem.__init__) == s3.S3FS_PARAMETERS

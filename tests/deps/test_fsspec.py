@@ -47,3 +47,19 @@ def test_the_http_status_check_raises_file_not_found_for_a_404_and_defers_the_re
     other = _Response(503)
     deps.raise_for_http_status(fs, other, "http://host/x")
     assert other.raised
+
+
+def test_the_default_strip_protocol_on_a_class_of_ones_own_uses_its_protocols():
+    class Named:
+        protocol = ("x", "y")
+        root_marker = "/"
+        _strip_protocol = deps.default_strip_protocol()
+
+    assert Named._strip_protocol("y://bucket/key/") == "bucket/key"
+    assert Named._strip_protocol("x://") == "/"
+
+
+def test_kwargs_from_url_are_what_the_url_gives_its_filesystem():
+    s3 = fsspec.get_filesystem_class("s3")
+    assert deps.kwargs_from_url(s3, "s3://bucket/k?versionId=1") == {"version_aware": True}
+    assert deps.kwargs_from_url(s3, "s3://bucket/k") == {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -67,3 +69,59 @@ def test_a_plain_s3_counts_url_is_read_with_the_datasets_per_protocol_options(s3
     )
     assert len(dataset) == sum(counts.values())
     assert len(list(dataset)) == sum(counts.values())
+
+
+COLD_PROCESS = """
+import json, sys
+from torch.utils.data import DataLoader, IterableDataset
+import fsspec
+from fsspec_shards import ShardDataset
+from fsspec_shards.iteration.reader import ShardReader
+
+urls, options = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+HEAVY = {"s3fs", "aiobotocore", "aiohttp"}
+dataset = ShardDataset(urls, storage_options=options)
+
+
+class Report(IterableDataset):
+    def __iter__(self):
+        keys = [sample["__key__"] for sample in dataset]
+        yield keys, sorted(HEAVY & set(sys.modules))
+
+
+workers = list(DataLoader(Report(), num_workers=2, batch_size=None))  # obstore unused: fork
+main_keys = [sample["__key__"] for sample in dataset]
+report = {"main": main_keys, "main_heavy": sorted(HEAVY & set(sys.modules)), "workers": workers}
+fs, path = ShardReader(options).locate(urls[0])  # before s3fs: the stand-in's naming
+expected = fsspec.core.url_to_fs(urls[0], **options)
+report["same_as_url_to_fs"] = fs is expected[0] and path == expected[1]
+print(json.dumps(report))
+"""
+
+
+def test_a_cold_read_through_obstore_imports_no_s3fs_in_the_process_nor_its_workers(
+    s3_backend, tmp_path
+):
+    """s3fs's import (aiobotocore, aiohttp: 0.3-0.7 s) is no part of a cold first batch when
+    downloads go through obstore: the URL is resolved, the object stat-ed (a HEAD) and read
+    through obstore, in the main process and in DataLoader workers."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("torch")
+    urls = [f"wds::{s3_backend.put(f'shard-{n}.tar', shard_tar(n, 3, 1024))}" for n in range(2)]
+    options = {
+        "wds": {"cache_dir": str(tmp_path / "cache"), "transport": "obstore"},
+        "s3": s3_backend.storage_options,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", COLD_PROCESS, json.dumps(urls), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert len(report["main"]) == 6
+    assert report["main_heavy"] == []
+    assert sorted(key for keys, _ in report["workers"] for key in keys) == sorted(report["main"])
+    assert [heavy for _, heavy in report["workers"]] == [[], []]
+    assert report["same_as_url_to_fs"]

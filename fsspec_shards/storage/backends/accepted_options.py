@@ -48,7 +48,18 @@ def _refuse_unknown(where: str, options: Mapping[str, Any], accepted: frozenset[
 
 @functools.lru_cache(maxsize=32)
 def accepted_options(protocol: str) -> frozenset[str] | None:
-    """Every option the filesystem of ``protocol`` takes, or None when it is not checked."""
+    """Every option the filesystem of ``protocol`` takes, or None when it is not checked;
+    from the backend's :attr:`~fsspec_shards.storage.backends.base.Backend.filesystem_options`
+    where it lists them (no import of the class), else :func:`introspected_options`."""
+    known = backend_for(protocol).filesystem_options
+    if known is not None:
+        return FSSPEC_INSTANCE_OPTIONS | known
+    return introspected_options(protocol)
+
+
+def introspected_options(protocol: str) -> frozenset[str] | None:
+    """Every option the filesystem class of ``protocol`` takes, read from the class (imported
+    here), or None when it is not checked."""
     try:
         extra = backend_for(protocol).passed_on()
         if extra is None:

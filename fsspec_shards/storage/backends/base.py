@@ -242,6 +242,14 @@ class Backend:
     and checksum rules read (:meth:`info_from_head` then makes ``info()`` of it)."""
     option_tables: ClassVar[Mapping[str, Callable[[], set[str]]]] = {}
     """Its options that are tables of a client's keywords, and what each takes."""
+    filesystem_options: ClassVar[frozenset[str] | None] = None
+    """The options its fsspec class takes (its and its bases' ``__init__``'s, and what it
+    passes on), where known without importing the class; None: read from the class."""
+    unbuilt: ClassVar[Callable[[Mapping[str, Any], Callable[[], Any]], Any] | None] = None
+    """A stand-in for its fsspec filesystem, made of the options and a function that builds
+    the real one: it answers what the cache key, the time-outs, the transport's choice and
+    path naming read without importing the class, and builds the real one for anything
+    else; None: the filesystem is built at once."""
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """Where instance ``fs``'s objects live beyond what the path says (the cache key)."""

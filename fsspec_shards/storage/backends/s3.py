@@ -25,16 +25,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import threading
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
 from fsspec_shards.storage.backends.base import (
+    FSSPEC_INSTANCE_OPTIONS,
     IGNORED_COMMON,
     Backend,
     Options,
@@ -54,6 +57,7 @@ from fsspec_shards.storage.backends.versions import (
 )
 from fsspec_shards.storage.core.integrity import Checksum
 from fsspec_shards.storage.core.retry import ErrorNames
+from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.deps import s3fs as s3fs_deps
 
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
@@ -132,6 +136,97 @@ def _config_options() -> set[str]:
     return set(Config.OPTION_DEFAULTS)
 
 
+S3FS_PARAMETERS = frozenset(
+    {
+        "anon",
+        "asynchronous",
+        "cache_regions",
+        "client_kwargs",
+        "config_kwargs",
+        "default_block_size",
+        "default_cache_type",
+        "default_fill_cache",
+        "endpoint_url",
+        "fixed_upload_size",
+        "key",
+        "local_expiry_check",
+        "loop",
+        "max_concurrency",
+        "password",
+        "requester_pays",
+        "s3_additional_kwargs",
+        "secret",
+        "session",
+        "token",
+        "use_ssl",
+        "username",
+        "version_aware",
+    }
+)
+"""The named parameters of ``S3FileSystem.__init__`` (a test holds them to s3fs's)."""
+S3FS_OPTIONS = S3FS_PARAMETERS | {
+    "batch_size",
+    "event_hooks",
+    "include_builtin_handlers",
+    "profile",
+    "session_vars",
+}
+"""Every option s3fs takes: its own, ``AsyncFileSystem``'s ``batch_size`` and what it passes
+on to aiobotocore's ``AioSession`` (a test holds them to the classes')."""
+
+
+class UnbuiltS3FileSystem:
+    """An s3fs filesystem not built yet, so that a read through obstore never imports s3fs
+    (0.3-0.7 s: aiobotocore, aiohttp), in a process nor in a DataLoader worker. It answers
+    from its options what s3fs's instance would: its protocol, ``storage_options``, the
+    attributes :func:`located` and the time-outs read, path naming (fsspec's default rule,
+    which s3fs keeps), and ``invalidate_cache`` (nothing is cached yet); any other
+    attribute builds the filesystem (``build``, once) and is the built one's."""
+
+    protocol = ("s3", "s3a")
+    root_marker = ""
+    _strip_protocol = fsspec_deps.default_strip_protocol()
+    unstrip_protocol = fsspec.AbstractFileSystem.unstrip_protocol
+
+    @staticmethod
+    def _get_kwargs_from_urls(url: str) -> dict[str, Any]:
+        """s3fs's rule: a ``versionId`` in the query makes the filesystem version-aware."""
+        return {"version_aware": True} if "versionId" in parse_qs(urlsplit(url).query) else {}
+
+    def __init__(self, options: Mapping[str, Any], build: Callable[[], Any]) -> None:
+        # fsspec's instance cache takes skip_instance_cache; the instance keeps the rest
+        self.storage_options = {k: v for k, v in options.items() if k != "skip_instance_cache"}
+        self.endpoint_url = options.get("endpoint_url")
+        self.client_kwargs = options.get("client_kwargs") or {}
+        self.config_kwargs = options.get("config_kwargs") or {}
+        self.session = options.get("session")
+        self.kwargs = {
+            name: value
+            for name, value in options.items()
+            if name not in S3FS_PARAMETERS and name not in FSSPEC_INSTANCE_OPTIONS
+        }
+        self.asynchronous = bool(options.get("asynchronous", False))
+        self._build = build
+        self._built: Any = None
+        self._lock = threading.Lock()
+
+    def built(self) -> Any:
+        """The s3fs filesystem, built on the first call."""
+        with self._lock:
+            if self._built is None:
+                self._built = self._build()
+            return self._built
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        if self._built is not None:
+            self._built.invalidate_cache(path)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_build", "_built", "_lock"):
+            raise AttributeError(name)
+        return getattr(self.built(), name)
+
+
 class S3Backend(Backend):
     """s3fs."""
 
@@ -176,6 +271,8 @@ class S3Backend(Backend):
     )
     """botocore's failures and AWS's error codes."""
     option_tables = {"client_kwargs": _client_options, "config_kwargs": _config_options}
+    filesystem_options = S3FS_OPTIONS
+    unbuilt = UnbuiltS3FileSystem
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """The location of s3fs instance ``fs`` as the cache key holds it."""
