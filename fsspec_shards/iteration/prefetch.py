@@ -5,16 +5,19 @@ others :class:`ShardPrefetcher` does nothing. At most ``depth`` shards are fetch
 at a time. A prefetch failure is kept, not raised, and handed to the reader when it reaches
 that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's error handler.
 
-``depth="auto"`` (``ShardDataset``'s default) starts at :data:`AUTO_DEPTH` and goes to
-:data:`AUTO_MAX_DEPTH` the first time the reader waits :data:`AUTO_DEEPEN_AFTER` or more for
-a shard still being fetched: where one connection is slow (an object store far away carries
-tens of MB/s per connection), fetching a shard takes several times what reading it does,
-and only that many fills in flight keep the reader fed; where fills keep up or nearly (a
-local disk, a warm cache), it stays at two. Doubling instead (2, 4, 8) cost a wait per step:
-slower in the 9 shards per worker of ``benchmarks/bench_peers.py``. The first fetch that
-ran at the deep level says whether it pays (:data:`AUTO_GROWTH`): on a link capped as a
-whole it does not (the fetches only share the link, and the next shard arrives later), and
-the depth goes back to two for the rest of the stream.
+``depth="auto"`` (``ShardDataset``'s default) steps through :data:`AUTO_DEPTHS` (2, 4, 8
+shards ahead). It starts at two and takes the next step the first time the reader waits
+:data:`AUTO_DEEPEN_AFTER` or more for a shard still being fetched: where one connection is
+slow (an object store far away carries tens of MB/s per connection), fetching a shard takes
+several times what reading it does, and only that many fills in flight keep the reader fed;
+where fills keep up or nearly (a local disk, a warm cache), it stays at two. Each deeper
+step is kept only if its first fetch that ran beside more fetches than the step below
+allows brings :data:`AUTO_GROWTH` times that step's fetches per second; then the next step
+is taken at once (no wait for another late shard), else the depth goes back one step for
+the rest of the stream. On a link capped per connection more fetches at once add rate, and
+2, 4, 8 follow within about two fetches; on a link capped as a whole they only share it, so
+every shard in flight arrives later: the probe stops at four, whose cost is half that of
+trying eight at once (``benchmarks/bench_prefetch.py``).
 
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
@@ -42,22 +45,21 @@ logger = logging.getLogger("fsspec_shards.prefetch")
 Locate = Callable[[str], tuple[Any, str]]
 LINGER_SECONDS = 1.0
 """How long a prefetch thread with nothing to do waits for more before it ends."""
-AUTO_DEPTH = 2
-"""Shards fetched ahead at the start of a stream under ``depth="auto"``."""
-AUTO_MAX_DEPTH = 8
-"""The most shards ``depth="auto"`` fetches ahead (and threads it runs): enough for a
-3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up with a reader
-of two cores, and a bound on the cache space held ahead of the reader."""
+AUTO_DEPTHS = (2, 4, 8)
+"""The steps of ``depth="auto"``, shards fetched ahead (and threads run). The last is
+enough for a 3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up
+with a reader of two cores, and a bound on the cache space held ahead of the reader."""
 AUTO_GROWTH = 1.5
-"""Fetches per second that the deep level must bring over the shallow one's to be kept: on
-a link capped per connection more fetches at once add rate; on a link capped as a whole
-they only share it, and the next shard, which the reader waits for, arrives later."""
+"""Fetches per second that a step must bring over the step below to be kept: on a link
+capped per connection more fetches at once add rate (twice as many, about twice the rate);
+on a link capped as a whole they only share it, and the next shard, which the reader waits
+for, arrives later."""
 AUTO_DEEPEN_AFTER = 0.1
-"""Seconds the reader waits for a prefetch that make ``depth="auto"`` fetch
-:data:`AUTO_MAX_DEPTH` ahead. A local disk fills a shard in tens of milliseconds, and its
-waits are the fills' own work (copying, hashing, the cache's index and locks), which more
-fills at once only slow down (a cold pass over 18 local 3 MiB shards took 1.3x as long at
-depth 8); a 3 MiB shard at 25 MB/s per connection makes the reader wait about 0.2 s."""
+"""Seconds the reader waits for a prefetch that make ``depth="auto"`` take its second step.
+A local disk fills a shard in tens of milliseconds, and its waits are the fills' own work
+(copying, hashing, the cache's index and locks), which more fills at once only slow down (a
+cold pass over 18 local 3 MiB shards took 1.3x as long at depth 8); a 3 MiB shard at
+25 MB/s per connection makes the reader wait about 0.2 s."""
 
 
 class ShardPrefetcher:
@@ -68,7 +70,7 @@ class ShardPrefetcher:
         self.urls = list(urls)
         self.locate = locate
         self.auto = depth == "auto"
-        self.depth = AUTO_DEPTH if self.auto else int(depth)
+        self.depth = AUTO_DEPTHS[0] if self.auto else int(depth)
         self._futures: dict[int, Future] = {}
         self._queue: deque[tuple[Future, Callable[[str], Any], str]] = deque()
         self._lock = threading.Lock()
@@ -77,10 +79,10 @@ class ShardPrefetcher:
         self._idle = 0
         self._max_threads = self.depth
         self._closed = False
-        self._peaks: list[list[int]] = []  # per fetch running: the most running beside it
-        self._shallow_rate = 0.0  # fetches per second at AUTO_DEPTH (auto)
-        self._deepened = False
-        self._settled = False  # auto: the deep level was measured, kept or given up
+        self._peaks: list[list[int]] = []  # per fetch running: [most running beside it, step]
+        self._step = 0  # auto: the index of the depth in AUTO_DEPTHS
+        self._rates = [0.0] * len(AUTO_DEPTHS)  # auto: fetches per second at each step
+        self._settled = False  # auto: a step was given up, or the last one kept
 
     def advance(self, current: int) -> None:
         """The reader is at shard ``current``: start fetching the next ``depth`` shards."""
@@ -145,7 +147,7 @@ class ShardPrefetcher:
     def _started(self) -> list[int]:
         """A fetch starts: its record of the most fetches running beside it (itself too)."""
         with self._lock:
-            peak = [len(self._peaks) + 1, self._deepened]
+            peak = [len(self._peaks) + 1, self._step]
             self._peaks.append(peak)
             for other in self._peaks:
                 other[0] = max(other[0], len(self._peaks))
@@ -153,46 +155,55 @@ class ShardPrefetcher:
 
     def _ended(self, peak: list[int], started: float) -> None:
         """A fetch ended: under ``"auto"``, its rate (fetches running beside it over the time
-        it took) is the shallow level's, or says whether the deep level pays
-        (:data:`AUTO_GROWTH`); a deep level that does not goes back to :data:`AUTO_DEPTH`."""
+        it took) is the first step's, or says whether the step it started at pays
+        (:data:`AUTO_GROWTH`): then the next step is taken, else the depth goes back one."""
         took = max(time.perf_counter() - started, 1e-6)
         with self._lock:
             self._peaks.remove(peak)
             if not self.auto or self._settled:
                 return
-            running, deep = peak
+            running, step = peak
             rate = running / took
-            if not deep:
+            if step == 0:
                 if took >= AUTO_DEEPEN_AFTER:  # a shard already cached says nothing of the link
-                    self._shallow_rate = max(self._shallow_rate, rate)
-            elif running > AUTO_DEPTH:
+                    self._rates[0] = max(self._rates[0], rate)
+                return
+            if step != self._step or running <= AUTO_DEPTHS[step - 1]:
+                return  # ran no deeper than the step below: says nothing of this one
+            below = self._rates[step - 1]
+            self._rates[step] = rate
+            if rate < AUTO_GROWTH * below:
+                self._step = step - 1
                 self._settled = True
-                if rate < AUTO_GROWTH * self._shallow_rate:
-                    self.depth = self._max_threads = AUTO_DEPTH
-                logger.debug(
-                    "%.1f fetches/s at depth %d, %.1f at %d: %d shards ahead",
-                    self._shallow_rate,
-                    AUTO_DEPTH,
-                    rate,
-                    running,
-                    self.depth,
-                )
+            elif step + 1 < len(AUTO_DEPTHS):
+                self._step = step + 1
+            else:
+                self._settled = True
+            self.depth = self._max_threads = AUTO_DEPTHS[self._step]
+            logger.debug(
+                "%.1f fetches/s at depth %d, %.1f at %d: %d shards ahead",
+                below,
+                AUTO_DEPTHS[step - 1],
+                rate,
+                running,
+                self.depth,
+            )
 
     def wait(self, index: int) -> BaseException | None:
         """Wait for the prefetch of shard ``index``, if any; return its error, if any. Under
-        ``"auto"``, a wait of :data:`AUTO_DEEPEN_AFTER` or more deepens the next
-        :meth:`advance` to :data:`AUTO_MAX_DEPTH`."""
+        ``"auto"``, the first wait of :data:`AUTO_DEEPEN_AFTER` or more makes the next
+        :meth:`advance` take the second step of :data:`AUTO_DEPTHS`."""
         future = self._futures.pop(index, None)
         if future is None or future.cancelled():
             return None
-        if self.auto and self.depth < AUTO_MAX_DEPTH and not future.done():
+        if self.auto and self._step == 0 and not self._settled and not future.done():
             started = time.perf_counter()
             error = future.exception()
             waited = time.perf_counter() - started
             with self._lock:
-                if waited >= AUTO_DEEPEN_AFTER and not self._settled:
-                    self.depth = self._max_threads = AUTO_MAX_DEPTH
-                    self._deepened = True
+                if waited >= AUTO_DEEPEN_AFTER and self._step == 0 and not self._settled:
+                    self._step = 1
+                    self.depth = self._max_threads = AUTO_DEPTHS[1]
             logger.debug("waited %.3f s for a prefetch: %d shards ahead", waited, self.depth)
             return error
         return future.exception()
