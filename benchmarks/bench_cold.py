@@ -56,7 +56,7 @@ if str(ROOT) not in sys.path:
 
 import fsspec  # noqa: E402
 
-from fsspec_shards.storage.transfer import planner, range_plan, ranges  # noqa: E402
+from fsspec_shards.storage.transfer import one_stream, planner, range_plan, ranges  # noqa: E402
 from fsspec_shards.storage.transfer.obstore_transport import ObstoreTransport, choose_transport  # noqa: E402
 from fsspec_shards.storage.transfer.one_stream import OrderedHasher  # noqa: E402
 from tests.integration import servers  # noqa: E402
@@ -264,15 +264,16 @@ def _variant(hash_inline: bool = False, no_writeback: bool = False) -> Iterator[
     """The download path with one of its choices undone, for the comparison rows: hashing
     inline (no object is large enough for the worker thread), no early writeback (never
     enough bytes written to start it)."""
-    saved = planner.HASH_ON_A_THREAD_ABOVE, ranges._WRITEBACK_EVERY
+    saved = planner.HASH_ON_A_THREAD_ABOVE, one_stream.WRITEBACK_EVERY
     if hash_inline:
         planner.HASH_ON_A_THREAD_ABOVE = 1 << 62
-    if no_writeback:
-        ranges._WRITEBACK_EVERY = 1 << 62
+    if no_writeback:  # (one stream's Writeback and the ranges' writeback thread)
+        one_stream.WRITEBACK_EVERY = ranges.WRITEBACK_EVERY = 1 << 62
     try:
         yield
     finally:
-        planner.HASH_ON_A_THREAD_ABOVE, ranges._WRITEBACK_EVERY = saved
+        planner.HASH_ON_A_THREAD_ABOVE = saved[0]
+        one_stream.WRITEBACK_EVERY = ranges.WRITEBACK_EVERY = saved[1]
 
 
 def wds_cold(

@@ -39,6 +39,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import queue
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -55,8 +58,12 @@ from fsspec_shards.storage.backends.versions import (
 from fsspec_shards.storage.core.retry import http_status
 
 PIECE = 1024 * 1024
-_PIECES_IN_FLIGHT = 8
-_DONE = object()
+_BYTES_IN_FLIGHT = 8 * PIECE
+"""Received and not yet taken by the consuming thread before the loop waits for room."""
+_STOP_AGAIN = 0.1
+_STOP_WAIT = 10.0
+"""How long a stopped consumer waits for the producer's end (cancelled again every
+``_STOP_AGAIN`` s) before it leaves it: only a loop that no longer runs takes that long."""
 Sink = Callable[[bytes], None]
 Emit = Callable[[bytes], Awaitable[None]]
 
@@ -188,33 +195,117 @@ def transport_for(fs: fsspec.AbstractFileSystem) -> Transport:
 def _pipelined(loop: asyncio.AbstractEventLoop, produce: Callable, sink: Sink) -> None:
     """Run ``produce(emit)`` on the backend's event loop while this thread hands what it
     emits to ``sink``: the network read overlaps with hashing and writing, and those stay
-    off the loop thread, which every download of the process shares."""
-    pieces: asyncio.Queue = asyncio.Queue()
-    room = asyncio.Semaphore(_PIECES_IN_FLIGHT)
+    off the loop thread, which every download of the process shares. When this side stops
+    first (the sink raised: a range split off, a fill stopped), the producer is cancelled
+    and waited for before this returns: its response closed, no task left pending."""
+    handoff = _Handoff(loop)
+    asyncio.run_coroutine_threadsafe(handoff.run(produce), loop)
+    ended = False
+    try:
+        while True:
+            piece = handoff.take()
+            if isinstance(piece, _End):
+                ended = True
+                if piece.failure is not None:
+                    raise piece.failure
+                return
+            sink(piece)
+    finally:
+        if not ended:
+            handoff.stop()
 
-    async def emit(data: bytes) -> None:
-        if data:
-            await room.acquire()
-            pieces.put_nowait(data)
 
-    async def run() -> None:
-        outcome: object = _DONE
+class _End:
+    """The producer's last item: how it ended (``failure`` None: the body ended)."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self, failure: BaseException | None) -> None:
+        self.failure = failure
+
+
+class _Handoff:
+    """Pieces from the event loop to the consuming thread, through a thread-safe queue: a
+    piece costs no wakeup of the loop, and the loop waits for room only when
+    ``_BYTES_IN_FLIGHT`` are held (bounding the memory when the sink falls behind), woken
+    once half of them were taken (a wakeup per few MiB, not per piece)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pieces: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.held = 0  # bytes put and not taken
+        self.room: asyncio.Future | None = None  # what the loop waits on for room
+        self.stopped = False
+        self.task: asyncio.Task | None = None
+
+    async def run(self, produce: Callable) -> None:
+        """``produce(emit)``, then its end (or failure) as the last item."""
+        outcome: BaseException | None = None
+        self.task = asyncio.current_task()
         try:
-            await produce(emit)
+            if not self.stopped:
+                await produce(self.emit)
         except BaseException as exc:  # handed to the consuming thread, raised there
             outcome = exc
         finally:
-            pieces.put_nowait(outcome)
+            self.pieces.put(_End(outcome))
 
-    producer = asyncio.run_coroutine_threadsafe(run(), loop)
-    try:
+    async def emit(self, data: bytes) -> None:
+        """On the loop: hand ``data`` over; wait while too much is held."""
+        if self.stopped:
+            raise asyncio.CancelledError
+        if not data:
+            return
+        with self.lock:
+            self.held += len(data)
+            room = None
+            if self.held >= _BYTES_IN_FLIGHT:
+                room = self.room = self.loop.create_future()
+        self.pieces.put(data)
+        if room is not None:
+            await room
+
+    def take(self) -> bytes | _End:
+        """In the consuming thread: the next piece (waits for it)."""
+        piece = self.pieces.get()
+        if isinstance(piece, _End):
+            return piece
+        with self.lock:
+            self.held -= len(piece)
+            room = self.room if self.held <= _BYTES_IN_FLIGHT // 2 else None
+            if room is not None:
+                self.room = None
+        if room is not None:
+            self.loop.call_soon_threadsafe(_resolve, room)
+        return piece
+
+    def stop(self) -> None:
+        """In the consuming thread, which takes no more: cancel the producer and wait for
+        its end (its response closed). A cancellation it swallowed (``asyncio.wait_for``
+        before Python 3.12 does, when what it waited for completed at that moment) is
+        repeated; its next ``emit`` raises in any case."""
+        with self.lock:
+            self.stopped = True
+        deadline = time.monotonic() + _STOP_WAIT
         while True:
-            piece = asyncio.run_coroutine_threadsafe(pieces.get(), loop).result()
-            if piece is _DONE:
+            self.loop.call_soon_threadsafe(self._cancel)
+            try:
+                while not isinstance(self.pieces.get(timeout=_STOP_AGAIN), _End):
+                    pass
                 return
-            if isinstance(piece, BaseException):
-                raise piece
-            loop.call_soon_threadsafe(room.release)
-            sink(piece)
-    finally:
-        producer.cancel()
+            except queue.Empty:
+                if time.monotonic() > deadline:  # the loop does not run: nothing to wait for
+                    return
+
+    def _cancel(self) -> None:
+        """On the loop: cancel the producer and whatever it waits on for room."""
+        if self.room is not None:
+            self.room.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
