@@ -207,28 +207,28 @@ def run_step(prefetcher: ShardPrefetcher, step: int, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("three_seconds", "eight_seconds", "depth"),
+    ("four_seconds", "eight_seconds", "depth"),
     [
         (0.4, 0.4, 8),  # capped per connection: each fetch takes as long however many run
-        (0.6, None, 2),  # capped as a whole: 3 at once take 1.5x as long, no more per second
-        (0.4, 1.0, 3),  # the rate grows up to 3 fetches at once, hardly beyond
+        (0.8, None, 2),  # capped as a whole: 4 at once take twice as long, no more per second
+        (0.4, 1.0, 4),  # the rate grows up to 4 fetches at once, hardly beyond
     ],
 )
 def test_auto_keeps_each_step_only_where_it_adds_fetches_per_second(
-    three_seconds, eight_seconds, depth
+    four_seconds, eight_seconds, depth
 ):
     """2 at once, 0.4 s each: 5 fetches per second. A step whose first fetch brings under
     1 + AUTO_GROWTH * (its depth / the depth below - 1) times the step below's rate goes
     back one step for good; one that does takes the next step at once."""
-    assert AUTO_DEPTHS == (2, 3, 8)
+    assert AUTO_DEPTHS == (2, 4, 8)
     prefetcher = ShardPrefetcher(["a"], lambda url: (None, url), depth="auto")
     run_step(prefetcher, 0, 0.4)
     assert prefetcher.depth == 2
-    run_step(prefetcher, 1, three_seconds)  # 0.4 s: 7.5 per second, over 1.25x 5
+    run_step(prefetcher, 1, four_seconds)  # 0.4 s: 10 per second, over 1.5x 5
     if eight_seconds is not None:
         assert prefetcher.depth == 8
         assert not prefetcher._settled
-        run_step(prefetcher, 2, eight_seconds)  # 1.0 s: 8 per second, under 1.83x 7.5
+        run_step(prefetcher, 2, eight_seconds)  # 1.0 s: 8 per second, under 1.5x 10
     assert prefetcher.depth == depth
     assert prefetcher._settled
 

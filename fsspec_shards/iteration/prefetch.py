@@ -5,7 +5,7 @@ others :class:`ShardPrefetcher` does nothing. At most ``depth`` shards are fetch
 at a time. A prefetch failure is kept, not raised, and handed to the reader when it reaches
 that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's error handler.
 
-``depth="auto"`` (``ShardDataset``'s default) steps through :data:`AUTO_DEPTHS` (2, 3, 8
+``depth="auto"`` (``ShardDataset``'s default) steps through :data:`AUTO_DEPTHS` (2, 4, 8
 shards ahead). It starts at two and takes the next step the first time the reader waits
 :data:`AUTO_DEEPEN_AFTER` or more for a shard still being fetched: where one connection is
 slow (an object store far away carries tens of MB/s per connection), fetching a shard takes
@@ -14,10 +14,11 @@ where fills keep up or nearly (a local disk, a warm cache), it stays at two. A d
 is kept only if its first fetch that ran beside more fetches than the step below allows
 brings enough more fetches per second (:data:`AUTO_GROWTH`); then the next step is taken
 at once (no wait for another late shard), else the depth goes back one step for the rest
-of the stream. On a link capped per connection a third fetch adds half again the rate and
-eight follow one fetch later; on a link capped as a whole more fetches only share it and
-every shard in flight arrives later, so the probe is one fetch more, not six (trying 8 at
-once, or 4, made ``benchmarks/bench_prefetch.py``'s 8-shard epoch 1.2-1.3x depth 2's).
+of the stream. On a link capped per connection more fetches at once add rate in
+proportion, and 4 then 8 follow within a fetch; on a link capped as a whole they only
+share it and every shard in flight arrives later, which the probe of 4 costs once per
+stream (less than trying 8 at once did; a probe of 3 cost less still, but gave back the
+gain on a link paced per connection: ``docs/benchmarks.md``, issue 36).
 
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
@@ -45,17 +46,16 @@ logger = logging.getLogger("fsspec_shards.prefetch")
 Locate = Callable[[str], tuple[Any, str]]
 LINGER_SECONDS = 1.0
 """How long a prefetch thread with nothing to do waits for more before it ends."""
-AUTO_DEPTHS = (2, 3, 8)
-"""The steps of ``depth="auto"``, shards fetched ahead (and threads run). The middle step
-adds a single fetch, a cheap probe where more fetches only share the link; the last is
+AUTO_DEPTHS = (2, 4, 8)
+"""The steps of ``depth="auto"``, shards fetched ahead (and threads run). The last is
 enough for a 3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up
 with a reader of two cores, and a bound on the cache space held ahead of the reader."""
 AUTO_GROWTH = 0.5
 """The share of the proportional gain that a step must bring to be kept: from ``d`` to
 ``e`` fetches at once, at least ``1 + AUTO_GROWTH * (e / d - 1)`` times the fetches per
-second of the step below (1.25x from 2 to 3). On a link capped per connection more
-fetches at once add rate in proportion; on a link capped as a whole they only share it,
-and the next shard, which the reader waits for, arrives later."""
+second of the step below (1.5x from 2 to 4, and from 4 to 8). On a link capped per
+connection more fetches at once add rate in proportion; on a link capped as a whole they
+only share it, and the next shard, which the reader waits for, arrives later."""
 AUTO_DEEPEN_AFTER = 0.1
 """Seconds the reader waits for a prefetch that make ``depth="auto"`` take its second step.
 A local disk fills a shard in tens of milliseconds, and its waits are the fills' own work
