@@ -147,7 +147,7 @@ def test_received_pieces_are_written_in_large_writes_that_end_on_aligned_boundar
 
 def test_no_gathered_write_is_as_large_as_a_huge_page():
     # a write of a whole aligned 2 MiB stretch makes the kernel allocate a huge-page-sized
-    # page-cache folio, at 5-25x the CPU per byte of 1 MiB writes (issue 29, far store):
+    # page-cache folio, at 6-18x the CPU per byte of 1 MiB writes (issue 29, far store):
     # pieces of any size, even one that covers several aligned stretches, are written in
     # pieces below 2 MiB, each ending on a 1 MiB boundary (but the last)
     huge_page = 2 * 1024 * 1024
