@@ -43,7 +43,7 @@ IMAGE_BYTES = 16_000
 BANDWIDTH = 4_000_000
 LATENCY = 0.05
 STEP_SECONDS = 0.004
-PREFETCH_SETTINGS = (0, 1, 2, 4)
+PREFETCH_SETTINGS = (0, 1, 2, 4, "auto")
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def slow_link(upstream: tuple[str, int]) -> Iterator[ProxyAddress]:
         process.join(timeout=30)
 
 
-def cold_epoch(pattern: str, cache_dir: str, prefetch: int) -> tuple[float, int]:
+def cold_epoch(pattern: str, cache_dir: str, prefetch: int | str) -> tuple[float, int]:
     """Seconds for one epoch from an empty cache directory, and the samples it gave."""
     from fsspec_shards import ShardDataset
 
@@ -100,7 +100,7 @@ def cold_epoch(pattern: str, cache_dir: str, prefetch: int) -> tuple[float, int]
 def run(
     rounds: int = 3,
     directory: str | None = None,
-    settings: tuple[int, ...] = PREFETCH_SETTINGS,
+    settings: tuple[int | str, ...] = PREFETCH_SETTINGS,
 ) -> dict[str, dict[str, float]]:
     """``{"cold_epoch_slow_link": {prefetch_<n>_s, prefetch_<n>_speedup}}``; 0 must be in
     ``settings`` (the baseline)."""
@@ -118,7 +118,7 @@ def run(
             with slow_link(backend.address()) as proxy:
                 slow = backend.through(proxy)
                 pattern = "wds::" + slow.url(f"demo-{{000000..{SHARDS - 1:06d}}}.tar")
-                times: dict[int, list[float]] = {n: [] for n in settings}
+                times: dict[int | str, list[float]] = {n: [] for n in settings}
                 for round_number in range(rounds):
                     shift = round_number % len(settings)
                     for prefetch in settings[shift:] + settings[:shift]:

@@ -15,7 +15,11 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards import ShardDataset
-from fsspec_shards.iteration.prefetch import ShardPrefetcher
+from fsspec_shards.iteration.prefetch import (
+    AUTO_DEEPEN_AFTER,
+    AUTO_DEPTHS,
+    ShardPrefetcher,
+)
 from tests.shardmaker import write_shards
 
 PROTOCOL = "prefetchrecorder"
@@ -150,6 +154,104 @@ def test_queued_prefetches_are_cancelled_on_close(recorded):
     RecordingFileSystem.gate.set()
     wait_for(lambda: not prefetch_threads())
     assert RecordingFileSystem.calls == [paths[1]]
+
+
+def test_auto_depth_grows_when_the_reader_reaches_a_shard_still_fetching(recorded):
+    """Under "auto" two shards are fetched ahead while the fetches keep up; a reader that
+    waits AUTO_DEEPEN_AFTER or more for one makes the prefetcher take the next step."""
+    _, urls = recorded
+    many = urls + urls[:4]
+    first, second = AUTO_DEPTHS[:2]
+    RecordingFileSystem.gate.clear()
+    prefetcher = ShardPrefetcher(many, lambda url: fsspec.core.url_to_fs(url), depth="auto")
+    assert prefetcher.depth == first
+    prefetcher.advance(0)
+    wait_for(lambda: len(RecordingFileSystem.calls) == first)
+    waiting = threading.Thread(target=prefetcher.wait, args=(1,))
+    waiting.start()  # the reader at shard 1, whose fetch is held
+    time.sleep(AUTO_DEEPEN_AFTER * 1.5)
+    assert prefetcher.depth == first
+    RecordingFileSystem.gate.set()
+    waiting.join()
+    assert prefetcher.depth == second
+    prefetcher.advance(1)  # shards 2 to 1 + second
+    wait_for(lambda: len(RecordingFileSystem.calls) == 1 + second)
+    assert RecordingFileSystem.calls[first:] == [
+        url.removeprefix(f"{PROTOCOL}://") for url in many[first + 1 : second + 2]
+    ]
+    prefetcher.close()
+
+
+def test_auto_depth_stays_while_the_fetches_keep_up(recorded):
+    paths, urls = recorded
+    prefetcher = ShardPrefetcher(urls, lambda url: fsspec.core.url_to_fs(url), depth="auto")
+    for index in range(len(urls)):
+        if index:
+            wait_for(lambda: prefetcher._futures[index].done())  # noqa: B023
+            assert prefetcher.wait(index) is None
+        prefetcher.advance(index)
+    assert prefetcher.depth == AUTO_DEPTHS[0]
+    assert RecordingFileSystem.calls == paths[1:]
+    prefetcher.close()
+
+
+def run_step(prefetcher: ShardPrefetcher, step: int, seconds: float) -> None:
+    """Under ``"auto"`` at ``step``: as many fetches as its depth start at once, and the first
+    one ends after ``seconds`` (a planned timing, not a slept one)."""
+    prefetcher._step = step
+    prefetcher.depth = AUTO_DEPTHS[step]
+    running = [prefetcher._started() for _ in range(AUTO_DEPTHS[step])]
+    prefetcher._ended(running[0], time.perf_counter() - seconds)
+    for peak in running[1:]:
+        prefetcher._peaks.remove(peak)
+
+
+@pytest.mark.parametrize(
+    ("four_seconds", "eight_seconds", "depth"),
+    [
+        (0.4, 0.4, 8),  # capped per connection: each fetch takes as long however many run
+        (0.8, None, 2),  # capped as a whole: 4 at once take twice as long, no more per second
+        (0.4, 1.0, 4),  # the rate grows up to 4 fetches at once, hardly beyond
+    ],
+)
+def test_auto_keeps_each_step_only_where_it_adds_fetches_per_second(
+    four_seconds, eight_seconds, depth
+):
+    """2 at once, 0.4 s each: 5 fetches per second. A step whose first fetch brings under
+    1 + AUTO_GROWTH * (its depth / the depth below - 1) times the step below's rate goes
+    back one step for good; one that does takes the next step at once."""
+    assert AUTO_DEPTHS == (2, 4, 8)
+    prefetcher = ShardPrefetcher(["a"], lambda url: (None, url), depth="auto")
+    run_step(prefetcher, 0, 0.4)
+    assert prefetcher.depth == 2
+    run_step(prefetcher, 1, four_seconds)  # 0.4 s: 10 per second, over 1.5x 5
+    if eight_seconds is not None:
+        assert prefetcher.depth == 8
+        assert not prefetcher._settled
+        run_step(prefetcher, 2, eight_seconds)  # 1.0 s: 8 per second, under 1.5x 10
+    assert prefetcher.depth == depth
+    assert prefetcher._settled
+
+
+def test_a_fetch_no_deeper_than_the_step_below_says_nothing_of_its_step():
+    """A fetch that started at the second step but ran beside only one other (the reader
+    kept up) does not decide the step."""
+    prefetcher = ShardPrefetcher(["a"], lambda url: (None, url), depth="auto")
+    run_step(prefetcher, 0, 0.4)
+    prefetcher._step = 1
+    prefetcher.depth = AUTO_DEPTHS[1]
+    running = [prefetcher._started() for _ in range(AUTO_DEPTHS[0])]
+    prefetcher._ended(running[0], time.perf_counter() - 10.0)
+    assert prefetcher.depth == AUTO_DEPTHS[1]
+    assert not prefetcher._settled
+
+
+def test_prefetch_is_auto_or_a_non_negative_int():
+    with pytest.raises(ValueError, match='prefetch must be "auto" or an int >= 0'):
+        ShardDataset(["file:///nowhere.tar"], prefetch="deep")
+    with pytest.raises(ValueError, match="prefetch"):
+        ShardDataset(["file:///nowhere.tar"], prefetch=-1)
+    assert ShardDataset(["file:///nowhere.tar"]).prefetch == "auto"
 
 
 def test_an_unreachable_url_is_reported_when_its_shard_is_reached():

@@ -132,6 +132,11 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def prefetch_depth(text: str) -> int | str:
+    """An argparse type: ``auto`` or an integer >= 0 (``ShardDataset``'s ``prefetch``)."""
+    return "auto" if text == "auto" else _int_at_least(text, 0)
+
+
 def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)

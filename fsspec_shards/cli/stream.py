@@ -12,6 +12,7 @@ from fsspec_shards.cli.options import (
     SharedOptions,
     non_negative_int,
     positive_int,
+    prefetch_depth,
     storage_options_from,
 )
 from fsspec_shards.cli.report import print_json, progress
@@ -55,10 +56,11 @@ def add_parser(commands: Any, shared: SharedOptions) -> None:
     )
     parser.add_argument(
         "--prefetch",
-        type=non_negative_int,
-        default=2,
+        type=prefetch_depth,
+        default="auto",
         metavar="N",
-        help="shards fetched ahead (default 2)",
+        help='shards fetched ahead: an int, or "auto" (default: 2, 8 once the reader catches up '
+        "with the fetches)",
     )
     parser.add_argument("--limit", type=positive_int, metavar="N", help="stop after N samples")
     parser.set_defaults(run=run)

@@ -77,6 +77,9 @@ class ShardDataset(_DatasetBase):
     the batches it yields (:func:`~fsspec_shards.iteration.plan.batch_quotas`).
     ``rank``/``world_size`` or ``group`` (a process group, or a DeviceMesh dimension)
     choose the data-parallel split.
+    ``prefetch`` is how many of a consumer's next shards are fetched into the ``wds`` cache
+    while it reads one: an int, or ``"auto"`` (the default: two, more where the reader
+    catches up with the fetches; :mod:`~fsspec_shards.iteration.prefetch`).
     ``stats_dir`` is where DataLoader workers leave their counters for :meth:`stats` (default:
     a private temporary directory); ``log_interval`` the seconds between INFO progress lines
     (None: never). See the contract (section 2), docs/pytorch.md and docs/resumption.md.
@@ -92,7 +95,7 @@ class ShardDataset(_DatasetBase):
         split_by_node: bool = True,
         split_by_worker: bool = True,
         handler: str = "raise",
-        prefetch: int = 2,
+        prefetch: int | str = "auto",
         *,
         transforms: Sequence[Callable[[dict], Any]] = (),
         annotate: bool = False,
@@ -122,7 +125,7 @@ class ShardDataset(_DatasetBase):
             expanded,
             reader,
             handler=handler,
-            prefetch=int(prefetch),
+            prefetch=prefetch if prefetch == "auto" else int(prefetch),
             transforms=transforms,
             annotate=bool(annotate),
             raw_urls=bool(raw_urls),
@@ -260,7 +263,7 @@ class ShardDataset(_DatasetBase):
 def check_arguments(
     handler: str,
     shuffle_buffer: int,
-    prefetch: int,
+    prefetch: int | str,
     seed: int,
     equalize: str | None,
     split: str,
@@ -269,7 +272,11 @@ def check_arguments(
     """ValueError naming the first argument of ``ShardDataset`` that it cannot take."""
     if handler not in HANDLERS:
         raise ValueError(f"handler must be one of {HANDLERS}, got {handler!r}")
-    for name, value in (("shuffle_buffer", shuffle_buffer), ("prefetch", prefetch), ("seed", seed)):
+    if prefetch != "auto" and (
+        isinstance(prefetch, bool) or not isinstance(prefetch, numbers.Integral) or prefetch < 0
+    ):
+        raise ValueError(f'prefetch must be "auto" or an int >= 0, got {prefetch!r}')
+    for name, value in (("shuffle_buffer", shuffle_buffer), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise ValueError(f"{name} must be an int, got {value!r}")
         if value < 0 and name != "seed":

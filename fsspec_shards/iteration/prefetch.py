@@ -5,6 +5,21 @@ others :class:`ShardPrefetcher` does nothing. At most ``depth`` shards are fetch
 at a time. A prefetch failure is kept, not raised, and handed to the reader when it reaches
 that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's error handler.
 
+``depth="auto"`` (``ShardDataset``'s default) steps through :data:`AUTO_DEPTHS` (2, 4, 8
+shards ahead). It starts at two and takes the next step the first time the reader waits
+:data:`AUTO_DEEPEN_AFTER` or more for a shard still being fetched: where one connection is
+slow (an object store far away carries tens of MB/s per connection), fetching a shard takes
+several times what reading it does, and only that many fills in flight keep the reader fed;
+where fills keep up or nearly (a local disk, a warm cache), it stays at two. A deeper step
+is kept only if its first fetch that ran beside more fetches than the step below allows
+brings enough more fetches per second (:data:`AUTO_GROWTH`); then the next step is taken
+at once (no wait for another late shard), else the depth goes back one step for the rest
+of the stream. On a link capped per connection more fetches at once add rate in
+proportion, and 4 then 8 follow within a fetch; on a link capped as a whole they only
+share it and every shard in flight arrives later, which the probe of 4 costs once per
+stream (less than trying 8 at once did; a probe of 3 cost less still, but gave back the
+gain on a link paced per connection: ``docs/benchmarks.md``, issue 36).
+
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
 prefetches take a millisecond, hands each shard to a waiting thread instead of starting one
@@ -18,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -30,23 +46,45 @@ logger = logging.getLogger("fsspec_shards.prefetch")
 Locate = Callable[[str], tuple[Any, str]]
 LINGER_SECONDS = 1.0
 """How long a prefetch thread with nothing to do waits for more before it ends."""
+AUTO_DEPTHS = (2, 4, 8)
+"""The steps of ``depth="auto"``, shards fetched ahead (and threads run). The last is
+enough for a 3 MiB shard at 25 MB/s per connection plus a HEAD's round trip to keep up
+with a reader of two cores, and a bound on the cache space held ahead of the reader."""
+AUTO_GROWTH = 0.5
+"""The share of the proportional gain that a step must bring to be kept: from ``d`` to
+``e`` fetches at once, at least ``1 + AUTO_GROWTH * (e / d - 1)`` times the fetches per
+second of the step below (1.5x from 2 to 4, and from 4 to 8). On a link capped per
+connection more fetches at once add rate in proportion; on a link capped as a whole they
+only share it, and the next shard, which the reader waits for, arrives later."""
+AUTO_DEEPEN_AFTER = 0.1
+"""Seconds the reader waits for a prefetch that make ``depth="auto"`` take its second step.
+A local disk fills a shard in tens of milliseconds, and its waits are the fills' own work
+(copying, hashing, the cache's index and locks), which more fills at once only slow down (a
+cold pass over 18 local 3 MiB shards took 1.3x as long at depth 8); a 3 MiB shard at
+25 MB/s per connection makes the reader wait about 0.2 s."""
 
 
 class ShardPrefetcher:
-    """Keeps the ``depth`` shards after the one being read fetched or fetching."""
+    """Keeps the ``depth`` shards after the one being read fetched or fetching (an int, or
+    ``"auto"``: module docstring)."""
 
-    def __init__(self, urls: Sequence[str], locate: Locate, depth: int) -> None:
+    def __init__(self, urls: Sequence[str], locate: Locate, depth: int | str) -> None:
         self.urls = list(urls)
         self.locate = locate
-        self.depth = depth
+        self.auto = depth == "auto"
+        self.depth = AUTO_DEPTHS[0] if self.auto else int(depth)
         self._futures: dict[int, Future] = {}
         self._queue: deque[tuple[Future, Callable[[str], Any], str]] = deque()
         self._lock = threading.Lock()
         self._more = threading.Condition(self._lock)
         self._threads = 0
         self._idle = 0
-        self._max_threads = depth
+        self._max_threads = self.depth
         self._closed = False
+        self._peaks: list[list[int]] = []  # per fetch running: [most running beside it, step]
+        self._step = 0  # auto: the index of the depth in AUTO_DEPTHS
+        self._rates = [0.0] * len(AUTO_DEPTHS)  # auto: fetches per second at each step
+        self._settled = False  # auto: a step was given up, or the last one kept
 
     def advance(self, current: int) -> None:
         """The reader is at shard ``current``: start fetching the next ``depth`` shards."""
@@ -98,16 +136,79 @@ class ShardPrefetcher:
                 future, prefetch, path = self._queue.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
+            peak, started = self._started(), time.perf_counter()
             try:
-                future.set_result(prefetch(path))
+                result = prefetch(path)
             except BaseException as exc:  # handed to wait(), as an executor does
+                self._ended(peak, started)
                 future.set_exception(exc)
+            else:
+                self._ended(peak, started)
+                future.set_result(result)
+
+    def _started(self) -> list[int]:
+        """A fetch starts: its record of the most fetches running beside it (itself too)."""
+        with self._lock:
+            peak = [len(self._peaks) + 1, self._step]
+            self._peaks.append(peak)
+            for other in self._peaks:
+                other[0] = max(other[0], len(self._peaks))
+            return peak
+
+    def _ended(self, peak: list[int], started: float) -> None:
+        """A fetch ended: under ``"auto"``, its rate (fetches running beside it over the time
+        it took) is the first step's, or says whether the step it started at pays
+        (:data:`AUTO_GROWTH`): then the next step is taken, else the depth goes back one."""
+        took = max(time.perf_counter() - started, 1e-6)
+        with self._lock:
+            self._peaks.remove(peak)
+            if not self.auto or self._settled:
+                return
+            running, step = peak
+            rate = running / took
+            if step == 0:
+                if took >= AUTO_DEEPEN_AFTER:  # a shard already cached says nothing of the link
+                    self._rates[0] = max(self._rates[0], rate)
+                return
+            if step != self._step or running <= AUTO_DEPTHS[step - 1]:
+                return  # ran no deeper than the step below: says nothing of this one
+            below = self._rates[step - 1]
+            self._rates[step] = rate
+            gain = AUTO_DEPTHS[step] / AUTO_DEPTHS[step - 1] - 1
+            if rate < (1 + AUTO_GROWTH * gain) * below:
+                self._step = step - 1
+                self._settled = True
+            elif step + 1 < len(AUTO_DEPTHS):
+                self._step = step + 1
+            else:
+                self._settled = True
+            self.depth = self._max_threads = AUTO_DEPTHS[self._step]
+            logger.debug(
+                "%.1f fetches/s at depth %d, %.1f at %d: %d shards ahead",
+                below,
+                AUTO_DEPTHS[step - 1],
+                rate,
+                running,
+                self.depth,
+            )
 
     def wait(self, index: int) -> BaseException | None:
-        """Wait for the prefetch of shard ``index``, if any; return its error, if any."""
+        """Wait for the prefetch of shard ``index``, if any; return its error, if any. Under
+        ``"auto"``, the first wait of :data:`AUTO_DEEPEN_AFTER` or more makes the next
+        :meth:`advance` take the second step of :data:`AUTO_DEPTHS`."""
         future = self._futures.pop(index, None)
         if future is None or future.cancelled():
             return None
+        if self.auto and self._step == 0 and not self._settled and not future.done():
+            started = time.perf_counter()
+            error = future.exception()
+            waited = time.perf_counter() - started
+            with self._lock:
+                if waited >= AUTO_DEEPEN_AFTER and self._step == 0 and not self._settled:
+                    self._step = 1
+                    self.depth = self._max_threads = AUTO_DEPTHS[1]
+            logger.debug("waited %.3f s for a prefetch: %d shards ahead", waited, self.depth)
+            return error
         return future.exception()
 
     def close(self) -> None:

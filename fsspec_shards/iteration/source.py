@@ -52,7 +52,7 @@ class ShardSource:
         reader: ShardReader,
         *,
         handler: str = "raise",
-        prefetch: int = 2,
+        prefetch: int | str = "auto",
         transforms: Sequence[Callable[[dict], Any]] = (),
         annotate: bool = False,
         raw_urls: bool = False,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import json
 
+import pytest
+
 from fsspec_shards.cli import build_parser
 from fsspec_shards.cli.stream import dataset_arguments
 from tests.cli.running import error_lines, run_cli
@@ -81,6 +83,17 @@ def test_stream_max_member_size_makes_larger_members_malformed(dataset, cache):
     assert "exceeds limit" in line
     enough = run_cli("stream", dataset.pattern, "--max-member-size", "1MiB", "-q", cache=cache)
     assert enough.returncode == 0, enough.stderr
+
+
+def test_stream_prefetch_is_auto_or_an_int(capsys):
+    def parsed(value):
+        arguments = build_parser().parse_args(["stream", "x.tar", "--prefetch", value])
+        return dataset_arguments(arguments)["prefetch"]
+
+    assert (parsed("auto"), parsed("3"), parsed("0")) == ("auto", 3, 0)
+    with pytest.raises(SystemExit):
+        parsed("deep")
+    assert "expected an integer" in capsys.readouterr().err
 
 
 def test_stream_reads_with_shard_datasets_defaults():

@@ -1,7 +1,8 @@
 """What the wds layer needs to know about each backend: one :class:`~.base.Backend` per
 backend (``local``, ``http``, ``s3``, ``gcs``, ``azure``, and ``other`` for any backend not
-known here), each in its module; :func:`backend_for` picks the one of a protocol, and
-:func:`object_id` names an object: the identity behind every cache key.
+known here), each in its module; :func:`backend_for` picks the one of a protocol, importing
+its module on first ask (:data:`MODULES`: a process reading S3 imports no Azure, GCS or HTTP
+code), and :func:`object_id` names an object: the identity behind every cache key.
 
 - Taming: every backend library retries on its own (botocore x s3fs make 25 GETs over ~40 s
   on a 503 burst, gcsfs 6 tries over ~33 s, the Azure SDK waits 15 s before its first retry).
@@ -18,8 +19,10 @@ known here), each in its module; :func:`backend_for` picks the one of a protocol
   only and leaves directories and missing paths to ``info()``.
 - The identity of an object (to notice a cached copy went stale) and the checksums that
   come for free in its ``info()``.
-- Failure names: each backend's (``Backend.errors``) are taught to the retry
-  classification (``core/retry.py``) when this package is imported.
+- Failure names: every backend's (``Backend.errors``, all in ``failure_names.py``, which
+  imports no backend module) are taught to the retry classification (``core/retry.py``)
+  when this package is imported, before any backend is asked for: a failure is classified
+  with every name known, whichever backend modules are imported.
 
 Object identity. Invariants:
 
@@ -44,39 +47,57 @@ Object identity. Invariants:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
+import threading
 from dataclasses import dataclass
 
 import fsspec
 
 from fsspec_shards.redact import redact_url, without_signing
-from fsspec_shards.storage.backends.azure import AzureBackend
+from fsspec_shards.storage.backends import failure_names
 from fsspec_shards.storage.backends.base import Backend, protocol_of
-from fsspec_shards.storage.backends.gcs import GcsBackend
-from fsspec_shards.storage.backends.http import HttpBackend
 from fsspec_shards.storage.backends.local import LocalBackend
 from fsspec_shards.storage.backends.other import OtherBackend
-from fsspec_shards.storage.backends.s3 import S3Backend
 from fsspec_shards.storage.core import retry
 
-BACKENDS: tuple[Backend, ...] = (
-    S3Backend(),
-    GcsBackend(),
-    AzureBackend(),
-    HttpBackend(),
-    LocalBackend(),
-)
-"""Every backend known here."""
+MODULES: dict[str, tuple[str, str]] = {
+    "s3": ("s3", "S3Backend"),
+    "s3a": ("s3", "S3Backend"),
+    "gs": ("gcs", "GcsBackend"),
+    "gcs": ("gcs", "GcsBackend"),
+    "az": ("azure", "AzureBackend"),
+    "abfs": ("azure", "AzureBackend"),
+    "abfss": ("azure", "AzureBackend"),
+    "adl": ("azure", "AzureBackend"),
+    "http": ("http", "HttpBackend"),
+    "https": ("http", "HttpBackend"),
+    "file": ("local", "LocalBackend"),
+    "local": ("local", "LocalBackend"),
+}
+"""Every protocol known here: the module (in this package) and class of its backend."""
 OTHER = OtherBackend()
-_BY_PROTOCOL = {protocol: backend for backend in BACKENDS for protocol in backend.protocols}
+_made: dict[tuple[str, str], Backend] = {}
+_made_lock = threading.Lock()
 
-for _backend in (*BACKENDS, OTHER):
-    retry.learn(_backend.errors)
+retry.learn(failure_names.EVERY)
 
 
 def backend_for(protocol: str) -> Backend:
-    """The backend of ``protocol`` (:data:`OTHER` when not known here)."""
-    return _BY_PROTOCOL.get(protocol, OTHER)
+    """The backend of ``protocol`` (:data:`OTHER` when not known here), its module imported
+    on the first ask; one instance per backend."""
+    place = MODULES.get(protocol)
+    if place is None:
+        return OTHER
+    backend = _made.get(place)
+    if backend is not None:
+        return backend
+    with _made_lock:
+        backend = _made.get(place)
+        if backend is None:
+            module = importlib.import_module(f"{__name__}.{place[0]}")
+            backend = _made[place] = getattr(module, place[1])()
+        return backend
 
 
 KEY_FORMAT = "fsspec-shards-key-v3"  # v3: S3 endpoints from config files, as botocore

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import fsspec
 
 from fsspec_shards.redact import redact_text
+from fsspec_shards.storage.backends import failure_names
 from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
     Backend,
@@ -34,7 +35,6 @@ from fsspec_shards.storage.backends.base import (
 )
 from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
 from fsspec_shards.storage.core.integrity import Checksum
-from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import adlfs as adlfs_deps
 from fsspec_shards.storage.deps import azure as azure_deps
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
@@ -50,13 +50,7 @@ class AzureBackend(Backend):
         etag=("etag",), version=("version_id",), modified=("last_modified",)
     )
     remote = True
-    errors = ErrorNames(
-        transient=frozenset({"ServiceRequestError", "ServiceResponseError"}),
-        not_found=frozenset({"ResourceNotFoundError"}),
-        denied=frozenset({"ClientAuthenticationError"}),
-        throttle_codes=frozenset({"ServerBusy", "OperationTimedOut", "InternalError"}),
-    )
-    """azure-core's failures and Azure Storage's error codes."""
+    errors = failure_names.AZURE
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """The account and blob endpoint adlfs instance ``fs`` talks to."""

@@ -22,6 +22,7 @@ import fsspec
 from fsspec.asyn import sync
 
 from fsspec_shards.redact import redact_text
+from fsspec_shards.storage.backends import failure_names
 from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
     Backend,
@@ -33,7 +34,6 @@ from fsspec_shards.storage.backends.base import (
     within,
 )
 from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
-from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import gcsfs as gcsfs_deps
 
 GOOGLE = "https://storage.googleapis.com"
@@ -50,13 +50,7 @@ class GcsBackend(Backend):
     checksum_fields = (("md5", "md5Hash", 32), ("crc32c", "crc32c", 8))
     """``md5Hash`` is absent on composite objects."""
     remote = True
-    errors = ErrorNames(
-        status_code_types=frozenset({"HttpError"}),
-        denied_texts=("Forbidden",),
-        invalid_texts=("Bad Request:",),
-    )
-    """gcsfs's ``HttpError`` carries the status as ``.code``; its 403 is a message
-    beginning "Forbidden", its 400 a ``ValueError`` beginning "Bad Request:"."""
+    errors = failure_names.GCS
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """The endpoint gcsfs instance ``fs`` talks to."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import fsspec
 
+from fsspec_shards.storage.backends import failure_names
 from fsspec_shards.storage.backends.base import (
     IGNORED_COMMON,
     Backend,
@@ -32,7 +33,6 @@ from fsspec_shards.storage.backends.base import (
     within,
 )
 from fsspec_shards.storage.backends.versions import VersionFields, facts_from_headers
-from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 
 CROSS_ORIGIN_HEADERS = frozenset(
@@ -99,18 +99,7 @@ class HttpBackend(Backend):
     version_fields = VersionFields(etag=("ETag",), modified=("Last-Modified",))
     checksum_fields = (("md5", "Content-MD5", 32),)
     remote = True
-    errors = ErrorNames(
-        transient=frozenset(
-            {
-                "ClientPayloadError",
-                "ServerDisconnectedError",
-                "ClientConnectionError",
-                "ClientConnectionResetError",
-                "ServerTimeoutError",
-            }
-        )
-    )
-    """aiohttp's network failures (also under gcsfs and s3fs, which make requests with it)."""
+    errors = failure_names.HTTP
     option_tables = {"client_kwargs": _session_options}
 
     def passed_on(self) -> set[str]:

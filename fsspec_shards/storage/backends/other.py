@@ -8,9 +8,9 @@ from __future__ import annotations
 import fsspec
 from fsspec.utils import tokenize
 
+from fsspec_shards.storage.backends import failure_names
 from fsspec_shards.storage.backends.base import FSSPEC_INSTANCE_OPTIONS, Backend, protocol_of
 from fsspec_shards.storage.backends.versions import VersionFields
-from fsspec_shards.storage.core.retry import ErrorNames
 
 _PATH_IS_ADDRESS = ("memory",)
 
@@ -23,20 +23,7 @@ class OtherBackend(Backend):
         version=("generation", "VersionId", "version_id"),
         modified=("mtime", "LastModified", "last_modified", "Last-Modified", "updated", "created"),
     )
-    errors = ErrorNames(
-        transient=frozenset(
-            {
-                # requests / urllib3 / http.client
-                "ChunkedEncodingError",
-                "ProtocolError",
-                "IncompleteRead",
-                "ReadTimeout",
-                "ConnectTimeout",
-                "ConnectionError",
-                "Timeout",
-            }
-        )
-    )
+    errors = failure_names.OTHER
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """Every option ``fs`` was built with (bar fsspec's instance options, which say

@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 import fsspec
 
 from fsspec_shards.redact import REDACTED, redact_text
+from fsspec_shards.storage.backends import failure_names
 from fsspec_shards.storage.backends.base import (
     FSSPEC_INSTANCE_OPTIONS,
     IGNORED_COMMON,
@@ -56,7 +57,6 @@ from fsspec_shards.storage.backends.versions import (
     timestamp,
 )
 from fsspec_shards.storage.core.integrity import Checksum
-from fsspec_shards.storage.core.retry import ErrorNames
 from fsspec_shards.storage.deps import fsspec as fsspec_deps
 from fsspec_shards.storage.deps import s3fs as s3fs_deps
 
@@ -238,38 +238,7 @@ class S3Backend(Backend):
     checksum_fields = (("sha256", "ChecksumSHA256", 64), ("crc32c", "ChecksumCRC32C", 8))
     remote = True
     head_gives_info = True
-    errors = ErrorNames(
-        transient=frozenset(
-            {
-                "EndpointConnectionError",
-                "ConnectionClosedError",
-                "ReadTimeoutError",
-                "ConnectTimeoutError",
-                "ResponseStreamingError",
-                "IncompleteReadError",
-                "HTTPClientError",
-            }
-        ),
-        not_found=frozenset({"NoSuchKey"}),
-        # no credentials found for a signed request
-        denied=frozenset({"NoCredentialsError", "PartialCredentialsError"}),
-        throttle_codes=frozenset(
-            {
-                "SlowDown",
-                "Throttling",
-                "ThrottlingException",
-                "ThrottledException",
-                "RequestLimitExceeded",
-                "TooManyRequestsException",
-                "ProvisionedThroughputExceededException",
-                "RequestThrottled",
-                "ServiceUnavailable",
-                "InternalError",
-                "RequestTimeout",
-            }
-        ),
-    )
-    """botocore's failures and AWS's error codes."""
+    errors = failure_names.S3
     option_tables = {"client_kwargs": _client_options, "config_kwargs": _config_options}
     filesystem_options = S3FS_OPTIONS
     unbuilt = UnbuiltS3FileSystem

@@ -6,8 +6,8 @@ Backends report the same failure in different shapes (s3fs turns botocore errors
 they are sorted into transient (retry with backoff) and permanent (raise at once as the
 matching ``OSError`` subclass naming the redacted URL). The rules are generic; what each
 backend's library calls its failures (:class:`ErrorNames`) is the backend's
-(``storage/backends/<backend>.py``), learnt here when the backends are registered
-(:func:`learn`).
+(``storage/backends/failure_names.py``), every backend's learnt here when
+``storage.backends`` is imported (:func:`learn`).
 
 Invariant: what this module raises carries no secret in its text or in its
 ``__cause__``/``__context__`` chain (:func:`fsspec_shards.redact.clean_error`); callers hand
@@ -89,8 +89,8 @@ _known = ErrorNames(transient=frozenset({"TransientError"}))  # a body shorter t
 
 
 def learn(names: ErrorNames) -> None:
-    """Classify failures with a backend's ``names`` too (each backend's, once, when the
-    backends are registered: ``storage.backends``)."""
+    """Classify failures with ``names`` too (every backend's, once, when ``storage.backends``
+    is imported)."""
     global _known
     _known = _known | names
 
