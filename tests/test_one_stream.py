@@ -143,3 +143,24 @@ def test_received_pieces_are_written_in_large_writes_that_end_on_aligned_boundar
     assert len(writes) <= 5
     assert all((at + len(piece)) % one_stream._WRITE_BYTES == 0 for at, piece in writes[:-1])
     assert all(len(piece) == one_stream._WRITE_BYTES for _, piece in writes[1:-1])
+
+
+def test_no_gathered_write_is_as_large_as_a_huge_page():
+    # a write of a whole aligned 2 MiB stretch makes the kernel allocate a huge-page-sized
+    # page-cache folio, at 6-18x the CPU per byte of 1 MiB writes (issue 29, far store):
+    # pieces of any size, even one that covers several aligned stretches, are written in
+    # pieces below 2 MiB, each ending on a 1 MiB boundary (but the last)
+    huge_page = 2 * 1024 * 1024
+    writes: list[tuple[int, int]] = []
+    gathered = Gathered(lambda at, view: writes.append((at, len(view))))
+    start = 4096 + 17
+    sizes = [3 * huge_page + 5, 100_000, 2 * huge_page, 70_000, huge_page + 1]
+    position = start
+    for size in sizes:
+        gathered.add(position, bytes(size))
+        position += size
+    gathered.flush()
+    assert sum(length for _, length in writes) == position - start
+    assert max(length for _, length in writes) < huge_page
+    assert all((at + length) % (huge_page // 2) == 0 for at, length in writes[:-1])
+    assert len(writes) <= -(-(position - start) // (huge_page // 2)) + 1

@@ -56,8 +56,12 @@ _PIECES_QUEUED = 64
 """Pieces handed over and not hashed yet before :meth:`OrderedHasher.update` waits: bounds
 the memory held when hashing falls behind the network."""
 WRITEBACK_EVERY = 8 * 1024 * 1024
-_WRITE_BYTES = 2 * 1024 * 1024
-"""Received pieces are gathered into writes of about this many bytes (:class:`Gathered`)."""
+_WRITE_BYTES = 1024 * 1024
+"""Received pieces are gathered into writes of about this many bytes (:class:`Gathered`).
+Below 2 MiB on purpose: a write of a whole aligned 2 MiB stretch has the kernel allocate a
+huge-page-sized page-cache folio, and such writes cost 6-18x the CPU per byte of 1 MiB ones
+here (far store, issue 29: the default at 7 s of CPU per GB and 0.5-0.8x the 8-range tool;
+with 1 MiB writes 2.1 s/GB and 1.0x)."""
 SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
 _STOP = object()
 
