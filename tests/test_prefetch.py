@@ -16,9 +16,11 @@ from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_shards import ShardDataset
 from fsspec_shards.iteration.prefetch import (
+    AUTO_BEHIND,
     AUTO_DEEPEN_AFTER,
     AUTO_DEPTHS,
     ShardPrefetcher,
+    behind,
 )
 from tests.shardmaker import write_shards
 
@@ -180,6 +182,44 @@ def test_auto_depth_grows_when_the_reader_reaches_a_shard_still_fetching(recorde
         url.removeprefix(f"{PROTOCOL}://") for url in many[first + 1 : second + 2]
     ]
     prefetcher.close()
+
+
+def test_auto_depth_stays_where_the_reader_is_only_a_little_behind(recorded):
+    """A reader that waits AUTO_DEEPEN_AFTER or more, but for a fetch that took under
+    AUTO_BEHIND times its read of the shard before, stays at the first step."""
+    _, urls = recorded
+    RecordingFileSystem.gate.clear()
+    prefetcher = ShardPrefetcher(urls, lambda url: fsspec.core.url_to_fs(url), depth="auto")
+    prefetcher.advance(0)
+    wait_for(lambda: len(RecordingFileSystem.calls) == AUTO_DEPTHS[0])
+    time.sleep(AUTO_DEEPEN_AFTER * 3)  # reading shard 0: a third of the fetch or more
+    waiting = threading.Thread(target=prefetcher.wait, args=(1,))
+    waiting.start()
+    time.sleep(AUTO_DEEPEN_AFTER * 1.5)
+    RecordingFileSystem.gate.set()
+    waiting.join()
+    assert prefetcher.depth == AUTO_DEPTHS[0]
+    prefetcher.close()
+
+
+@pytest.mark.parametrize(
+    ("waited", "took", "read", "deepens"),
+    [
+        # a link paced per connection: a 3 MiB shard fetched in 0.25 s, read in 0.045 s
+        (0.2, 0.25, 0.045, True),
+        # a link capped as a whole at the start of a stream: the first two fetches split
+        # it (0.47 s each, one alone takes about 0.3 s), a shard is read in 0.21 s
+        (0.25, 0.47, 0.21, False),
+        (AUTO_DEEPEN_AFTER / 2, 1.0, 0.01, False),  # a short wait: the fills' own work
+        (0.2, 0.25, None, True),  # no read known: the wait alone
+    ],
+)
+def test_auto_deepens_only_where_the_reader_could_take_the_step(waited, took, read, deepens):
+    """The second step needs a wait of AUTO_DEEPEN_AFTER or more for a fetch of AUTO_BEHIND
+    (3) times the reader's time on a shard: only then could the reader take the 1.5x fetches
+    per second the step must bring to be kept."""
+    assert AUTO_BEHIND == 3
+    assert behind(waited, took, read) is deepens
 
 
 def test_auto_depth_stays_while_the_fetches_keep_up(recorded):

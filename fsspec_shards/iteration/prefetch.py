@@ -7,18 +7,24 @@ that shard (:meth:`ShardPrefetcher.wait`), so it goes through the dataset's erro
 
 ``depth="auto"`` (``ShardDataset``'s default) steps through :data:`AUTO_DEPTHS` (2, 4, 8
 shards ahead). It starts at two and takes the next step the first time the reader waits
-:data:`AUTO_DEEPEN_AFTER` or more for a shard still being fetched: where one connection is
+:data:`AUTO_DEEPEN_AFTER` or more for a shard still being fetched whose fetch took at least
+:data:`AUTO_BEHIND` times what reading the shard before it did: where one connection is
 slow (an object store far away carries tens of MB/s per connection), fetching a shard takes
 several times what reading it does, and only that many fills in flight keep the reader fed;
-where fills keep up or nearly (a local disk, a warm cache), it stays at two. A deeper step
+where fills keep up or nearly (a local disk, a warm cache), it stays at two. A reader only
+a little behind could not take what a deeper step must bring to be kept even on a link
+paced per connection, while on a link capped as a whole the probe would cost it: there a
+wait at the start of a stream is mostly the first two fetches splitting the link, and the
+reader, which fetches its first shard itself, is behind only by that (``docs/benchmarks.md``,
+issue 36). A deeper step
 is kept only if its first fetch that ran beside more fetches than the step below allows
 brings enough more fetches per second (:data:`AUTO_GROWTH`); then the next step is taken
 at once (no wait for another late shard), else the depth goes back one step for the rest
 of the stream. On a link capped per connection more fetches at once add rate in
 proportion, and 4 then 8 follow within a fetch; on a link capped as a whole they only
 share it and every shard in flight arrives later, which the probe of 4 costs once per
-stream (less than trying 8 at once did; a probe of 3 cost less still, but gave back the
-gain on a link paced per connection: ``docs/benchmarks.md``, issue 36).
+stream where the reader is far enough behind to take it (less than trying 8 at once did; a
+probe of 3 cost less still, but gave back the gain on a link paced per connection).
 
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
@@ -62,6 +68,11 @@ A local disk fills a shard in tens of milliseconds, and its waits are the fills'
 (copying, hashing, the cache's index and locks), which more fills at once only slow down (a
 cold pass over 18 local 3 MiB shards took 1.3x as long at depth 8); a 3 MiB shard at
 25 MB/s per connection makes the reader wait about 0.2 s."""
+AUTO_BEHIND = AUTO_DEPTHS[0] * (1 + AUTO_GROWTH * (AUTO_DEPTHS[1] / AUTO_DEPTHS[0] - 1))
+"""How many times the reader's time on a shard the fetch it waited for must have taken for
+``depth="auto"`` to take its second step (3): a reader that reads a shard in a third of a
+fetch's time could take the 1.5x fetches per second (:data:`AUTO_GROWTH`) the step must
+bring to be kept; one less behind could not, whatever the link."""
 
 
 class ShardPrefetcher:
@@ -85,9 +96,14 @@ class ShardPrefetcher:
         self._step = 0  # auto: the index of the depth in AUTO_DEPTHS
         self._rates = [0.0] * len(AUTO_DEPTHS)  # auto: fetches per second at each step
         self._settled = False  # auto: a step was given up, or the last one kept
+        self._took: dict[Future, float] = {}  # auto: seconds each finished fetch took
+        self._reading_since: float | None = None  # auto: the current shard's first sample
+        self._reading = -1  # auto: the index of the shard being read
 
     def advance(self, current: int) -> None:
         """The reader is at shard ``current``: start fetching the next ``depth`` shards."""
+        if self.auto and current != self._reading:
+            self._reading, self._reading_since = current, time.perf_counter()
         for index in range(current + 1, min(current + 1 + self.depth, len(self.urls))):
             if index in self._futures:
                 continue
@@ -140,10 +156,10 @@ class ShardPrefetcher:
             try:
                 result = prefetch(path)
             except BaseException as exc:  # handed to wait(), as an executor does
-                self._ended(peak, started)
+                self._ended(peak, started, future)
                 future.set_exception(exc)
             else:
-                self._ended(peak, started)
+                self._ended(peak, started, future)
                 future.set_result(result)
 
     def _started(self) -> list[int]:
@@ -155,15 +171,18 @@ class ShardPrefetcher:
                 other[0] = max(other[0], len(self._peaks))
             return peak
 
-    def _ended(self, peak: list[int], started: float) -> None:
-        """A fetch ended: under ``"auto"``, its rate (fetches running beside it over the time
-        it took) is the first step's, or says whether the step it started at pays
-        (:data:`AUTO_GROWTH`): then the next step is taken, else the depth goes back one."""
+    def _ended(self, peak: list[int], started: float, future: Future | None = None) -> None:
+        """A fetch ended: under ``"auto"``, the time it took is kept for :meth:`wait`, and its
+        rate (fetches running beside it over that time) is the first step's, or says whether
+        the step it started at pays (:data:`AUTO_GROWTH`): then the next step is taken, else
+        the depth goes back one."""
         took = max(time.perf_counter() - started, 1e-6)
         with self._lock:
             self._peaks.remove(peak)
             if not self.auto or self._settled:
                 return
+            if future is not None:
+                self._took[future] = took
             running, step = peak
             rate = running / took
             if step == 0:
@@ -194,8 +213,9 @@ class ShardPrefetcher:
 
     def wait(self, index: int) -> BaseException | None:
         """Wait for the prefetch of shard ``index``, if any; return its error, if any. Under
-        ``"auto"``, the first wait of :data:`AUTO_DEEPEN_AFTER` or more makes the next
-        :meth:`advance` take the second step of :data:`AUTO_DEPTHS`."""
+        ``"auto"``, the first wait that :func:`behind` says the reader could take more
+        fetches for makes the next :meth:`advance` take the second step of
+        :data:`AUTO_DEPTHS`."""
         future = self._futures.pop(index, None)
         if future is None or future.cancelled():
             return None
@@ -203,12 +223,21 @@ class ShardPrefetcher:
             started = time.perf_counter()
             error = future.exception()
             waited = time.perf_counter() - started
+            read = None if self._reading_since is None else started - self._reading_since
             with self._lock:
-                if waited >= AUTO_DEEPEN_AFTER and self._step == 0 and not self._settled:
+                took = self._took.pop(future, None)
+                if self._step == 0 and not self._settled and behind(waited, took, read):
                     self._step = 1
                     self.depth = self._max_threads = AUTO_DEPTHS[1]
-            logger.debug("waited %.3f s for a prefetch: %d shards ahead", waited, self.depth)
+            logger.debug(
+                "waited %.3f s for a prefetch of %s s after %s s of reading: %d shards ahead",
+                waited,
+                took,
+                read,
+                self.depth,
+            )
             return error
+        self._took.pop(future, None)
         return future.exception()
 
     def close(self) -> None:
@@ -222,6 +251,16 @@ class ShardPrefetcher:
         for future in self._futures.values():
             future.cancel()
         self._futures.clear()
+
+
+def behind(waited: float, took: float | None, read: float | None) -> bool:
+    """Whether a reader that ``waited`` seconds for a fetch that ``took`` seconds, after
+    ``read`` seconds on the shard before it, is behind enough for ``depth="auto"``'s second
+    step: a wait of :data:`AUTO_DEEPEN_AFTER` or more for a fetch of :data:`AUTO_BEHIND`
+    times the read or more (either unknown: the wait alone)."""
+    if waited < AUTO_DEEPEN_AFTER:
+        return False
+    return took is None or read is None or took >= AUTO_BEHIND * read
 
 
 def _failed(error: BaseException) -> Future:
