@@ -176,6 +176,8 @@ def test_auto_depth_grows_when_the_reader_reaches_a_shard_still_fetching(recorde
     RecordingFileSystem.gate.set()
     waiting.join()
     assert prefetcher.depth == second
+    # the first step's rate is the fetch waited for: 2 at once, over the time it was held
+    assert 0 < prefetcher._rates[0] <= first / (AUTO_DEEPEN_AFTER * 1.5)
     prefetcher.advance(1)  # shards 2 to 1 + second
     wait_for(lambda: len(RecordingFileSystem.calls) == 1 + second)
     assert RecordingFileSystem.calls[first:] == [
@@ -237,7 +239,11 @@ def test_auto_depth_stays_while_the_fetches_keep_up(recorded):
 
 def run_step(prefetcher: ShardPrefetcher, step: int, seconds: float) -> None:
     """Under ``"auto"`` at ``step``: as many fetches as its depth start at once, and the first
-    one ends after ``seconds`` (a planned timing, not a slept one)."""
+    one ends after ``seconds`` (a planned timing, not a slept one); at the first step, the
+    reader waited for it (what sets the first step's rate, as :meth:`wait` does)."""
+    if step == 0:
+        prefetcher._rates[0] = AUTO_DEPTHS[0] / seconds
+        return
     prefetcher._step = step
     prefetcher.depth = AUTO_DEPTHS[step]
     running = [prefetcher._started() for _ in range(AUTO_DEPTHS[step])]
@@ -284,6 +290,17 @@ def test_a_fetch_no_deeper_than_the_step_below_says_nothing_of_its_step():
     prefetcher._ended(running[0], time.perf_counter() - 10.0)
     assert prefetcher.depth == AUTO_DEPTHS[1]
     assert not prefetcher._settled
+
+
+def test_the_first_steps_rate_is_the_fetch_waited_for_not_the_fastest():
+    """A first-step fetch that ended fast (it ran beside another only for a moment: 2 over
+    0.14 s reads 14 per second where 2 at once give 7) does not set the rate the second step
+    must beat; the fetch whose wait takes the second step does."""
+    prefetcher = ShardPrefetcher(["a"], lambda url: (None, url), depth="auto")
+    running = [prefetcher._started() for _ in range(AUTO_DEPTHS[0])]
+    prefetcher._ended(running[0], time.perf_counter() - 0.14)
+    prefetcher._ended(running[1], time.perf_counter() - 0.28)
+    assert prefetcher._rates[0] == 0.0
 
 
 def test_prefetch_is_auto_or_a_non_negative_int():

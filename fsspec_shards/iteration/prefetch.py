@@ -18,7 +18,9 @@ wait at the start of a stream is mostly the first two fetches splitting the link
 reader, which fetches its first shard itself, is behind only by that (``docs/benchmarks.md``,
 issue 36). A deeper step
 is kept only if its first fetch that ran beside more fetches than the step below allows
-brings enough more fetches per second (:data:`AUTO_GROWTH`); then the next step is taken
+brings enough more fetches per second (:data:`AUTO_GROWTH`) than the step below did (for
+the first step: the fetch whose wait took the second, not its fastest, which may have run
+beside another only for a moment); then the next step is taken
 at once (no wait for another late shard), else the depth goes back one step for the rest
 of the stream. On a link capped per connection more fetches at once add rate in
 proportion, and 4 then 8 follow within a fetch; on a link capped as a whole they only
@@ -96,7 +98,8 @@ class ShardPrefetcher:
         self._step = 0  # auto: the index of the depth in AUTO_DEPTHS
         self._rates = [0.0] * len(AUTO_DEPTHS)  # auto: fetches per second at each step
         self._settled = False  # auto: a step was given up, or the last one kept
-        self._took: dict[Future, float] = {}  # auto: seconds each finished fetch took
+        self._took: dict[Future, tuple[float, int]] = {}  # auto: a finished fetch's seconds,
+        # and the most fetches that ran beside it
         self._reading_since: float | None = None  # auto: the current shard's first sample
         self._reading = -1  # auto: the index of the shard being read
 
@@ -172,25 +175,21 @@ class ShardPrefetcher:
             return peak
 
     def _ended(self, peak: list[int], started: float, future: Future | None = None) -> None:
-        """A fetch ended: under ``"auto"``, the time it took is kept for :meth:`wait`, and its
-        rate (fetches running beside it over that time) is the first step's, or says whether
-        the step it started at pays (:data:`AUTO_GROWTH`): then the next step is taken, else
-        the depth goes back one."""
+        """A fetch ended: under ``"auto"``, the time it took is kept for :meth:`wait` (the
+        first step's rate is that of the fetch whose wait takes the second), and its rate
+        (fetches running beside it over that time) says whether the step it started at pays
+        (:data:`AUTO_GROWTH`): then the next step is taken, else the depth goes back one."""
         took = max(time.perf_counter() - started, 1e-6)
         with self._lock:
             self._peaks.remove(peak)
             if not self.auto or self._settled:
                 return
-            if future is not None:
-                self._took[future] = took
             running, step = peak
+            if future is not None:
+                self._took[future] = (took, running)
             rate = running / took
-            if step == 0:
-                if took >= AUTO_DEEPEN_AFTER:  # a shard already cached says nothing of the link
-                    self._rates[0] = max(self._rates[0], rate)
-                return
-            if step != self._step or running <= AUTO_DEPTHS[step - 1]:
-                return  # ran no deeper than the step below: says nothing of this one
+            if step == 0 or step != self._step or running <= AUTO_DEPTHS[step - 1]:
+                return  # the first step's, or no deeper than the step below: decides nothing
             below = self._rates[step - 1]
             self._rates[step] = rate
             gain = AUTO_DEPTHS[step] / AUTO_DEPTHS[step - 1] - 1
@@ -225,8 +224,9 @@ class ShardPrefetcher:
             waited = time.perf_counter() - started
             read = None if self._reading_since is None else started - self._reading_since
             with self._lock:
-                took = self._took.pop(future, None)
+                took, running = self._took.pop(future, (None, 0))
                 if self._step == 0 and not self._settled and behind(waited, took, read):
+                    self._rates[0] = running / took if took else 0.0
                     self._step = 1
                     self.depth = self._max_threads = AUTO_DEPTHS[1]
             logger.debug(
