@@ -13,20 +13,19 @@ slow (an object store far away carries tens of MB/s per connection), fetching a 
 several times what reading it does, and only that many fills in flight keep the reader fed;
 where fills keep up or nearly (a local disk, a warm cache), it stays at two. A reader only
 a little behind could not take what a deeper step must bring to be kept even on a link
-paced per connection, while on a link capped as a whole the probe would cost it: there a
-wait at the start of a stream is mostly the first two fetches splitting the link, and the
-reader, which fetches its first shard itself, is behind only by that (``docs/benchmarks.md``,
-issue 36). A deeper step
-is kept only if its first fetch that ran beside more fetches than the step below allows
-brings enough more fetches per second (:data:`AUTO_GROWTH`) than the step below did (for
-the first step: the fetch whose wait took the second, not its fastest, which may have run
-beside another only for a moment); then the next step is taken
-at once (no wait for another late shard), else the depth goes back one step for the rest
-of the stream. On a link capped per connection more fetches at once add rate in
-proportion, and 4 then 8 follow within a fetch; on a link capped as a whole they only
-share it and every shard in flight arrives later, which the probe of 4 costs once per
-stream where the reader is far enough behind to take it (less than trying 8 at once did; a
-probe of 3 cost less still, but gave back the gain on a link paced per connection).
+paced per connection, while on a link capped as a whole the probe would cost it: there the
+wait at a stream's start is mostly the first two fetches splitting the link, and the
+reader, which fetched its first shard alone, is behind only by that (``docs/benchmarks.md``,
+issue 36). A deeper step is kept only if its first fetch that ran beside more fetches than
+the step below allows brings enough more fetches per second (:data:`AUTO_GROWTH`) than the
+step below did (for the first step: the fetch whose wait took the second, not its fastest,
+which may have run beside another only for a moment); then the next step is taken at once
+(no wait for another late shard), else the depth goes back one step for the rest of the
+stream. On a link capped per connection more fetches at once add rate in proportion, and 4
+then 8 follow within a fetch; on a link capped as a whole they only share it and every
+shard in flight arrives later, which the probe of 4 costs once per stream where the reader
+is far enough behind to take the step (less than trying 8 at once did; a probe of 3 cost
+less still, but gave back the gain on a link paced per connection).
 
 The threads are daemon threads, started when there is work and ending when the prefetcher
 is closed or has had none for ``LINGER_SECONDS``: a stream over cached shards, whose
@@ -230,10 +229,10 @@ class ShardPrefetcher:
                     self._step = 1
                     self.depth = self._max_threads = AUTO_DEPTHS[1]
             logger.debug(
-                "waited %.3f s for a prefetch of %s s after %s s of reading: %d shards ahead",
+                "waited %.3f s for a prefetch of %.3f s after %.3f s of reading: %d shards ahead",
                 waited,
-                took,
-                read,
+                took or 0.0,
+                read or 0.0,
                 self.depth,
             )
             return error
