@@ -211,3 +211,55 @@ def test_the_plan_starts_with_a_small_span_and_merges_the_rest_on_request(tmp_pa
     assert not plan.empty.is_set()
     assert plan.take(rest=True) == (1, 11)
     assert plan.empty.is_set() and plan.take() is None
+
+
+def _fill_with_pieces(tmp_path, backend, monkeypatch):
+    """Fill the shard with 4 pieces of its first block (pieces of a quarter block), every
+    block left in one request."""
+    from fsspec_shards.storage.transfer import range_plan
+
+    monkeypatch.setattr(range_plan, "PIECE_BYTES", BLOCK // 4)
+    monkeypatch.setattr(range_plan, "_learned", {})
+    fs, backend, path = _planned(tmp_path, backend=backend)
+    target = fs.fetcher.target(path)
+    blocks = _blocks()
+    progress = BlockProgress(blocks)
+    expected = target.expect(target.stat(), blocks)
+    with open(tmp_path / "out", "w+b") as out:
+        metadata = fill_blocks(target, out, expected, blocks, progress, "auto")
+        out.seek(0)
+        assert out.read() == DATA
+    assert progress.complete and metadata["size"] == len(DATA)
+    return fs, sorted((start, end) for start, end, _ in backend.reads)
+
+
+def test_a_first_block_asked_in_pieces_is_verified_once_all_are_in(tmp_path, monkeypatch):
+    fs, reads = _fill_with_pieces(tmp_path, FlipsOnce(), monkeypatch)
+    quarter = BLOCK // 4
+    assert reads == [(0, quarter), (quarter, 2 * quarter), (2 * quarter, 3 * quarter),
+                     (3 * quarter, len(DATA))]  # fmt: skip
+    assert fs.cache_stats()["integrity_failures"] == 0
+
+
+def test_a_bad_byte_in_a_piece_costs_the_first_block_once_more_in_one_request(
+    tmp_path, monkeypatch
+):
+    backend = FlipsOnce()
+    backend.flip_at = BLOCK // 4 + 5  # in the second piece
+    fs, reads = _fill_with_pieces(tmp_path, backend, monkeypatch)
+    assert (0, BLOCK) in reads  # block 0 again, alone
+    assert fs.cache_stats()["integrity_failures"] == 1
+
+
+class RefusesTheSecondPiece(PlannedFaultFileSystem):
+    protocol = "refusespiece"
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        if start == BLOCK // 4:
+            raise PermissionError("refused")
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+def test_a_piece_that_fails_fails_the_fill(tmp_path, monkeypatch):
+    with pytest.raises(PermissionError):
+        _fill_with_pieces(tmp_path, RefusesTheSecondPiece(), monkeypatch)

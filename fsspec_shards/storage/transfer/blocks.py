@@ -10,10 +10,14 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   :data:`~fsspec_shards.storage.transfer.one_stream.INTEGRITY_PASSES` downloads raises
   ``IntegrityError`` naming the object and the block. With several ranges in flight, blocks
   complete out of order; the range holding the block a reader waits on is fetched next.
-  The first range is small (``range_plan.FIRST_BYTES``) and its answer decides whether
-  more streams start: a server that ignores Range (a 200 to a range request) gets one
-  stream, which asks for all the blocks left in one request, so the object crosses the
-  link about once instead of once per range.
+  The first block is what a reader waits for: where ranges may pay it is asked as
+  concurrent pieces (``range_plan.Ramp.first_pieces``; written where they belong, the
+  block verified from the file once all are in), the last piece running on to the end of
+  the first span, so the block costs one round trip and a piece's time. Their answers (or,
+  in one piece, the first span's, which is then small: ``range_plan.FIRST_BYTES``) decide
+  whether more streams start: a server that ignores Range (a 200 to a range request) gets
+  one stream, which asks for all the blocks left in one request, so the object crosses
+  the link about once instead of once per range.
 - Readers wait on the :class:`BlockProgress` and never read past a block that is not
   verified; the cache publishes it to other processes (``cache/following.py``, through a
   :class:`ProgressListener`).
@@ -33,7 +37,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
@@ -292,6 +298,77 @@ def _fetch_blocks(
         raise TransientError(f"{target.shown}: blocks left unverified")
 
 
+class _Piece:
+    """Bytes ``[start, end)`` of a block asked as pieces (:class:`_PiecedBlock`) that one
+    request carries before any whole block: when they arrived (for the link's rate)."""
+
+    __slots__ = ("start", "end", "block", "first_at", "last_at", "first_bytes")
+
+    def __init__(self, start: int, end: int, block: _PiecedBlock) -> None:
+        self.start, self.end, self.block = start, end, block
+        self.first_at = self.last_at = 0.0
+        self.first_bytes = 0
+
+    def arrived(self, amount: int) -> None:
+        now = time.monotonic()
+        if not self.first_at:
+            self.first_at, self.first_bytes = now, amount
+        self.last_at = now
+
+    def rate(self) -> float | None:
+        """Bytes per second from its first byte to its last (None: all came at once)."""
+        seconds = self.last_at - self.first_at
+        return (self.end - self.start - self.first_bytes) / seconds if seconds > 0 else None
+
+
+class _PiecedBlock:
+    """A block fetched as concurrent pieces: each written where it belongs; the block read
+    back from the file and checked against its digest once the last piece is in (what is
+    verified is what was written)."""
+
+    def __init__(self, state: _FillState, descriptor: int, index: int, pieces: int) -> None:
+        self.state = state
+        self.descriptor = descriptor
+        self.index = index
+        start, end = state.blocks.bounds(index)
+        size = -(-(end - start) // pieces)
+        self.pieces = [_Piece(at, min(end, at + size), self) for at in range(start, end, size)]
+        self._left = len(self.pieces)
+        self._lock = threading.Lock()
+        self._changes = state.changes
+        self.actual: str | None = None
+        """The digest the block had when it did not match (None: it did, or is not in)."""
+        self.changed = False
+        """The object changed while the pieces were read: the block is asked again."""
+
+    def piece_done(self) -> None:
+        """A piece is all written; the last one in checks the block."""
+        with self._lock:
+            self._left -= 1
+            if self._left:
+                return
+        start, end = self.state.blocks.bounds(self.index)
+        digest = hashlib.sha256()
+        position = start
+        while position < end:
+            data = os.pread(self.descriptor, min(end - position, 1 << 20), position)
+            if not data:
+                raise TransientError(f"the file ends at byte {position}, expected {end}")
+            digest.update(data)
+            position += len(data)
+        actual = digest.hexdigest()
+        if actual == self.state.blocks.blocks[self.index]:
+            self.state.verified(self.index)
+        else:
+            self.actual = actual
+            self.changed = self.state.changes != self._changes
+
+    def slowest_rate(self) -> float | None:
+        """The rate of the slowest piece but the last (which runs on); None: unknown."""
+        rates = [piece.rate() for piece in self.pieces[:-1]]
+        return None if None in rates or not rates else min(rates)
+
+
 class _Streams:
     """The streams of one block fill: as many as the ramp allows and the spans need, each
     taking spans from the plan (``range_plan.run_stream``); while worker 0's first span is
@@ -313,11 +390,16 @@ class _Streams:
         self.plan = _Plan(blocks, state.progress, span_blocks, first_blocks)
         self.stop = threading.Event()
         self.failures: list[BaseException] = []
+        self.first_pieces = ramp.first_pieces(blocks.bounds(0)[1]) if len(blocks) else 1
+        """The first block's pieces (``range_plan.Ramp.first_pieces``; 1: one request)."""
 
     def run(self) -> None:
         """Run every stream until the plan is empty (or one failed)."""
         if self.workers == 1:
-            self._work(0)
+            try:
+                self._work(0)
+            finally:
+                self._pieces_ended()
             return
         threads = [
             threading.Thread(
@@ -334,16 +416,72 @@ class _Streams:
             self.ramp.close()
             for thread in threads:
                 thread.join()
+            self._pieces_ended()
+
+    def _pieces_ended(self) -> None:
+        """The first block's pieces ended (or were never asked): their slots go back."""
+        self.ramp.pieces_ended(self.first_pieces)
+        self.first_pieces = 1
 
     def _take(self) -> tuple[int, int] | None:
         return self.plan.take(rest=self.ramp.cap == 1)  # (ranges ignored: the rest in one)
 
     def _fetch(self, number: int, span: tuple) -> None:
         moved = lambda amount: self.ramp.moved(number, amount)  # noqa: E731
+        if number == 0 and span[0] == 0 and self.first_pieces > 1:
+            self._fetch_in_pieces(span[1], moved)
+            return
         status = _fill_span(self.state, self.descriptor, *span, self.stop, moved)
         if number == 0 and self.deciding:
             self.deciding = False
             self.ramp.ranges_answered(status == 206)
+
+    def _fetch_in_pieces(self, last: int, moved: Callable[[int], None]) -> None:
+        """Blocks ``[0, last)``: block 0 as concurrent pieces, the last of them running on
+        to block ``last`` (module docstring); their answers are the first range's."""
+        block = _PiecedBlock(self.state, self.descriptor, 0, self.first_pieces)
+        statuses: list[int | None] = []
+
+        def piece(number: int) -> None:
+            try:
+                statuses.append(
+                    _fill_span(
+                        self.state, self.descriptor, 1, 1, self.stop, moved, block.pieces[number]
+                    )
+                )
+            except Stopped:
+                pass
+            except BaseException as exc:
+                self.failures.append(exc)
+                self.stop.set()
+                self.plan.empty.set()
+
+        threads = [
+            threading.Thread(target=piece, args=(n,), name=f"fsspec-shards-piece-{n}", daemon=True)
+            for n in range(len(block.pieces) - 1)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            last_piece = block.pieces[-1]
+            statuses.append(
+                _fill_span(self.state, self.descriptor, 1, last, self.stop, moved, last_piece)
+            )
+        except BaseException:
+            self.stop.set()  # the other pieces end at their next byte
+            raise
+        finally:
+            for thread in threads:
+                thread.join()
+            self._pieces_ended()
+        if self.stop.is_set():
+            raise Stopped
+        self.deciding = False
+        self.ramp.first_answered(all(s == 206 for s in statuses), block.slowest_rate())
+        if block.actual is not None:  # asked again in one request
+            if not block.changed:
+                self.state.bad_block(0, block.actual)
+            _fill_span(self.state, self.descriptor, 0, 1, self.stop, moved)
 
     def _work(self, number: int) -> None:
         if number:
@@ -432,7 +570,8 @@ class _FillState:
 class _SpanSink:
     """Writes the bytes of blocks ``[first, last)`` at their place, checking each block as
     its last byte lands: raises :class:`_BadBlock` (ending the request) for a bad one,
-    ``range_plan.Stopped`` once the fill stopped."""
+    ``range_plan.Stopped`` once the fill stopped. ``piece``: the request starts with that
+    piece of the block before ``first`` (only written; :class:`_PiecedBlock` checks it)."""
 
     def __init__(
         self,
@@ -442,24 +581,55 @@ class _SpanSink:
         last: int,
         stop: threading.Event,
         moved: Callable[[int], None],
+        piece: _Piece | None = None,
     ) -> None:
         self.state = state
         self.descriptor = descriptor
         self.last = last
         self.stop = stop
         self.moved = moved
+        self.piece = piece
         self.index = first
-        self.restart_at(first)
+        self.hasher = hashlib.sha256()
+        if piece is None:
+            self.restart_at(first)
+        else:
+            self.position = piece.start
+            self.block_end = state.blocks.bounds(first)[1] if first < last else piece.end
+        self.end = state.blocks.bounds(last - 1)[1] if last > first else piece.end
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
 
     def restart_at(self, index: int) -> None:
         """The next bytes are block ``index``'s from its first byte."""
         self.position, self.block_end = self.state.blocks.bounds(index)
         self.hasher = hashlib.sha256()
 
+    def restart(self) -> None:
+        """Another version answered: from the piece's first byte while it is not all in,
+        else from the first byte of the block the request was in."""
+        if self.piece is not None and self.position < self.piece.end:
+            self.position = self.piece.start
+        else:
+            self.restart_at(self.index)
+
     def __call__(self, data: bytes) -> None:
         if self.stop.is_set():
             raise Stopped
         view = memoryview(data)
+        piece = self.piece
+        if piece is not None and self.position < piece.end:
+            taken = view[: piece.end - self.position]
+            pwrite_all(self.descriptor, taken, self.position)
+            self.position += len(taken)
+            self.state.count(len(taken))
+            self.moved(len(taken))
+            piece.arrived(len(taken))
+            view = view[len(taken) :]
+            if self.position == piece.end:
+                piece.block.piece_done()
         while view and self.index < self.last:
             piece = view[: self.block_end - self.position]
             pwrite_all(self.descriptor, piece, self.position)
@@ -490,22 +660,23 @@ def _fill_span(
     last: int,
     stop: threading.Event,
     moved: Callable[[int], None],
+    piece: _Piece | None = None,
 ) -> int | None:
-    """Blocks ``[first, last)`` written at their place and verified one by one; resumed
-    from the byte reached after a fault (``target.resume``), from a bad block's first byte
-    after a mismatch; one stream of the fill (the rate floor is the fill's). Returns the
-    HTTP status of the last answer (206: the range honoured; None: the transport cannot
-    say)."""
+    """Blocks ``[first, last)`` (after ``piece``, a piece of block ``first - 1``) written at
+    their place and verified one by one; resumed from the byte reached after a fault
+    (``target.resume``), from a bad block's first byte after a mismatch; one stream of the
+    fill (the rate floor is the fill's). Returns the HTTP status of the last answer (206:
+    the range honoured; None: the transport cannot say)."""
     target = state.target.in_fill(state.rate)
-    end = state.blocks.bounds(last - 1)[1]
-    sink = _SpanSink(state, descriptor, first, last, stop, moved)
+    sink = _SpanSink(state, descriptor, first, last, stop, moved, piece)
+    end = sink.end
 
     def after_fault() -> None:
         if stop.is_set():  # a request that failed after another span did: no retry
             raise Stopped
 
     status = None
-    while sink.index < last:
+    while not sink.done:
         try:
             moved_on = resume(
                 target,
@@ -522,5 +693,5 @@ def _fill_span(
             sink.restart_at(bad.index)
         except VersionMismatch as exc:
             state.changed(exc)
-            sink.restart_at(sink.index)
+            sink.restart()
     return status
