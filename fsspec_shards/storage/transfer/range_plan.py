@@ -19,20 +19,22 @@ store at one stream too: one stream carried the object about as fast as the prob
 tell (loopback, moto). What the cache directory holds is
 trusted for :data:`REPROBE_AFTER` seconds; older, the store is probed as a new one.
 
-A fill whose first range is to say whether the store answers ranges at all (a block fill,
-or an int ``ranges_in_flight``) asks it alone (:data:`FIRST_BYTES`) before more streams
-start; a whole-object fill under auto (``eager``) asks its first range to the end, so a
-store where one stream is the answer costs the one request ``ranges_in_flight=1`` makes,
-and learns from the streams the ramp adds: a range beyond byte 0 answered with the whole
-object (200) settles the store at one stream.
+A fill whose first range is to say whether the store answers ranges at all (an int
+``ranges_in_flight``, a block fill whose first block is one request) asks it alone
+(:data:`FIRST_BYTES`) before more streams start; a whole-object fill under auto
+(``eager``) asks its first range to the end, so a store where one stream is the answer
+costs the one request ``ranges_in_flight=1`` makes, and learns from the streams the ramp
+adds: a range beyond byte 0 answered with the whole object (200) settles the store at one
+stream.
 
-A block fill's first block is what a reader waits for, so it is asked as :data:`FIRST_PIECES`
-concurrent pieces of at least :data:`PIECE_BYTES` (:meth:`Ramp.first_pieces`), before any
-answer is in: on a link paced per connection (every far store) the block then comes in one
-round trip plus a piece's time instead of a whole block's (2 MiB at 25 MB/s: 84 ms, a piece
-21 ms). Not where ranges do not pay: ``ranges_in_flight=1``, or a store settled at one stream
-and not due for a probe (what this process or the cache directory learned: a loopback
-store, a server that ignores ranges), gets one request. The pieces' answers are the first
+A block fill's first block is what a reader waits for, so it is asked as
+:data:`FIRST_PIECES` concurrent pieces of at least :data:`PIECE_BYTES`
+(:meth:`Ramp.first_pieces`), before any answer is in: on a link paced per connection
+(every far store) the block then comes in one round trip plus a piece's time instead of a
+whole block's (2 MiB at 25 MB/s: 84 ms, a piece 21 ms). Not where ranges do not pay:
+``ranges_in_flight=1``, or a store settled at one stream and not due for a probe (what
+this process or the cache directory learned: a loopback store, a server that ignores
+ranges), gets one request. The pieces' answers are the first
 range's answer (:meth:`Ramp.first_answered`): one answered with the whole object (200)
 settles the store at one stream as above, and so do pieces that each moved
 :data:`ONE_IS_ENOUGH` (a fast link: next time one request). The last piece runs on to the
