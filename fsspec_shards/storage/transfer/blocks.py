@@ -10,14 +10,11 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   :data:`~fsspec_shards.storage.transfer.one_stream.INTEGRITY_PASSES` downloads raises
   ``IntegrityError`` naming the object and the block. With several ranges in flight, blocks
   complete out of order; the range holding the block a reader waits on is fetched next.
-  The first block is what a reader waits for: where ranges may pay it is asked as
-  concurrent pieces (``range_plan.Ramp.first_pieces``; written where they belong, the
-  block verified from the file once all are in), the last piece running on to the end of
-  the first span, so the block costs one round trip and a piece's time. Their answers (or,
-  in one piece, the first span's, which is then small: ``range_plan.FIRST_BYTES``) decide
-  whether more streams start: a server that ignores Range (a 200 to a range request) gets
-  one stream, which asks for all the blocks left in one request, so the object crosses
-  the link about once instead of once per range.
+  The first block, which a reader waits for, is asked as concurrent pieces where ranges
+  may pay (``first_block.py``). Their answers (or the first span's, then small:
+  ``range_plan.FIRST_BYTES``) decide whether more streams start: a server that ignores
+  Range (a 200 to a range request) gets one stream, which asks for all the blocks left in
+  one request, so the object crosses the link about once instead of once per range.
 - Readers wait on the :class:`BlockProgress` and never read past a block that is not
   verified; the cache publishes it to other processes (``cache/following.py``, through a
   :class:`ProgressListener`).
@@ -37,9 +34,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
@@ -47,6 +42,7 @@ from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends.versions import VersionMismatch
 from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.transfer.first_block import Piece, PiecedBlock, fetch_pieces
 from fsspec_shards.storage.transfer.one_stream import (
     Frontier,
     OrderedHasher,
@@ -289,6 +285,7 @@ def _fetch_blocks(
     try:
         streams.run()
     finally:
+        streams.pieces_ended()  # (when they were never asked)
         target.incr("bytes_downloaded", state.received)
     if streams.failures:
         failures = streams.failures
@@ -296,77 +293,6 @@ def _fetch_blocks(
         raise integrity or failures[0]
     if state.in_order.value < state.blocks.size:  # (every span was fetched: needs a failure)
         raise TransientError(f"{target.shown}: blocks left unverified")
-
-
-class _Piece:
-    """Bytes ``[start, end)`` of a block asked as pieces (:class:`_PiecedBlock`) that one
-    request carries before any whole block: when they arrived (for the link's rate)."""
-
-    __slots__ = ("start", "end", "block", "first_at", "last_at", "first_bytes")
-
-    def __init__(self, start: int, end: int, block: _PiecedBlock) -> None:
-        self.start, self.end, self.block = start, end, block
-        self.first_at = self.last_at = 0.0
-        self.first_bytes = 0
-
-    def arrived(self, amount: int) -> None:
-        now = time.monotonic()
-        if not self.first_at:
-            self.first_at, self.first_bytes = now, amount
-        self.last_at = now
-
-    def rate(self) -> float | None:
-        """Bytes per second from its first byte to its last (None: all came at once)."""
-        seconds = self.last_at - self.first_at
-        return (self.end - self.start - self.first_bytes) / seconds if seconds > 0 else None
-
-
-class _PiecedBlock:
-    """A block fetched as concurrent pieces: each written where it belongs; the block read
-    back from the file and checked against its digest once the last piece is in (what is
-    verified is what was written)."""
-
-    def __init__(self, state: _FillState, descriptor: int, index: int, pieces: int) -> None:
-        self.state = state
-        self.descriptor = descriptor
-        self.index = index
-        start, end = state.blocks.bounds(index)
-        size = -(-(end - start) // pieces)
-        self.pieces = [_Piece(at, min(end, at + size), self) for at in range(start, end, size)]
-        self._left = len(self.pieces)
-        self._lock = threading.Lock()
-        self._changes = state.changes
-        self.actual: str | None = None
-        """The digest the block had when it did not match (None: it did, or is not in)."""
-        self.changed = False
-        """The object changed while the pieces were read: the block is asked again."""
-
-    def piece_done(self) -> None:
-        """A piece is all written; the last one in checks the block."""
-        with self._lock:
-            self._left -= 1
-            if self._left:
-                return
-        start, end = self.state.blocks.bounds(self.index)
-        digest = hashlib.sha256()
-        position = start
-        while position < end:
-            data = os.pread(self.descriptor, min(end - position, 1 << 20), position)
-            if not data:
-                raise TransientError(f"the file ends at byte {position}, expected {end}")
-            digest.update(data)
-            position += len(data)
-        actual = digest.hexdigest()
-        if actual == self.state.blocks.blocks[self.index]:
-            self.state.verified(self.index)
-        else:
-            self.actual = actual
-            self.changed = self.state.changes != self._changes
-
-    def slowest_rate(self) -> float | None:
-        """The rate of the slowest piece but the last (which runs on); None: unknown."""
-        rates = [piece.rate() for piece in self.pieces[:-1]]
-        return None if None in rates or not rates else min(rates)
 
 
 class _Streams:
@@ -396,10 +322,7 @@ class _Streams:
     def run(self) -> None:
         """Run every stream until the plan is empty (or one failed)."""
         if self.workers == 1:
-            try:
-                self._work(0)
-            finally:
-                self._pieces_ended()
+            self._work(0)
             return
         threads = [
             threading.Thread(
@@ -416,9 +339,8 @@ class _Streams:
             self.ramp.close()
             for thread in threads:
                 thread.join()
-            self._pieces_ended()
 
-    def _pieces_ended(self) -> None:
+    def pieces_ended(self) -> None:
         """The first block's pieces ended (or were never asked): their slots go back."""
         self.ramp.pieces_ended(self.first_pieces)
         self.first_pieces = 1
@@ -438,50 +360,34 @@ class _Streams:
 
     def _fetch_in_pieces(self, last: int, moved: Callable[[int], None]) -> None:
         """Blocks ``[0, last)``: block 0 as concurrent pieces, the last of them running on
-        to block ``last`` (module docstring); their answers are the first range's."""
-        block = _PiecedBlock(self.state, self.descriptor, 0, self.first_pieces)
-        statuses: list[int | None] = []
+        to block ``last`` (``first_block.py``); their answers are the first range's."""
+        state, descriptor = self.state, self.descriptor
+        block = PiecedBlock(
+            state.blocks, descriptor, 0, self.first_pieces, state.verified, lambda: state.changes
+        )
 
-        def piece(number: int) -> None:
-            try:
-                statuses.append(
-                    _fill_span(
-                        self.state, self.descriptor, 1, 1, self.stop, moved, block.pieces[number]
-                    )
-                )
-            except Stopped:
-                pass
-            except BaseException as exc:
-                self.failures.append(exc)
-                self.stop.set()
-                self.plan.empty.set()
+        def fetch(piece: Piece) -> int | None:
+            until = last if piece is block.pieces[-1] else 1
+            return _fill_span(state, descriptor, 1, until, self.stop, moved, piece)
 
-        threads = [
-            threading.Thread(target=piece, args=(n,), name=f"fsspec-shards-piece-{n}", daemon=True)
-            for n in range(len(block.pieces) - 1)
-        ]
-        for thread in threads:
-            thread.start()
         try:
-            last_piece = block.pieces[-1]
-            statuses.append(
-                _fill_span(self.state, self.descriptor, 1, last, self.stop, moved, last_piece)
-            )
-        except BaseException:
-            self.stop.set()  # the other pieces end at their next byte
-            raise
+            statuses = fetch_pieces(block, fetch, self.stop, self._failed)
         finally:
-            for thread in threads:
-                thread.join()
-            self._pieces_ended()
+            self.pieces_ended()
         if self.stop.is_set():
             raise Stopped
         self.deciding = False
         self.ramp.first_answered(all(s == 206 for s in statuses), block.slowest_rate())
         if block.actual is not None:  # asked again in one request
             if not block.changed:
-                self.state.bad_block(0, block.actual)
-            _fill_span(self.state, self.descriptor, 0, 1, self.stop, moved)
+                state.bad_block(0, block.actual)
+            _fill_span(state, descriptor, 0, 1, self.stop, moved)
+
+    def _failed(self, error: BaseException) -> None:
+        """A piece failed: the fill stops and raises it."""
+        self.failures.append(error)
+        self.stop.set()
+        self.plan.empty.set()
 
     def _work(self, number: int) -> None:
         if number:
@@ -571,7 +477,7 @@ class _SpanSink:
     """Writes the bytes of blocks ``[first, last)`` at their place, checking each block as
     its last byte lands: raises :class:`_BadBlock` (ending the request) for a bad one,
     ``range_plan.Stopped`` once the fill stopped. ``piece``: the request starts with that
-    piece of the block before ``first`` (only written; :class:`_PiecedBlock` checks it)."""
+    piece of the block before ``first`` (``first_block.PiecedBlock`` checks that block)."""
 
     def __init__(
         self,
@@ -581,7 +487,7 @@ class _SpanSink:
         last: int,
         stop: threading.Event,
         moved: Callable[[int], None],
-        piece: _Piece | None = None,
+        piece: Piece | None = None,
     ) -> None:
         self.state = state
         self.descriptor = descriptor
@@ -621,15 +527,11 @@ class _SpanSink:
         view = memoryview(data)
         piece = self.piece
         if piece is not None and self.position < piece.end:
-            taken = view[: piece.end - self.position]
-            pwrite_all(self.descriptor, taken, self.position)
-            self.position += len(taken)
-            self.state.count(len(taken))
-            self.moved(len(taken))
-            piece.arrived(len(taken))
-            view = view[len(taken) :]
-            if self.position == piece.end:
-                piece.block.piece_done()
+            taken = piece.write(view, self.position)
+            self.position += taken
+            self.state.count(taken)
+            self.moved(taken)
+            view = view[taken:]
         while view and self.index < self.last:
             piece = view[: self.block_end - self.position]
             pwrite_all(self.descriptor, piece, self.position)
@@ -660,7 +562,7 @@ def _fill_span(
     last: int,
     stop: threading.Event,
     moved: Callable[[int], None],
-    piece: _Piece | None = None,
+    piece: Piece | None = None,
 ) -> int | None:
     """Blocks ``[first, last)`` (after ``piece``, a piece of block ``first - 1``) written at
     their place and verified one by one; resumed from the byte reached after a fault
