@@ -93,3 +93,15 @@ def test_the_pieces_cover_the_block_and_the_block_is_checked_from_the_file(tmp_p
             piece.write(memoryview(bytes(piece.end - piece.start)), piece.start)
         assert verified == [1]
         assert bad.actual == hashlib.sha256(bytes(BLOCK)).hexdigest() and not bad.changed
+
+
+def test_a_pieces_rate_is_from_its_first_byte_or_from_its_request_when_it_came_whole():
+    with open(__file__, "rb") as any_file:
+        block = PiecedBlock(_blocks(), any_file.fileno(), 0, 2, lambda index: None, lambda: 0)
+    streamed, whole = block.pieces
+    assert streamed.rate() is None  # nothing in yet
+    streamed.asked_at, streamed.first_at, streamed.last_at = 0.0, 1.0, 1.5
+    streamed.first_bytes = 48
+    assert streamed.rate() == (BLOCK // 2 - 48) / 0.5  # the round trip left out
+    whole.asked_at, whole.first_at, whole.last_at = 0.0, 0.25, 0.25
+    assert whole.rate() == (BLOCK // 2) / 0.25  # handed over whole: from its request on

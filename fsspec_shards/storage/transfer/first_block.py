@@ -28,10 +28,11 @@ class Piece:
     """Bytes ``[start, end)`` of a block asked as pieces (:class:`PiecedBlock`), the first
     bytes of one request: when they arrived (for the link's rate)."""
 
-    __slots__ = ("start", "end", "block", "first_at", "last_at", "first_bytes")
+    __slots__ = ("start", "end", "block", "asked_at", "first_at", "last_at", "first_bytes")
 
     def __init__(self, start: int, end: int, block: PiecedBlock) -> None:
         self.start, self.end, self.block = start, end, block
+        self.asked_at = time.monotonic()
         self.first_at = self.last_at = 0.0
         self.first_bytes = 0
 
@@ -49,9 +50,13 @@ class Piece:
         return len(taken)
 
     def rate(self) -> float | None:
-        """Bytes per second from its first byte to its last (None: all came at once)."""
-        seconds = self.last_at - self.first_at
-        return (self.end - self.start - self.first_bytes) / seconds if seconds > 0 else None
+        """Bytes per second from its first byte to its last; where all came at once (a
+        transport that hands a range over whole), from its request on (None: not in)."""
+        if not self.last_at:
+            return None
+        if self.last_at > self.first_at:
+            return (self.end - self.start - self.first_bytes) / (self.last_at - self.first_at)
+        return (self.end - self.start) / max(self.last_at - self.asked_at, 1e-6)
 
 
 class PiecedBlock:
