@@ -120,3 +120,20 @@ def test_the_state_of_a_running_iteration_does_not_ask_the_environment(memory_sh
 
     monkeypatch.setattr(dataset, "consumer", asked)
     assert dataset.state_dict()["delivered"] == 1
+
+
+def test_a_stateful_dataloader_state_written_by_version_2_resumes_exactly(memory_shards):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    saved = json.loads((V2_STATE.parent / "loader-state-v2.json").read_text())
+    loader = stateful.StatefulDataLoader(
+        ShardDataset(memory_shards, shuffle_buffer=4, seed=1),
+        batch_size=2,
+        num_workers=2,
+        collate_fn=keys_of,
+    )
+    loader.load_state_dict(saved["loader_state"])
+    assert list(loader) == saved["after"]
+
+
+def keys_of(batch):
+    return [sample["__key__"] for sample in batch]
