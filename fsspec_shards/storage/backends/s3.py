@@ -18,12 +18,17 @@ when s3fs makes its client, so a key names the endpoint the requests go to:
 - region: ``client_kwargs``/``config_kwargs`` ``region_name``, else the profile's
   (``AWS_DEFAULT_REGION``, the config file).
 - profile: the ``profile`` option, else ``AWS_PROFILE``; a ``session`` given is asked itself.
+
+Where no profile is named and botocore would find no config file, the environment alone
+decides, and :func:`environment_location` answers without botocore (whose import is most of
+the main process's cost of a cold first batch); else a botocore session answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import threading
 import weakref
@@ -82,6 +87,52 @@ def resolve(options: Mapping[str, Any]) -> Location:
     """The location of the s3fs configuration ``options`` (s3fs's keyword arguments), in
     the environment and config files of now. Raises botocore's errors (an unknown profile,
     a services section that does not exist) as s3fs would at its first request."""
+    return environment_location(options) or botocore_location(options)
+
+
+CONFIG_FILES = (
+    ("AWS_CONFIG_FILE", "~/.aws/config"),
+    ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+)
+"""botocore's config files: the variable naming each, and its default path (a profile
+found in the credentials file is read as one of the config file's)."""
+
+
+def environment_location(options: Mapping[str, Any]) -> Location | None:
+    """The location of ``options`` where the environment alone decides it, as botocore
+    resolves it, without importing botocore (0.07-0.12 s) nor making a session; None where
+    botocore must be asked: a ``session`` or ``profile`` given, ``AWS_PROFILE`` or
+    ``AWS_DEFAULT_PROFILE`` set, or a config file where botocore would read one. botocore
+    reads an empty variable as set (``AWS_CONFIG_FILE=""`` names no file), expands
+    variables then ``~`` in a file's path, and takes ``ignore_configured_endpoint_urls``
+    as true only when it reads "true" (a test compares this with botocore's answers)."""
+    if options.get("session") or options.get("profile") is not None:
+        return None
+    if "AWS_PROFILE" in os.environ or "AWS_DEFAULT_PROFILE" in os.environ:
+        return None
+    for variable, default in CONFIG_FILES:
+        path = os.path.expanduser(os.path.expandvars(os.environ.get(variable, default)))
+        if os.path.isfile(path):
+            return None
+    client_kwargs = options.get("client_kwargs") or {}
+    config_kwargs = options.get("config_kwargs") or {}
+    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url")
+    if not endpoint:
+        ignore = config_kwargs.get("ignore_configured_endpoint_urls")
+        if ignore is None:
+            ignore = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true"
+        if not ignore:
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = (
+        client_kwargs.get("region_name")
+        or config_kwargs.get("region_name")
+        or os.environ.get("AWS_DEFAULT_REGION")
+    )
+    return Location(endpoint or None, region or None, None)
+
+
+def botocore_location(options: Mapping[str, Any]) -> Location:
+    """The location of ``options`` as a botocore session of its profile resolves it."""
     from fsspec_shards.storage.deps import botocore as botocore_deps  # s3fs brings botocore
 
     client_kwargs = options.get("client_kwargs") or {}
@@ -124,16 +175,59 @@ def located(fs: fsspec.AbstractFileSystem) -> Location:
     return found
 
 
-def _client_options() -> set[str]:
-    from botocore.session import Session
-
-    return parameters(Session.create_client) - {"service_name"}
-
-
-def _config_options() -> set[str]:
-    from botocore.config import Config
-
-    return set(Config.OPTION_DEFAULTS)
+BOTOCORE_CLIENT_OPTIONS = frozenset(
+    {
+        "api_version",
+        "aws_access_key_id",
+        "aws_account_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "config",
+        "endpoint_url",
+        "region_name",
+        "use_ssl",
+        "verify",
+    }
+)
+"""What s3fs's ``client_kwargs`` may hold: the named parameters of botocore's
+``Session.create_client`` but ``service_name``, listed so that checking options imports no
+botocore (a test holds them to botocore's)."""
+BOTOCORE_CONFIG_OPTIONS = frozenset(
+    {
+        "account_id_endpoint_mode",
+        "auth_scheme_preference",
+        "client_cert",
+        "client_context_params",
+        "connect_timeout",
+        "defaults_mode",
+        "disable_request_compression",
+        "endpoint_discovery_enabled",
+        "ignore_configured_endpoint_urls",
+        "inject_host_prefix",
+        "max_pool_connections",
+        "parameter_validation",
+        "proxies",
+        "proxies_config",
+        "read_timeout",
+        "region_name",
+        "request_checksum_calculation",
+        "request_min_compression_size_bytes",
+        "response_checksum_validation",
+        "retries",
+        "s3",
+        "s3_disable_express_session_auth",
+        "signature_version",
+        "sigv4a_signing_region_set",
+        "tcp_keepalive",
+        "use_dualstack_endpoint",
+        "use_fips_endpoint",
+        "user_agent",
+        "user_agent_appid",
+        "user_agent_extra",
+    }
+)
+"""What s3fs's ``config_kwargs`` may hold: botocore's ``Config.OPTION_DEFAULTS`` (a test
+holds them to botocore's)."""
 
 
 S3FS_PARAMETERS = frozenset(
@@ -239,7 +333,10 @@ class S3Backend(Backend):
     remote = True
     head_gives_info = True
     errors = failure_names.S3
-    option_tables = {"client_kwargs": _client_options, "config_kwargs": _config_options}
+    option_tables = {
+        "client_kwargs": lambda: BOTOCORE_CLIENT_OPTIONS,
+        "config_kwargs": lambda: BOTOCORE_CONFIG_OPTIONS,
+    }
     filesystem_options = S3FS_OPTIONS
     unbuilt = UnbuiltS3FileSystem
 
@@ -415,6 +512,9 @@ def obstore_store(options: Options) -> StoreSpec:
 
 
 def _obstore_location(options: Options) -> Location:
+    found = environment_location(options.given)
+    if found is not None:
+        return found
     try:
         from fsspec_shards.storage.deps.botocore import Error
     except ImportError:
@@ -422,7 +522,7 @@ def _obstore_location(options: Options) -> Location:
             "target_protocol", "botocore is not installed to resolve the endpoint"
         ) from None
     try:
-        return resolve(options.given)
+        return botocore_location(options.given)
     except Error as exc:  # an unknown profile, a missing services section, a bad file
         raise options.refused(
             "profile" if options.given.get("profile") else "endpoint_url",
