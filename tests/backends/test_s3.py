@@ -1,5 +1,5 @@
-"""S3 (``storage/backends/s3.py``): its location (one resolution, botocore's, for the cache
-key and the obstore store), its taming, and its obstore mapping."""
+"""S3 (``storage/backends/s3.py``, ``s3_location.py``): its location (one resolution,
+botocore's, for the cache key and the obstore store), its taming, and its obstore mapping."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from collections import ChainMap
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import backend_for, backend_location, s3
+from fsspec_shards.storage.backends import backend_for, backend_location, s3, s3_location
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
+from fsspec_shards.storage.backends.s3_location import Location
 from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)
 from tests.obstore_helpers import (
     S3_ENDPOINT,
@@ -31,12 +32,12 @@ def _s3fs(**options):
 
 def test_the_config_files_endpoint_and_region_are_the_location(aws_config):
     aws_config(CONFIG)
-    assert s3.resolve({}) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
-    assert s3.resolve({"endpoint_url": "http://127.0.0.1:9009"}).endpoint == (
+    assert s3_location.resolve({}) == Location("http://127.0.0.1:9001", "eu-west-3", None)
+    assert s3_location.resolve({"endpoint_url": "http://127.0.0.1:9009"}).endpoint == (
         "http://127.0.0.1:9009"
     )
     given = {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9008", "region_name": "x"}}
-    assert s3.resolve(given) == s3.Location("http://127.0.0.1:9008", "x", None)
+    assert s3_location.resolve(given) == Location("http://127.0.0.1:9008", "x", None)
 
 
 @pytest.mark.parametrize("how", ["env", "config file", "config_kwargs"])
@@ -49,7 +50,7 @@ def test_ignoring_configured_endpoints_means_aws(aws_config, how):
     options = {}
     if how == "config_kwargs":
         options = {"config_kwargs": {"ignore_configured_endpoint_urls": True}}
-    assert s3.resolve(options) == s3.Location(None, "eu-west-3", None)
+    assert s3_location.resolve(options) == Location(None, "eu-west-3", None)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_the_cache_key_and_the_obstore_store_name_one_endpoint(aws_config, confi
     for name, value in env.items():
         aws_config.env.setenv(name, value)
     spec = map_options("s3", {"anon": True})
-    located = s3.resolve({})
+    located = s3_location.resolve({})
     assert backend_location(_s3fs()) == str(located)
     expected = located.endpoint or f"https://s3.{located.region}.amazonaws.com"
     assert spec.config["endpoint"] == expected
@@ -111,7 +112,7 @@ def test_the_botocore_session_is_made_where_the_filesystem_is_made(aws_config, m
         skip_instance_cache=True,
     )
     assert made == [None]
-    assert s3.located(fs.fs) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
+    assert s3.located(fs.fs) == Location("http://127.0.0.1:9001", "eu-west-3", None)
     assert made == [None]
     aws_config("[default]\nendpoint_url = http://127.0.0.1:9005\n")
     assert s3.located(_s3fs()).endpoint == "http://127.0.0.1:9005"
@@ -169,9 +170,9 @@ def test_where_the_environment_alone_decides_the_location_is_botocores(no_aws_fi
             for name, value in ChainMap(*variables).items():
                 env.setenv(name, value)
             for options in LOCATION_OPTIONS:
-                found = s3.environment_location(options)
+                found = s3_location.environment_location(options)
                 assert found is not None, (variables, options)
-                assert found == s3.botocore_location(options), (variables, options)
+                assert found == s3_location.botocore_location(options), (variables, options)
                 compared += 1
     assert compared == 6 * 4 * 4 * len(LOCATION_OPTIONS)
 
@@ -184,8 +185,8 @@ def test_a_config_file_variable_naming_no_file_leaves_the_environment_deciding(
     no_aws_files.setenv("AWS_CONFIG_FILE", named)
     no_aws_files.setenv("AWS_SHARED_CREDENTIALS_FILE", named)
     no_aws_files.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    found = s3.environment_location({})
-    assert found == s3.botocore_location({}) == s3.Location(None, "eu-west-1", None)
+    found = s3_location.environment_location({})
+    assert found == s3_location.botocore_location({}) == Location(None, "eu-west-1", None)
 
 
 REGION_FILE = "[default]\nregion = eu-central-1\n"
@@ -214,8 +215,8 @@ def test_a_config_file_where_botocore_reads_one_asks_botocore(no_aws_files, tmp_
         no_aws_files.setenv("AWS_FILES", str(tmp_path))
         no_aws_files.setenv(name, shown)
     path.write_text(REGION_FILE)
-    assert s3.environment_location({}) is None
-    assert s3.resolve({}) == s3.Location(None, "eu-central-1", None)
+    assert s3_location.environment_location({}) is None
+    assert s3_location.resolve({}) == Location(None, "eu-central-1", None)
 
 
 @pytest.mark.parametrize(
@@ -231,17 +232,17 @@ def test_a_config_file_where_botocore_reads_one_asks_botocore(no_aws_files, tmp_
 def test_a_profile_named_asks_botocore(no_aws_files, variables, options):
     for name, value in variables.items():
         no_aws_files.setenv(name, value)
-    assert s3.environment_location(options) is None
+    assert s3_location.environment_location(options) is None
     with pytest.raises(Exception, match="could not be found"):
-        s3.resolve(options)  # no such profile: botocore's error, as s3fs would raise it
+        s3_location.resolve(options)  # no such profile: botocore's error, as s3fs would raise it
 
 
 def test_a_session_given_is_asked(no_aws_files):
     from fsspec_shards.storage.deps import botocore as botocore_deps
 
     session = botocore_deps.session(None)
-    assert s3.environment_location({"session": session}) is None
-    assert s3.resolve({"session": session}) == s3.Location(None, None, None)
+    assert s3_location.environment_location({"session": session}) is None
+    assert s3_location.resolve({"session": session}) == Location(None, None, None)
 
 
 def test_the_environment_alone_makes_no_botocore_session(no_aws_files, monkeypatch):
@@ -257,7 +258,7 @@ def test_the_environment_alone_makes_no_botocore_session(no_aws_files, monkeypat
     monkeypatch.setattr(botocore.session.Session, "__init__", counted)
     no_aws_files.setenv("AWS_DEFAULT_REGION", "eu-west-1")
     given = {"key": "AKID", "secret": "s", "client_kwargs": {"endpoint_url": "http://h:1"}}
-    assert s3.resolve(given) == s3.Location("http://h:1", "eu-west-1", None)
+    assert s3_location.resolve(given) == Location("http://h:1", "eu-west-1", None)
     spec = spec_of("s3", given)
     assert (spec.config["endpoint"], spec.config["region"]) == ("http://h:1", "eu-west-1")
     assert made == []

@@ -1,39 +1,21 @@
 """S3 (s3fs; obstore's S3 store): everything the layer knows of it.
 
-- Where one configuration's objects live (:func:`resolve`, for the cache key and the
-  obstore store alike), which fields of ``info()`` name a version and carry checksums,
-  the socket time-outs, the taming of s3fs's and botocore's own retries, botocore's failure
-  names and AWS's throttling codes, the streaming GET (:meth:`S3Backend.open_range`), and
-  the obstore mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
-
-Invariant: the cache key (``identity``) and the obstore store (``obstore_options``) take
-the endpoint and the region from :func:`resolve`, which resolves them as botocore does
-when s3fs makes its client, so a key names the endpoint the requests go to:
-
-- endpoint: the ``endpoint_url`` option, else ``client_kwargs["endpoint_url"]``, else the
-  configured one (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's ``services``
-  section, the profile's ``endpoint_url`` in the config file) unless
-  ``ignore_configured_endpoint_urls`` (``config_kwargs``, ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``
-  or the config file) says to ignore it; else AWS itself.
-- region: ``client_kwargs``/``config_kwargs`` ``region_name``, else the profile's
-  (``AWS_DEFAULT_REGION``, the config file).
-- profile: the ``profile`` option, else ``AWS_PROFILE``; a ``session`` given is asked itself.
-
-Where no profile is named and botocore would find no config file, the environment alone
-decides, and :func:`environment_location` answers without botocore (whose import is most of
-the main process's cost of a cold first batch); else a botocore session answers.
+- Which fields of ``info()`` name a version and carry checksums, the socket time-outs, the
+  taming of s3fs's and botocore's own retries, botocore's failure names and AWS's
+  throttling codes, the streaming GET (:meth:`S3Backend.open_range`), and the obstore
+  mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
+- Where one configuration's objects live, for the cache key and the obstore store alike:
+  resolved by :mod:`.s3_location`, kept per instance here (:func:`located`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -55,6 +37,12 @@ from fsspec_shards.storage.backends.base import (
     tls,
     within,
 )
+from fsspec_shards.storage.backends.s3_location import (
+    Location,
+    botocore_location,
+    environment_location,
+    resolve,
+)
 from fsspec_shards.storage.backends.versions import (
     Facts,
     VersionFields,
@@ -68,100 +56,21 @@ from fsspec_shards.storage.deps import s3fs as s3fs_deps
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
-@dataclass(frozen=True)
-class Location:
-    """Where an S3 configuration's requests go: ``endpoint`` None means AWS itself."""
-
-    endpoint: str | None
-    region: str | None
-    profile: str | None
-
-    def __str__(self) -> str:
-        """The location as the cache key holds it."""
-        if self.endpoint:
-            return f"endpoint={self.endpoint}"
-        return f"endpoint=aws;profile={self.profile or ''};region={self.region or ''}"
-
-
-def resolve(options: Mapping[str, Any]) -> Location:
-    """The location of the s3fs configuration ``options`` (s3fs's keyword arguments), in
-    the environment and config files of now. Raises botocore's errors (an unknown profile,
-    a services section that does not exist) as s3fs would at its first request."""
-    return environment_location(options) or botocore_location(options)
-
-
-CONFIG_FILES = (
-    ("AWS_CONFIG_FILE", "~/.aws/config"),
-    ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
-)
-"""botocore's config files: the variable naming each, and its default path (a profile
-found in the credentials file is read as one of the config file's)."""
-
-
-def environment_location(options: Mapping[str, Any]) -> Location | None:
-    """The location of ``options`` where the environment alone decides it, as botocore
-    resolves it, without importing botocore (0.07-0.12 s) nor making a session; None where
-    botocore must be asked: a ``session`` or ``profile`` given, ``AWS_PROFILE`` or
-    ``AWS_DEFAULT_PROFILE`` set, or a config file where botocore would read one. botocore
-    reads an empty variable as set (``AWS_CONFIG_FILE=""`` names no file), expands
-    variables then ``~`` in a file's path, and takes ``ignore_configured_endpoint_urls``
-    as true only when it reads "true" (a test compares this with botocore's answers)."""
-    if options.get("session") or options.get("profile") is not None:
-        return None
-    if "AWS_PROFILE" in os.environ or "AWS_DEFAULT_PROFILE" in os.environ:
-        return None
-    for variable, default in CONFIG_FILES:
-        path = os.path.expanduser(os.path.expandvars(os.environ.get(variable, default)))
-        if os.path.isfile(path):
-            return None
-    client_kwargs = options.get("client_kwargs") or {}
-    config_kwargs = options.get("config_kwargs") or {}
-    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url")
-    if not endpoint:
-        ignore = config_kwargs.get("ignore_configured_endpoint_urls")
-        if ignore is None:
-            ignore = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true"
-        if not ignore:
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = (
-        client_kwargs.get("region_name")
-        or config_kwargs.get("region_name")
-        or os.environ.get("AWS_DEFAULT_REGION")
-    )
-    return Location(endpoint or None, region or None, None)
-
-
-def botocore_location(options: Mapping[str, Any]) -> Location:
-    """The location of ``options`` as a botocore session of its profile resolves it."""
-    from fsspec_shards.storage.deps import botocore as botocore_deps  # s3fs brings botocore
-
-    client_kwargs = options.get("client_kwargs") or {}
-    config_kwargs = options.get("config_kwargs") or {}
-    session = options.get("session") or botocore_deps.session(options.get("profile"))
-    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url")
-    if not endpoint:
-        ignore = config_kwargs.get("ignore_configured_endpoint_urls")
-        if ignore is None:
-            ignore = session.get_config_variable("ignore_configured_endpoint_urls")
-        if not ignore:
-            endpoint = botocore_deps.configured_endpoint(session, "s3")
-    region = (
-        client_kwargs.get("region_name")
-        or config_kwargs.get("region_name")
-        or session.get_config_variable("region")
-    )
-    return Location(endpoint or None, region or None, session.profile)
-
-
-_LOCATIONS: dict[int, Location] = {}
+_LOCATIONS: dict[int, tuple[Location, str]] = {}
 
 
 def located(fs: fsspec.AbstractFileSystem) -> Location:
     """The location of s3fs instance ``fs``, resolved once per instance (s3fs reads the
     environment and config files once too, when it makes its client)."""
+    return _resolved(fs)[0]
+
+
+def _resolved(fs: fsspec.AbstractFileSystem) -> tuple[Location, str]:
+    """The location of ``fs`` and its form in the cache key, kept per instance: each read
+    names its object with it."""
     found = _LOCATIONS.get(id(fs))
     if found is None:
-        found = resolve(
+        location = resolve(
             {
                 "endpoint_url": getattr(fs, "endpoint_url", None),
                 "client_kwargs": getattr(fs, "client_kwargs", None),
@@ -170,7 +79,7 @@ def located(fs: fsspec.AbstractFileSystem) -> Location:
                 "session": getattr(fs, "session", None),
             }
         )
-        _LOCATIONS[id(fs)] = found
+        found = _LOCATIONS[id(fs)] = (location, str(location))
         weakref.finalize(fs, _LOCATIONS.pop, id(fs), None)
     return found
 
@@ -342,7 +251,7 @@ class S3Backend(Backend):
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """The location of s3fs instance ``fs`` as the cache key holds it."""
-        return str(located(fs))
+        return _resolved(fs)[1]
 
     def passed_on(self) -> set[str]:
         """The options s3fs passes on beyond its own: aiobotocore's ``AioSession``'s."""
@@ -471,7 +380,7 @@ OBSTORE_TABLE = {
     "key": ("key", "username", "client_kwargs.aws_access_key_id"),
     "secret": ("secret", "password", "client_kwargs.aws_secret_access_key"),
     "token": ("token", "client_kwargs.aws_session_token"),
-    # resolved by resolve(); taken here so that they count as mapped
+    # resolved by s3_location.resolve(); taken here so that they count as mapped
     "endpoint": ("endpoint_url", "client_kwargs.endpoint_url"),
     "region": ("client_kwargs.region_name", "config_kwargs.region_name"),
     "ignore_configured": ("config_kwargs.ignore_configured_endpoint_urls",),
