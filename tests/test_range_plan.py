@@ -264,3 +264,42 @@ def test_a_store_whose_one_stream_moves_enough_is_not_probed_for_more():
         assert range_plan._learned["s3:loopback"] == (1, 0)
     finally:
         done.set()
+
+
+def test_a_block_fills_first_block_is_asked_in_pieces_where_ranges_may_pay():
+    two_mib = 2 * 2**20
+    assert Ramp("auto", "s3:new").first_pieces(two_mib) == range_plan.FIRST_PIECES
+    assert Ramp(2, "s3:new").first_pieces(two_mib) == 2  # never more than the number asked
+    assert Ramp("auto", "s3:new").first_pieces(2**20) == 2  # pieces of PIECE_BYTES at least
+    assert Ramp("auto", "s3:new").first_pieces(64 * 1024) == 1
+    assert Ramp(1, "s3:new").first_pieces(two_mib) == 1  # one request asked for
+    range_plan._learned["s3:loopback"] = (1, 0)
+    assert Ramp("auto", "s3:loopback").first_pieces(two_mib) == 1  # ranges do not pay there
+    range_plan._learned["s3:far"] = (4, 0)
+    assert Ramp("auto", "s3:far").first_pieces(two_mib) == range_plan.FIRST_PIECES
+
+
+def test_the_pieces_of_a_first_block_take_process_slots_and_give_them_back(monkeypatch):
+    monkeypatch.setattr(range_plan, "PROCESS_MAX", 2)
+    ramp = Ramp("auto", "s3:a")
+    assert ramp.first_pieces(2 * 2**20) == 3  # the first piece is the fill's own stream
+    assert Ramp("auto", "s3:b").first_pieces(2 * 2**20) == 1  # no slot left: one request
+    ramp.pieces_ended(3)
+    assert Ramp("auto", "s3:c").first_pieces(2 * 2**20) == 3
+
+
+@pytest.mark.parametrize(
+    ("as_ranges", "rate", "settled"),
+    [(True, 25e6, None), (True, None, None), (False, 25e6, 1), (True, 1e9, 1)],
+    ids=["ranges-pay", "rate-unknown", "whole-object-200", "one-stream-enough"],
+)
+def test_the_pieces_answers_settle_a_store_where_one_stream_is_enough(
+    tmp_path, as_ranges, rate, settled
+):
+    ramp = Ramp("auto", "s3:x", str(tmp_path))
+    ramp.first_answered(as_ranges, rate)
+    assert ramp.answered  # the gate is open either way
+    assert range_plan._learned.get("s3:x", (None,))[0] == settled
+    kept = (tmp_path / range_plan.PLAN_FILE).exists()
+    assert kept == (settled is not None)  # the next process starts from one request
+    assert Ramp("auto", "s3:x").first_pieces(2 * 2**20) == (1 if settled else 4)

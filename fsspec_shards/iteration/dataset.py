@@ -223,7 +223,7 @@ class ShardDataset(_DatasetBase):
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered sample, as a small JSON-serialisable dict."""
-        return self.resumption.state_dict(self.epoch, self.consumer())
+        return self.resumption.state_dict(self.epoch, self.consumer)
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Continue from ``state`` at the next iteration.

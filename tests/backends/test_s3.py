@@ -1,14 +1,15 @@
-"""S3 (``storage/backends/s3.py``): its location (one resolution, botocore's, for the cache
-key and the obstore store), its taming, and its obstore mapping."""
+"""S3 (``storage/backends/s3.py``, ``s3_location.py``): its location (one resolution,
+botocore's, for the cache key and the obstore store), its taming, and its obstore mapping."""
 
 from __future__ import annotations
 
 import fsspec
 import pytest
 
-from fsspec_shards.storage.backends import backend_for, backend_location, s3
+from fsspec_shards.storage.backends import backend_for, backend_location, s3, s3_location
 from fsspec_shards.storage.backends.obstore_options import StoreSpec, map_options
 from fsspec_shards.storage.backends.s3 import BotocoreCredentials, StaticCredentials
+from fsspec_shards.storage.backends.s3_location import Location
 from tests.aws_config import aws_config_fixture  # noqa: F401 (the aws_config fixture)
 from tests.obstore_helpers import (
     S3_ENDPOINT,
@@ -27,12 +28,12 @@ def _s3fs(**options):
 
 def test_the_config_files_endpoint_and_region_are_the_location(aws_config):
     aws_config(CONFIG)
-    assert s3.resolve({}) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
-    assert s3.resolve({"endpoint_url": "http://127.0.0.1:9009"}).endpoint == (
+    assert s3_location.resolve({}) == Location("http://127.0.0.1:9001", "eu-west-3", None)
+    assert s3_location.resolve({"endpoint_url": "http://127.0.0.1:9009"}).endpoint == (
         "http://127.0.0.1:9009"
     )
     given = {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9008", "region_name": "x"}}
-    assert s3.resolve(given) == s3.Location("http://127.0.0.1:9008", "x", None)
+    assert s3_location.resolve(given) == Location("http://127.0.0.1:9008", "x", None)
 
 
 @pytest.mark.parametrize("how", ["env", "config file", "config_kwargs"])
@@ -45,7 +46,7 @@ def test_ignoring_configured_endpoints_means_aws(aws_config, how):
     options = {}
     if how == "config_kwargs":
         options = {"config_kwargs": {"ignore_configured_endpoint_urls": True}}
-    assert s3.resolve(options) == s3.Location(None, "eu-west-3", None)
+    assert s3_location.resolve(options) == Location(None, "eu-west-3", None)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +66,7 @@ def test_the_cache_key_and_the_obstore_store_name_one_endpoint(aws_config, confi
     for name, value in env.items():
         aws_config.env.setenv(name, value)
     spec = map_options("s3", {"anon": True})
-    located = s3.resolve({})
+    located = s3_location.resolve({})
     assert backend_location(_s3fs()) == str(located)
     expected = located.endpoint or f"https://s3.{located.region}.amazonaws.com"
     assert spec.config["endpoint"] == expected
@@ -107,11 +108,21 @@ def test_the_botocore_session_is_made_where_the_filesystem_is_made(aws_config, m
         skip_instance_cache=True,
     )
     assert made == [None]
-    assert s3.located(fs.fs) == s3.Location("http://127.0.0.1:9001", "eu-west-3", None)
+    assert s3.located(fs.fs) == Location("http://127.0.0.1:9001", "eu-west-3", None)
     assert made == [None]
     aws_config("[default]\nendpoint_url = http://127.0.0.1:9005\n")
     assert s3.located(_s3fs()).endpoint == "http://127.0.0.1:9005"
     assert made == [None, None]
+
+
+def test_botocore_option_names_listed_without_its_import_are_botocores():
+    from botocore.config import Config
+    from botocore.session import Session
+
+    from fsspec_shards.storage.backends.base import parameters
+
+    assert parameters(Session.create_client) - {"service_name"} == s3.BOTOCORE_CLIENT_OPTIONS
+    assert set(Config.OPTION_DEFAULTS) == s3.BOTOCORE_CONFIG_OPTIONS
 
 
 # --------------------------------------------------------------------------- taming

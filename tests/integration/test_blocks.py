@@ -10,6 +10,7 @@ cache with no partial entry.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -311,3 +312,85 @@ def test_a_server_that_ignores_range_sends_a_block_checked_object_about_once(
             sent = proxy.bytes_sent("big.tar")
             gets = [e.range for e in proxy.requests(method="GET", path="big.tar")]
             assert sent <= 1.5 * len(data), (ranges_in_flight, sent, gets)
+
+
+_pacing_spec = importlib.util.spec_from_file_location(
+    "pacing_proxy", Path(__file__).resolve().parents[2] / "benchmarks" / "pacing_proxy.py"
+)
+pacing_proxy = sys.modules.setdefault("pacing_proxy", importlib.util.module_from_spec(_pacing_spec))
+_pacing_spec.loader.exec_module(pacing_proxy)
+
+PACED_RATE = 4e6
+"""Bytes per second of each connection: one stream needs 0.52 s for a 2 MiB block."""
+BIG_BLOCK = 2 * 1024 * 1024
+
+
+def _paced_block_fill(tmp_path, transport, name: str, **wds):
+    """A 2-block object with 2 MiB blocks behind a link paced per connection; the server,
+    the filesystem reading it cold and its URL (yielded: the proxy closes after)."""
+    from tests.integration.hostile_http import HostileServer
+
+    data = random.Random(36).randbytes(BIG_BLOCK + BIG_BLOCK // 2 + 77)
+    hasher = BlockHasher(BIG_BLOCK)
+    hasher.update(data)
+    blocks = hasher.block_list()
+    with HostileServer() as server:
+        server.put(name, data)
+        server.put("SHA256SUMS", format_sums([(name, blocks.checksum)]).encode())
+        server.put("SHA256SUMS.blocks", format_block_manifest([(name, blocks)], BIG_BLOCK).encode())
+        with pacing_proxy.paced(server.address, rate=PACED_RATE, latency=0.005) as proxy:
+            base = f"http://{proxy.host}:{proxy.port}"
+            fs = fsspec.filesystem(
+                "wds",
+                target_protocol="http",
+                skip_instance_cache=True,
+                cache_dir=str(tmp_path / "cache"),
+                checksums=f"{base}/SHA256SUMS",
+                transport=transport,
+                **wds,
+            )
+            assert fs.fetcher.blocks_of(f"{base}/{name}") is not None
+            yield server, fs, f"{base}/{name}", data
+
+
+def _asked(server, name: str) -> list[str | None]:
+    return sorted((entry.range for entry in server.gets(name)), key=lambda r: len(r or ""))
+
+
+def test_the_first_block_of_a_cold_block_fill_comes_in_concurrent_pieces(
+    tmp_path, transport, monkeypatch
+):
+    # The reader waits for the first 2 MiB block: asked as one request it would need
+    # 0.52 s on this link; as 4 pieces of 512 KiB in flight together, about a quarter.
+    from fsspec_shards.storage.transfer import range_plan
+
+    monkeypatch.setattr(range_plan, "_learned", {})  # a new process: nothing learned
+    for server, fs, url, data in _paced_block_fill(tmp_path, transport, "cold.tar"):
+        started = time.monotonic()
+        with fs.open(url, "rb") as handle:
+            first = handle.read(1000)
+            took = time.monotonic() - started
+            rest = handle.read()
+        assert first + rest == data
+        assert took < 0.6 * BIG_BLOCK / PACED_RATE, took
+        piece = range_plan.PIECE_BYTES
+        starts = sorted(int(r.split("=")[1].split("-")[0]) for r in _asked(server, "cold.tar"))
+        assert starts == [0, piece, 2 * piece, 3 * piece]  # nothing asked twice, none after
+        last = next(r for r in _asked(server, "cold.tar") if r.startswith(f"bytes={3 * piece}-"))
+        assert last in (f"bytes={3 * piece}-", f"bytes={3 * piece}-{len(data) - 1}")  # ran on
+
+
+@pytest.mark.parametrize("where", ["ranges_in_flight=1", "store settled at one stream"])
+def test_a_cold_block_fill_is_one_request_where_ranges_do_not_pay(
+    tmp_path, transport, monkeypatch, where
+):
+    from fsspec_shards.storage.transfer import range_plan
+
+    monkeypatch.setattr(range_plan, "_learned", {})
+    options = {"ranges_in_flight": 1} if where == "ranges_in_flight=1" else {}
+    for server, fs, url, data in _paced_block_fill(tmp_path, transport, "one.tar", **options):
+        if where != "ranges_in_flight=1":  # what an earlier fill learned of this store
+            range_plan._learned[range_plan.link_of("http", url)] = (1, 0)
+        with fs.open(url, "rb") as handle:
+            assert handle.read() == data
+        assert len(server.gets("one.tar")) == 1, _asked(server, "one.tar")

@@ -26,7 +26,7 @@ def test_a_loaded_position_is_dropped_by_an_iteration_of_another_epoch(dataset, 
         stream = resumption.start(1, dataset.consumer())
     assert "dropping the loaded state of epoch 0" in caplog.text
     assert stream.epoch == 1 and stream.state.delivered == 0
-    assert resumption.state_dict(1, dataset.consumer())["delivered"] == 0
+    assert resumption.state_dict(1, dataset.consumer)["delivered"] == 0
 
 
 def test_a_remainder_with_a_shard_outside_the_dataset_is_refused(dataset):

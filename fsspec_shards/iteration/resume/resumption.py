@@ -14,7 +14,7 @@ A loaded state resumes the epoch it was taken in; an iteration of another epoch 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,7 +49,7 @@ class _Position:
     def remainder(self) -> tuple[Piece, ...] | None:
         return self.state.remainder
 
-    def state_dict(self, streams: Streams, consumer: Consumer) -> dict[str, Any]:
+    def state_dict(self, streams: Streams, consumer: Callable[[], Consumer]) -> dict[str, Any]:
         return self.state.to_dict()
 
     def start(self, streams: Streams, consumer: Consumer) -> ConsumerStream:
@@ -68,7 +68,7 @@ class _Counts:
     def epoch(self) -> int:
         return self.counts.epoch
 
-    def state_dict(self, streams: Streams, consumer: Consumer) -> dict[str, Any]:
+    def state_dict(self, streams: Streams, consumer: Callable[[], Consumer]) -> dict[str, Any]:
         return self.counts.to_dict()
 
     def start(self, streams: Streams, consumer: Consumer) -> ConsumerStream:
@@ -96,8 +96,8 @@ class _Remainder:
     epoch: int
     remainder: tuple[Piece, ...]
 
-    def state_dict(self, streams: Streams, consumer: Consumer) -> dict[str, Any]:
-        fingerprint = streams.fingerprint(consumer)
+    def state_dict(self, streams: Streams, consumer: Callable[[], Consumer]) -> dict[str, Any]:
+        fingerprint = streams.fingerprint(consumer())
         return StreamState(fingerprint, self.epoch, remainder=self.remainder).to_dict()
 
     def start(self, streams: Streams, consumer: Consumer) -> ConsumerStream:
@@ -120,7 +120,7 @@ class _Running:
     def remainder(self) -> tuple[Piece, ...] | None:
         return self.stream.state.remainder
 
-    def state_dict(self, streams: Streams, consumer: Consumer) -> dict[str, Any]:
+    def state_dict(self, streams: Streams, consumer: Callable[[], Consumer]) -> dict[str, Any]:
         return self.stream.position().to_dict()
 
     def start(self, streams: Streams, consumer: Consumer) -> ConsumerStream:
@@ -134,12 +134,14 @@ class Resumption:
         self.streams = streams
         self.current: _Position | _Counts | _Remainder | _Running | None = None
 
-    def state_dict(self, epoch: int, consumer: Consumer) -> dict[str, Any]:
-        """The position of ``consumer`` after its last delivered sample of ``epoch``."""
+    def state_dict(self, epoch: int, consumer: Callable[[], Consumer]) -> dict[str, Any]:
+        """The position after the last delivered sample of ``epoch`` of the consumer that
+        ``consumer()`` names: it is asked (it reads the environment) only when no running or
+        loaded position answers, as a running stream's does at every checkpointed batch."""
         current = self.current
         if current is not None and current.epoch == epoch:
             return current.state_dict(self.streams, consumer)
-        return StreamState(self.streams.fingerprint(consumer), epoch=epoch).to_dict()
+        return StreamState(self.streams.fingerprint(consumer()), epoch=epoch).to_dict()
 
     def remainder(self, epoch: int) -> tuple[Piece, ...] | None:
         """The remainder ``epoch`` is made of, when a loaded or running one is."""

@@ -13,6 +13,11 @@ header scan from ``window`` to the cursor.
 identified as the cache identifies them (signing parameters ignored, so a re-signed URL is
 the same shard); :func:`check_fingerprint` names every one that differs, and
 :func:`check_position` every field that cannot be a position of the given plan.
+
+The state is written as a flat dict whose ``fingerprint`` is one list of ``[name, value]``
+pairs (version 3), not a nested dict (version 2, still read): torchdata's
+``StatefulDataLoader`` flattens every nested dict of a state into leaves and compares each of
+them at every snapshot, and the fingerprint never changes within an epoch.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from fsspec_shards.iteration.plan import EpochPlan, Segment
 from fsspec_shards.redact import without_signing
 from fsspec_shards.tar_blocks import BLOCK_SIZE
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+READ_VERSIONS = (2, 3)
+"""Versions :meth:`StreamState.from_dict` reads: 2 wrote the fingerprint as a dict."""
 CONSUMER_FIELDS = ("rank", "world_size", "worker", "num_workers")
 """The fingerprint fields that name the consumer a position is of."""
 
@@ -75,7 +82,7 @@ class StreamState:
         window = self.window
         return {
             "version": STATE_VERSION,
-            "fingerprint": dict(self.fingerprint),
+            "fingerprint": [[name, value] for name, value in self.fingerprint.items()],
             "epoch": self.epoch,
             "shard": self.shard,
             "offset": self.offset,
@@ -91,13 +98,16 @@ class StreamState:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StreamState:
         """Parse :meth:`to_dict` output; ValueError naming the field that is not one."""
-        if not isinstance(data, Mapping) or data.get("version") != STATE_VERSION:
+        if not isinstance(data, Mapping) or data.get("version") not in READ_VERSIONS:
             raise ValueError(
                 "not a ShardDataset state (expected a dict with version "
-                f"{STATE_VERSION}, got {type(data).__name__}"
+                f"{STATE_VERSION} or {READ_VERSIONS[0]}, got {type(data).__name__}"
                 + (f" with version {data.get('version')!r})" if isinstance(data, Mapping) else ")")
             )
-        fingerprint = _field(data, "fingerprint", dict)
+        if data["version"] == 2:
+            fingerprint = _field(data, "fingerprint", dict)
+        else:
+            fingerprint = _pairs(_field(data, "fingerprint", list), "fingerprint")
         window = data.get("window")
         if window is not None:
             values = _ints(window, "window", 3)
@@ -151,6 +161,19 @@ def _int(data: Mapping[str, Any], name: str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"malformed ShardDataset state: field {name!r} must be int, got bool")
     return value
+
+
+def _pairs(values: Sequence[Any], name: str) -> dict[str, Any]:
+    """A list of ``[name, value]`` pairs as a dict; ValueError naming the field otherwise."""
+    if not all(
+        isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[0], str)
+        for pair in values
+    ):
+        raise ValueError(
+            f"malformed ShardDataset state: field {name!r} must be a list of "
+            f"[name, value] pairs, got {values!r}"
+        )
+    return dict(values)
 
 
 def _ints(values: Any, name: str, count: int) -> list[int]:

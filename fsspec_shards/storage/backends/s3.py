@@ -1,23 +1,11 @@
 """S3 (s3fs; obstore's S3 store): everything the layer knows of it.
 
-- Where one configuration's objects live (:func:`resolve`, for the cache key and the
-  obstore store alike), which fields of ``info()`` name a version and carry checksums,
-  the socket time-outs, the taming of s3fs's and botocore's own retries, botocore's failure
-  names and AWS's throttling codes, the streaming GET (:meth:`S3Backend.open_range`), and
-  the obstore mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
-
-Invariant: the cache key (``identity``) and the obstore store (``obstore_options``) take
-the endpoint and the region from :func:`resolve`, which resolves them as botocore does
-when s3fs makes its client, so a key names the endpoint the requests go to:
-
-- endpoint: the ``endpoint_url`` option, else ``client_kwargs["endpoint_url"]``, else the
-  configured one (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's ``services``
-  section, the profile's ``endpoint_url`` in the config file) unless
-  ``ignore_configured_endpoint_urls`` (``config_kwargs``, ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``
-  or the config file) says to ignore it; else AWS itself.
-- region: ``client_kwargs``/``config_kwargs`` ``region_name``, else the profile's
-  (``AWS_DEFAULT_REGION``, the config file).
-- profile: the ``profile`` option, else ``AWS_PROFILE``; a ``session`` given is asked itself.
+- Which fields of ``info()`` name a version and carry checksums, the socket time-outs, the
+  taming of s3fs's and botocore's own retries, botocore's failure names and AWS's
+  throttling codes, the streaming GET (:meth:`S3Backend.open_range`), and the obstore
+  mapping (:data:`OBSTORE_TABLE` plus :func:`obstore_credentials`).
+- Where one configuration's objects live, for the cache key and the obstore store alike:
+  resolved by :mod:`.s3_location`, kept per instance here (:func:`located`).
 """
 
 from __future__ import annotations
@@ -28,7 +16,6 @@ import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -50,6 +37,12 @@ from fsspec_shards.storage.backends.base import (
     tls,
     within,
 )
+from fsspec_shards.storage.backends.s3_location import (
+    Location,
+    botocore_location,
+    environment_location,
+    resolve,
+)
 from fsspec_shards.storage.backends.versions import (
     Facts,
     VersionFields,
@@ -63,54 +56,21 @@ from fsspec_shards.storage.deps import s3fs as s3fs_deps
 _PLAIN_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
-@dataclass(frozen=True)
-class Location:
-    """Where an S3 configuration's requests go: ``endpoint`` None means AWS itself."""
-
-    endpoint: str | None
-    region: str | None
-    profile: str | None
-
-    def __str__(self) -> str:
-        """The location as the cache key holds it."""
-        if self.endpoint:
-            return f"endpoint={self.endpoint}"
-        return f"endpoint=aws;profile={self.profile or ''};region={self.region or ''}"
-
-
-def resolve(options: Mapping[str, Any]) -> Location:
-    """The location of the s3fs configuration ``options`` (s3fs's keyword arguments), in
-    the environment and config files of now. Raises botocore's errors (an unknown profile,
-    a services section that does not exist) as s3fs would at its first request."""
-    from fsspec_shards.storage.deps import botocore as botocore_deps  # s3fs brings botocore
-
-    client_kwargs = options.get("client_kwargs") or {}
-    config_kwargs = options.get("config_kwargs") or {}
-    session = options.get("session") or botocore_deps.session(options.get("profile"))
-    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url")
-    if not endpoint:
-        ignore = config_kwargs.get("ignore_configured_endpoint_urls")
-        if ignore is None:
-            ignore = session.get_config_variable("ignore_configured_endpoint_urls")
-        if not ignore:
-            endpoint = botocore_deps.configured_endpoint(session, "s3")
-    region = (
-        client_kwargs.get("region_name")
-        or config_kwargs.get("region_name")
-        or session.get_config_variable("region")
-    )
-    return Location(endpoint or None, region or None, session.profile)
-
-
-_LOCATIONS: dict[int, Location] = {}
+_LOCATIONS: dict[int, tuple[Location, str]] = {}
 
 
 def located(fs: fsspec.AbstractFileSystem) -> Location:
     """The location of s3fs instance ``fs``, resolved once per instance (s3fs reads the
     environment and config files once too, when it makes its client)."""
+    return _resolved(fs)[0]
+
+
+def _resolved(fs: fsspec.AbstractFileSystem) -> tuple[Location, str]:
+    """The location of ``fs`` and its form in the cache key, kept per instance: each read
+    names its object with it."""
     found = _LOCATIONS.get(id(fs))
     if found is None:
-        found = resolve(
+        location = resolve(
             {
                 "endpoint_url": getattr(fs, "endpoint_url", None),
                 "client_kwargs": getattr(fs, "client_kwargs", None),
@@ -119,21 +79,64 @@ def located(fs: fsspec.AbstractFileSystem) -> Location:
                 "session": getattr(fs, "session", None),
             }
         )
-        _LOCATIONS[id(fs)] = found
+        found = _LOCATIONS[id(fs)] = (location, str(location))
         weakref.finalize(fs, _LOCATIONS.pop, id(fs), None)
     return found
 
 
-def _client_options() -> set[str]:
-    from botocore.session import Session
-
-    return parameters(Session.create_client) - {"service_name"}
-
-
-def _config_options() -> set[str]:
-    from botocore.config import Config
-
-    return set(Config.OPTION_DEFAULTS)
+BOTOCORE_CLIENT_OPTIONS = frozenset(
+    {
+        "api_version",
+        "aws_access_key_id",
+        "aws_account_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "config",
+        "endpoint_url",
+        "region_name",
+        "use_ssl",
+        "verify",
+    }
+)
+"""What s3fs's ``client_kwargs`` may hold: the named parameters of botocore's
+``Session.create_client`` but ``service_name``, listed so that checking options imports no
+botocore (a test holds them to botocore's)."""
+BOTOCORE_CONFIG_OPTIONS = frozenset(
+    {
+        "account_id_endpoint_mode",
+        "auth_scheme_preference",
+        "client_cert",
+        "client_context_params",
+        "connect_timeout",
+        "defaults_mode",
+        "disable_request_compression",
+        "endpoint_discovery_enabled",
+        "ignore_configured_endpoint_urls",
+        "inject_host_prefix",
+        "max_pool_connections",
+        "parameter_validation",
+        "proxies",
+        "proxies_config",
+        "read_timeout",
+        "region_name",
+        "request_checksum_calculation",
+        "request_min_compression_size_bytes",
+        "response_checksum_validation",
+        "retries",
+        "s3",
+        "s3_disable_express_session_auth",
+        "signature_version",
+        "sigv4a_signing_region_set",
+        "tcp_keepalive",
+        "use_dualstack_endpoint",
+        "use_fips_endpoint",
+        "user_agent",
+        "user_agent_appid",
+        "user_agent_extra",
+    }
+)
+"""What s3fs's ``config_kwargs`` may hold: botocore's ``Config.OPTION_DEFAULTS`` (a test
+holds them to botocore's)."""
 
 
 S3FS_PARAMETERS = frozenset(
@@ -239,13 +242,16 @@ class S3Backend(Backend):
     remote = True
     head_gives_info = True
     errors = failure_names.S3
-    option_tables = {"client_kwargs": _client_options, "config_kwargs": _config_options}
+    option_tables = {
+        "client_kwargs": lambda: BOTOCORE_CLIENT_OPTIONS,
+        "config_kwargs": lambda: BOTOCORE_CONFIG_OPTIONS,
+    }
     filesystem_options = S3FS_OPTIONS
     unbuilt = UnbuiltS3FileSystem
 
     def location(self, fs: fsspec.AbstractFileSystem) -> str:
         """The location of s3fs instance ``fs`` as the cache key holds it."""
-        return str(located(fs))
+        return _resolved(fs)[1]
 
     def passed_on(self) -> set[str]:
         """The options s3fs passes on beyond its own: aiobotocore's ``AioSession``'s."""
@@ -374,7 +380,7 @@ OBSTORE_TABLE = {
     "key": ("key", "username", "client_kwargs.aws_access_key_id"),
     "secret": ("secret", "password", "client_kwargs.aws_secret_access_key"),
     "token": ("token", "client_kwargs.aws_session_token"),
-    # resolved by resolve(); taken here so that they count as mapped
+    # resolved by s3_location.resolve(); taken here so that they count as mapped
     "endpoint": ("endpoint_url", "client_kwargs.endpoint_url"),
     "region": ("client_kwargs.region_name", "config_kwargs.region_name"),
     "ignore_configured": ("config_kwargs.ignore_configured_endpoint_urls",),
@@ -415,6 +421,9 @@ def obstore_store(options: Options) -> StoreSpec:
 
 
 def _obstore_location(options: Options) -> Location:
+    found = environment_location(options.given)
+    if found is not None:
+        return found
     try:
         from fsspec_shards.storage.deps.botocore import Error
     except ImportError:
@@ -422,7 +431,7 @@ def _obstore_location(options: Options) -> Location:
             "target_protocol", "botocore is not installed to resolve the endpoint"
         ) from None
     try:
-        return resolve(options.given)
+        return botocore_location(options.given)
     except Error as exc:  # an unknown profile, a missing services section, a bad file
         raise options.refused(
             "profile" if options.given.get("profile") else "endpoint_url",

@@ -10,10 +10,11 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   :data:`~fsspec_shards.storage.transfer.one_stream.INTEGRITY_PASSES` downloads raises
   ``IntegrityError`` naming the object and the block. With several ranges in flight, blocks
   complete out of order; the range holding the block a reader waits on is fetched next.
-  The first range is small (``range_plan.FIRST_BYTES``) and its answer decides whether
-  more streams start: a server that ignores Range (a 200 to a range request) gets one
-  stream, which asks for all the blocks left in one request, so the object crosses the
-  link about once instead of once per range.
+  The first block, which a reader waits for, is asked as concurrent pieces where ranges
+  may pay (``first_block.py``). Their answers (or the first span's, then small:
+  ``range_plan.FIRST_BYTES``) decide whether more streams start: a server that ignores
+  Range (a 200 to a range request) gets one stream, which asks for all the blocks left in
+  one request, so the object crosses the link about once instead of once per range.
 - Readers wait on the :class:`BlockProgress` and never read past a block that is not
   verified; the cache publishes it to other processes (``cache/following.py``, through a
   :class:`ProgressListener`).
@@ -41,6 +42,7 @@ from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends.versions import VersionMismatch
 from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.transfer.first_block import Piece, PiecedBlock, fetch_pieces
 from fsspec_shards.storage.transfer.one_stream import (
     Frontier,
     OrderedHasher,
@@ -283,6 +285,7 @@ def _fetch_blocks(
     try:
         streams.run()
     finally:
+        streams.pieces_ended()  # (when they were never asked)
         target.incr("bytes_downloaded", state.received)
     if streams.failures:
         failures = streams.failures
@@ -313,6 +316,8 @@ class _Streams:
         self.plan = _Plan(blocks, state.progress, span_blocks, first_blocks)
         self.stop = threading.Event()
         self.failures: list[BaseException] = []
+        self.first_pieces = ramp.first_pieces(blocks.bounds(0)[1]) if len(blocks) else 1
+        """The first block's pieces (``range_plan.Ramp.first_pieces``; 1: one request)."""
 
     def run(self) -> None:
         """Run every stream until the plan is empty (or one failed)."""
@@ -335,15 +340,54 @@ class _Streams:
             for thread in threads:
                 thread.join()
 
+    def pieces_ended(self) -> None:
+        """The first block's pieces ended (or were never asked): their slots go back."""
+        self.ramp.pieces_ended(self.first_pieces)
+        self.first_pieces = 1
+
     def _take(self) -> tuple[int, int] | None:
         return self.plan.take(rest=self.ramp.cap == 1)  # (ranges ignored: the rest in one)
 
     def _fetch(self, number: int, span: tuple) -> None:
         moved = lambda amount: self.ramp.moved(number, amount)  # noqa: E731
+        if number == 0 and span[0] == 0 and self.first_pieces > 1:
+            self._fetch_in_pieces(span[1], moved)
+            return
         status = _fill_span(self.state, self.descriptor, *span, self.stop, moved)
         if number == 0 and self.deciding:
             self.deciding = False
             self.ramp.ranges_answered(status == 206)
+
+    def _fetch_in_pieces(self, last: int, moved: Callable[[int], None]) -> None:
+        """Blocks ``[0, last)``: block 0 as concurrent pieces, the last of them running on
+        to block ``last`` (``first_block.py``); their answers are the first range's."""
+        state, descriptor = self.state, self.descriptor
+        block = PiecedBlock(
+            state.blocks, descriptor, 0, self.first_pieces, state.verified, lambda: state.changes
+        )
+
+        def fetch(piece: Piece) -> int | None:
+            until = last if piece is block.pieces[-1] else 1
+            return _fill_span(state, descriptor, 1, until, self.stop, moved, piece)
+
+        try:
+            statuses = fetch_pieces(block, fetch, self.stop, self._failed)
+        finally:
+            self.pieces_ended()
+        if self.stop.is_set():
+            raise Stopped
+        self.deciding = False
+        self.ramp.first_answered(all(s == 206 for s in statuses), block.slowest_rate())
+        if block.actual is not None:  # asked again in one request
+            if not block.changed:
+                state.bad_block(0, block.actual)
+            _fill_span(state, descriptor, 0, 1, self.stop, moved)
+
+    def _failed(self, error: BaseException) -> None:
+        """A piece failed: the fill stops and raises it."""
+        self.failures.append(error)
+        self.stop.set()
+        self.plan.empty.set()
 
     def _work(self, number: int) -> None:
         if number:
@@ -432,7 +476,8 @@ class _FillState:
 class _SpanSink:
     """Writes the bytes of blocks ``[first, last)`` at their place, checking each block as
     its last byte lands: raises :class:`_BadBlock` (ending the request) for a bad one,
-    ``range_plan.Stopped`` once the fill stopped."""
+    ``range_plan.Stopped`` once the fill stopped. ``piece``: the request starts with that
+    piece of the block before ``first`` (``first_block.PiecedBlock`` checks that block)."""
 
     def __init__(
         self,
@@ -442,24 +487,51 @@ class _SpanSink:
         last: int,
         stop: threading.Event,
         moved: Callable[[int], None],
+        piece: Piece | None = None,
     ) -> None:
         self.state = state
         self.descriptor = descriptor
         self.last = last
         self.stop = stop
         self.moved = moved
+        self.piece = piece
         self.index = first
-        self.restart_at(first)
+        self.hasher = hashlib.sha256()
+        if piece is None:
+            self.restart_at(first)
+        else:
+            self.position = piece.start
+            self.block_end = state.blocks.bounds(first)[1] if first < last else piece.end
+        self.end = state.blocks.bounds(last - 1)[1] if last > first else piece.end
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
 
     def restart_at(self, index: int) -> None:
         """The next bytes are block ``index``'s from its first byte."""
         self.position, self.block_end = self.state.blocks.bounds(index)
         self.hasher = hashlib.sha256()
 
+    def restart(self) -> None:
+        """Another version answered: from the piece's first byte while it is not all in,
+        else from the first byte of the block the request was in."""
+        if self.piece is not None and self.position < self.piece.end:
+            self.position = self.piece.start
+        else:
+            self.restart_at(self.index)
+
     def __call__(self, data: bytes) -> None:
         if self.stop.is_set():
             raise Stopped
         view = memoryview(data)
+        piece = self.piece
+        if piece is not None and self.position < piece.end:
+            taken = piece.write(view, self.position)
+            self.position += taken
+            self.state.count(taken)
+            self.moved(taken)
+            view = view[taken:]
         while view and self.index < self.last:
             piece = view[: self.block_end - self.position]
             pwrite_all(self.descriptor, piece, self.position)
@@ -490,22 +562,23 @@ def _fill_span(
     last: int,
     stop: threading.Event,
     moved: Callable[[int], None],
+    piece: Piece | None = None,
 ) -> int | None:
-    """Blocks ``[first, last)`` written at their place and verified one by one; resumed
-    from the byte reached after a fault (``target.resume``), from a bad block's first byte
-    after a mismatch; one stream of the fill (the rate floor is the fill's). Returns the
-    HTTP status of the last answer (206: the range honoured; None: the transport cannot
-    say)."""
+    """Blocks ``[first, last)`` (after ``piece``, a piece of block ``first - 1``) written at
+    their place and verified one by one; resumed from the byte reached after a fault
+    (``target.resume``), from a bad block's first byte after a mismatch; one stream of the
+    fill (the rate floor is the fill's). Returns the HTTP status of the last answer (206:
+    the range honoured; None: the transport cannot say)."""
     target = state.target.in_fill(state.rate)
-    end = state.blocks.bounds(last - 1)[1]
-    sink = _SpanSink(state, descriptor, first, last, stop, moved)
+    sink = _SpanSink(state, descriptor, first, last, stop, moved, piece)
+    end = sink.end
 
     def after_fault() -> None:
         if stop.is_set():  # a request that failed after another span did: no retry
             raise Stopped
 
     status = None
-    while sink.index < last:
+    while not sink.done:
         try:
             moved_on = resume(
                 target,
@@ -522,5 +595,5 @@ def _fill_span(
             sink.restart_at(bad.index)
         except VersionMismatch as exc:
             state.changed(exc)
-            sink.restart_at(sink.index)
+            sink.restart()
     return status

@@ -19,12 +19,29 @@ store at one stream too: one stream carried the object about as fast as the prob
 tell (loopback, moto). What the cache directory holds is
 trusted for :data:`REPROBE_AFTER` seconds; older, the store is probed as a new one.
 
-A fill whose first range is to say whether the store answers ranges at all (a block fill,
-or an int ``ranges_in_flight``) asks it alone (:data:`FIRST_BYTES`) before more streams
-start; a whole-object fill under auto (``eager``) asks its first range to the end, so a
-store where one stream is the answer costs the one request ``ranges_in_flight=1`` makes,
-and learns from the streams the ramp adds: a range beyond byte 0 answered with the whole
-object (200) settles the store at one stream.
+A fill whose first range is to say whether the store answers ranges at all (an int
+``ranges_in_flight``, a block fill whose first block is one request) asks it alone
+(:data:`FIRST_BYTES`) before more streams start; a whole-object fill under auto
+(``eager``) asks its first range to the end, so a store where one stream is the answer
+costs the one request ``ranges_in_flight=1`` makes, and learns from the streams the ramp
+adds: a range beyond byte 0 answered with the whole object (200) settles the store at one
+stream.
+
+A block fill's first block is what a reader waits for, so it is asked as
+:data:`FIRST_PIECES` concurrent pieces of at least :data:`PIECE_BYTES`
+(:meth:`Ramp.first_pieces`), before any answer is in: on a link paced per connection
+(every far store) the block then comes in one round trip plus a piece's time instead of a
+whole block's (2 MiB at 25 MB/s: 84 ms, a piece 21 ms). Not where ranges do not pay:
+``ranges_in_flight=1``, or a store settled at one stream and not due for a probe (what
+this process or the cache directory learned: a loopback store, a server that ignores
+ranges), gets one request. The pieces' answers are the first
+range's answer (:meth:`Ramp.first_answered`): one answered with the whole object (200)
+settles the store at one stream as above, and so do pieces that each moved
+:data:`ONE_IS_ENOUGH` (a fast link: next time one request). The last piece runs on to the
+end of the fill's first span (for a small object, its end), so the pieces cost no request
+after them; the other pieces take a process slot each (:data:`PROCESS_MAX`), fewer when none
+is free. Each answer is checked against the version of the fill (``versions.py``) like any
+range; the block is verified once all its pieces are in.
 
 An int fixes the number of streams (1: one request); more than ``PROCESS_MAX + 1`` could
 never all get a slot, so a fill runs at most that many.
@@ -65,6 +82,10 @@ GROWTH = 1.5
 FIRST_BYTES = 1 * MiB
 """The first range of a parallel fill on a store not seen answering ranges yet: its answer
 (206, or 200: ranges ignored) decides whether more ranges follow."""
+FIRST_PIECES = 4
+"""Concurrent requests that fetch a block fill's first block, where ranges may pay."""
+PIECE_BYTES = MiB // 2
+"""The least bytes of one such piece (a smaller block is asked in fewer pieces, or one)."""
 SPLIT_MIN = 4 * MiB
 """A range with fewer bytes left is not split for a stream that joins later: the new
 request's round trips would cost more than its half saves."""
@@ -334,6 +355,34 @@ class Ramp:
             if self._span_bytes is None:
                 self._span_bytes = max(1, -(-remaining // max(1, self.allowed)))
             return min(remaining, self._span_bytes)
+
+    def first_pieces(self, block_bytes: int) -> int:
+        """How many concurrent requests fetch a block fill's first block of ``block_bytes``
+        (module docstring); a process slot is taken for each beyond the first (give them
+        back with :meth:`pieces_ended`)."""
+        settled_at_one = self.adaptive and self.level == 1 and not self.probing
+        wanted = min(FIRST_PIECES, self.cap, block_bytes // PIECE_BYTES)
+        if settled_at_one or wanted < 2:
+            return 1
+        pieces = 1
+        while pieces < wanted and _take_slot():
+            pieces += 1
+        return pieces
+
+    def pieces_ended(self, pieces: int) -> None:
+        """The ``pieces`` of a first block ended: their slots go back."""
+        for _ in range(pieces - 1):
+            _give_slot()
+
+    def first_answered(self, as_ranges: bool, slowest_rate: float | None) -> None:
+        """The pieces of a first block were answered: as ranges (206) or not; the slowest
+        piece moved ``slowest_rate`` bytes per second (None: too few bytes to tell). Settles
+        the store at one stream when the link needs no more (module docstring); else, with
+        the gate still closed, opens it (:meth:`ranges_answered`)."""
+        fast = self.adaptive and slowest_rate is not None and slowest_rate >= ONE_IS_ENOUGH
+        as_ranges = as_ranges and not fast
+        if not as_ranges or not self._gate_open:
+            self.ranges_answered(as_ranges)
 
     # -- the filling thread's side
 
