@@ -394,3 +394,27 @@ def test_a_cold_block_fill_is_one_request_where_ranges_do_not_pay(
         with fs.open(url, "rb") as handle:
             assert handle.read() == data
         assert len(server.gets("one.tar")) == 1, _asked(server, "one.tar")
+
+
+@pytest.mark.parametrize("carries", ["no ETag", "its ETag"])
+def test_a_piece_answered_from_another_version_is_never_spliced_into_the_first_block(
+    tmp_path, transport, monkeypatch, carries
+):
+    # One of the first block's concurrent pieces is answered from another version (If-Match
+    # ignored, as a stale replica does): the block is asked again and the reader gets the
+    # listed bytes; the cache never holds a mix.
+    from fsspec_shards.storage.transfer import range_plan
+    from tests.faults import Pass
+    from tests.integration.hostile_http import OtherVersion
+
+    monkeypatch.setattr(range_plan, "_learned", {})
+    for server, fs, url, data in _paced_block_fill(tmp_path, transport, "mixed.tar"):
+        other = random.Random(37).randbytes(len(data))
+        stale = OtherVersion(other, etag=carries == "its ETag")
+        server.put("mixed.tar", data, plan=[Pass(), stale])
+        with fs.open(url, "rb") as handle:
+            assert handle.read() == data, "another version's bytes were handed out"
+        gets = server.gets("mixed.tar")
+        assert any(isinstance(get.action, OtherVersion) for get in gets)  # one piece met it
+        assert len(gets) >= 4, _asked(server, "mixed.tar")  # the first block was in pieces
+        assert all(cached == data for cached in _cached_files(tmp_path / "cache"))
