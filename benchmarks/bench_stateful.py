@@ -4,10 +4,11 @@ One epoch of ``--shards`` x ``--samples`` small samples (a 64-byte ``.txt`` and 
 member each) with a shuffle buffer of ``--shuffle-buffer``, ``--workers`` DataLoader
 workers and batches of ``--batch-size``, read by a plain ``torch.utils.data.DataLoader`` and
 by a ``StatefulDataLoader`` with ``snapshot_every_n_steps=1`` (every batch carries its
-worker's dataset state: the setting that resumes exactly without replaying), and by one
-that never snapshots (what the loader costs without any state). The three run
-interleaved, round by round; medians and their ratios are printed, and the size of the
-loader's state at the end of the epoch.
+worker's dataset state: the setting that resumes exactly without replaying), by one
+that never snapshots (what the loader costs without any state), and by one snapshotting
+every step a dataset whose state is one int (torchdata's own cost per snapshot: the floor
+no dataset state can go under). The four run interleaved, round by round; medians and
+their ratios are printed, and the size of the loader's state at the end of the epoch.
 
     python benchmarks/bench_stateful.py [--rounds 5] [--shuffle-buffer 2000]
 """
@@ -47,13 +48,22 @@ def write_dataset(directory: str, shards: int, samples: int) -> list[str]:
     return paths
 
 
+class OneIntState(ShardDataset):
+    """The same dataset with a state of one int: what torchdata's snapshots cost alone."""
+
+    def state_dict(self) -> dict:
+        return {"n": 1}
+
+
 def count_batch(batch: list[dict]) -> int:
     return len(batch)
 
 
-def _epoch(loader_class, urls: list[str], expected: int, **options) -> tuple[float, int]:
+def _epoch(
+    loader_class, urls: list[str], expected: int, dataset_class=ShardDataset, **options
+) -> tuple[float, int]:
     """Seconds for one epoch, and the loader state's JSON size (0 for a plain loader)."""
-    dataset = ShardDataset(urls, shuffle_buffer=options.pop("shuffle_buffer"), seed=0)
+    dataset = dataset_class(urls, shuffle_buffer=options.pop("shuffle_buffer"), seed=0)
     loader = loader_class(dataset, collate_fn=count_batch, **options)
     started = time.perf_counter()
     total = sum(loader)
@@ -72,7 +82,7 @@ def run(
     workers: int = 2,
     batch_size: int = 32,
 ) -> dict[str, dict[str, float]]:
-    """Medians (s) of both loaders, their ratio, and the state size."""
+    """Medians (s) of the four loaders, their ratios, and the state size."""
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -81,7 +91,7 @@ def run(
     with tempfile.TemporaryDirectory() as workdir:
         urls = write_dataset(workdir, shards, samples)
         expected = shards * samples
-        plain, stateful, never, state_bytes = [], [], [], 0
+        plain, stateful, never, floor, state_bytes = [], [], [], [], 0
         for _ in range(rounds):
             plain.append(_epoch(DataLoader, urls, expected, **options)[0])
             seconds, state_bytes = _epoch(
@@ -93,15 +103,27 @@ def run(
                     0
                 ]
             )
+            floor.append(
+                _epoch(
+                    StatefulDataLoader,
+                    urls,
+                    expected,
+                    dataset_class=OneIntState,
+                    snapshot_every_n_steps=1,
+                    **options,
+                )[0]
+            )
     plain_s, stateful_s = statistics.median(plain), statistics.median(stateful)
-    never_s = statistics.median(never)
+    never_s, floor_s = statistics.median(never), statistics.median(floor)
     case = f"{shards}x{samples}_buffer{shuffle_buffer}_{workers}workers_batch{batch_size}"
     return {
         case: {
             "plain_dataloader_s": plain_s,
             "stateful_every_step_s": stateful_s,
             "stateful_never_snapshot_s": never_s,
+            "stateful_one_int_state_s": floor_s,
             "stateful_slowdown": stateful_s / plain_s,
+            "one_int_state_slowdown": floor_s / plain_s,
             "stateful_vs_plain": plain_s / stateful_s,
             "snapshots_vs_none": never_s / stateful_s,
             "loader_state_bytes": float(state_bytes),
