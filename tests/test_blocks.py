@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 import uuid
 
 import pytest
@@ -17,7 +16,8 @@ from fsspec_shards.checksums import BlockHasher, format_block_manifest, format_s
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.cache.following import ProgressiveReader
 from fsspec_shards.storage.filesystem import WdsFileSystem
-from fsspec_shards.storage.transfer.blocks import BlockProgress, fill_blocks
+from fsspec_shards.storage.transfer.block_progress import BlockProgress
+from fsspec_shards.storage.transfer.blocks import fill_blocks
 from tests.faults import Flip
 from tests.planned_faults import PlannedFaultFileSystem
 
@@ -58,27 +58,6 @@ def _planned(tmp_path, plan=None, backend=None, **options):
     backend.plan = list(plan or [])
     backend.reads.clear()
     return fs, backend, path
-
-
-def test_blocks_are_readable_as_they_verify_and_a_failure_stops_at_the_last_good_one():
-    blocks = _blocks()
-    progress = BlockProgress(blocks)
-    progress.mark(0)
-    progress.mark(1)
-    progress.mark(3)
-    assert progress.readable_end(10) == 2 * BLOCK  # the run from block 0
-    assert progress.readable_end(3 * BLOCK) == 4 * BLOCK
-    waiting = threading.Thread(target=lambda: progress.readable_end(2 * BLOCK + 5))
-    waiting.start()
-    time.sleep(0.05)
-    assert progress.next_wanted() == 2  # the reader waits on block 2: fetched first
-    progress.mark(2)
-    waiting.join(5)
-    assert not waiting.is_alive()
-    progress.fail(OSError("gone"))
-    assert progress.readable_end(0) == 4 * BLOCK
-    with pytest.raises(OSError, match="gone"):
-        progress.readable_end(4 * BLOCK)
 
 
 def test_a_cold_read_is_a_progressive_reader_and_the_copy_is_published_whole(tmp_path):

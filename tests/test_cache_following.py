@@ -19,7 +19,7 @@ from fsspec_shards.storage.cache.following import (
     ProgressRecord,
     read_record,
 )
-from fsspec_shards.storage.transfer.blocks import BlockProgress
+from fsspec_shards.storage.transfer.block_progress import BlockProgress
 
 BLOCK = 4096
 DATA = random.Random(5).randbytes(10 * BLOCK + 17)

@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from fsspec_shards.storage.transfer import range_plan
-from fsspec_shards.storage.transfer.blocks import BlockProgress, fill_blocks
+from fsspec_shards.storage.transfer.block_progress import BlockProgress
+from fsspec_shards.storage.transfer.blocks import fill_blocks
 from fsspec_shards.storage.transfer.first_block import PiecedBlock
 from tests.planned_faults import PlannedFaultFileSystem
 from tests.test_blocks import BLOCK, DATA, FlipsOnce, _blocks, _planned

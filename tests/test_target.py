@@ -251,3 +251,13 @@ def test_another_version_and_the_sinks_own_errors_are_raised_as_they_come(path):
     with pytest.raises(Full):
         resume(_target(path, transport), 0, None, full, Version(), passthrough=(Full,))
     assert len(transport.requests) == 1
+
+
+def test_a_stat_on_a_thread_gives_the_info_or_raises_what_the_stat_raises(path, tmp_path):
+    target = _target(path, CatFileTransport(fsspec.filesystem("file")))
+    info = target.stat_on_a_thread()
+    assert info.result(30)["size"] == len(DATA)
+    missing = _target(str(tmp_path / "missing.bin"), target.transport).stat_on_a_thread()
+    assert isinstance(missing.exception(30), FileNotFoundError)
+    directory = _target(str(tmp_path), target.transport).stat_on_a_thread()
+    assert isinstance(directory.exception(30), IsADirectoryError)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 
 import pytest
 
@@ -154,3 +156,49 @@ def test_a_fresh_info_matches_the_version_when_nothing_tells_them_apart():
     assert not read.matches(Version(101))
     assert Version(100, None, None, 7.0).matches(Version(100, None, None, 7.0))
     assert not Version(100, None, None, 7.0).matches(Version(100, None, None, 8.0))
+
+
+class _SlowFacts(Facts):
+    """Facts whose ETag takes a moment to read: the thread switches there, as it may
+    between any two steps of a check."""
+
+    def __getattribute__(self, name):
+        if name == "etag":
+            time.sleep(0.001)
+        return super().__getattribute__(name)
+
+
+def test_answers_arriving_together_adopt_one_version_never_two():
+    # A block fill's first pieces answer on several threads at once, before any version is
+    # known: the first adopts its ETag, an answer of another version is a mismatch.
+    for _ in range(10):
+        version = Version(100)
+        version.blocks_checked = True
+        start = threading.Barrier(6)
+        adopted: list[str] = []
+
+        def answer(etag: str, version: Version = version, start=start, adopted=adopted):
+            start.wait()
+            try:
+                version.check(_SlowFacts(206, 0, 100, etag=etag))
+            except VersionMismatch:
+                return
+            adopted.append(etag)
+
+        threads = [threading.Thread(target=answer, args=(f'"v{n % 2}"',)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(set(adopted)) == 1 and adopted[0] == version.etag, adopted
+
+
+def test_a_fresh_info_must_describe_the_version_the_answers_adopted():
+    version = Version(100)
+    version.check(Facts(206, 0, 100, etag='"abc"'))
+    version.agree(Version(100, '"abc"', "7", 1000.0))  # what the answers lacked: adopted
+    assert (version.etag, version.version, version.modified) == ('"abc"', "7", 1000.0)
+    with pytest.raises(VersionMismatch, match="its info\\(\\) says ETag"):
+        version.agree(Version(100, '"abd"'))
+    with pytest.raises(VersionMismatch, match="size 101"):
+        Version(100).agree(Version(101))

@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import fsspec
@@ -29,7 +30,7 @@ from fsspec_shards.counters import COUNTERS, SHARED_COUNTERS
 from fsspec_shards.redact import install_log_redaction
 from fsspec_shards.storage.backends import ObjectId, backend_for, object_id
 from fsspec_shards.storage.backends.base import call, protocol_of
-from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
+from fsspec_shards.storage.byte_ranges import Range, read_backend_ranges, read_local_range
 from fsspec_shards.storage.core.integrity import Manifest, load_manifest
 from fsspec_shards.storage.core.retry import RetryPolicy
 from fsspec_shards.storage.files import BlockCheckedFile, CachedFile, RetryingFile
@@ -38,7 +39,7 @@ from fsspec_shards.storage.transfer.obstore_transport import (
     DownloadTransport,
     download_transport,
 )
-from fsspec_shards.storage.transfer.one_stream import read_range, read_whole
+from fsspec_shards.storage.transfer.one_stream import read_whole
 from fsspec_shards.storage.transfer.streams import Transport, transport_for
 from fsspec_shards.storage.transfer.target import Target
 
@@ -59,8 +60,6 @@ _SHARED_BACKENDS_LOCK = threading.Lock()
 _MEMORY_COUNTERS: dict[str, dict[str, int]] = {}
 _MEMORY_COUNTERS_LOCK = threading.Lock()
 _SUCCESSOR_LOCK = threading.Lock()
-
-Range = tuple[int | None, int | None]
 
 
 def _forget_parent_state() -> None:
@@ -365,7 +364,8 @@ class Fetcher:
         The write generation is read before the backend is asked for the file's size and
         identity, so a write through ``wds`` in between makes the cache refuse the download
         rather than publish the old version: the backend is asked again, and after three
-        such races the file is streamed uncached.
+        such races the file is streamed uncached. A file whose block manifest entry is known
+        already fills at once, its ``info()`` beside (:meth:`_open_filling_beside`).
         """
         from fsspec_shards.storage.cache import (
             CacheFullError,
@@ -377,20 +377,10 @@ class Fetcher:
         handle = self._cached_handle(backend_path, obj)
         if handle is not None:
             return handle
-        cache = self.cache
         for _ in range(_WRITE_RACE_ATTEMPTS):
-            since = cache.generation(obj)
-            loaded = self._manifest is not None or self.options.checksums is None
-            target, info = self.target(backend_path, loaded).stat_beside(
-                None if loaded else lambda: self.target(backend_path).manifest
-            )
+            since = self.cache.generation(obj)
             try:
-                blocks = self.blocks_of(backend_path)
-                if blocks is not None:
-                    raw = self._open_filling(backend_path, obj, target, info, blocks, since)
-                else:
-                    fill = self._filler(obj, target, info)
-                    raw = cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
+                raw = self._open_filled(backend_path, obj, since)
             except CacheFullError as exc:
                 warnings.warn(f"not caching {obj.shown}: {exc}; streaming it instead", stacklevel=4)
                 return None
@@ -401,24 +391,78 @@ class Fetcher:
             return CachedFile(raw, self.owner, backend_path)
         return None
 
+    def _open_filled(self, backend_path: str, obj: ObjectId, since: int) -> io.RawIOBase:
+        """The object from the cache after a miss (write generation ``since``): filled
+        whole, or block by block (followed as it fills), or beside its ``info()`` where
+        the block manifest is known already."""
+        known = self._blocks_known_now(backend_path)
+        if known is not None:
+            return self._open_filling_beside(backend_path, obj, known, since)
+        loaded = self._manifest is not None or self.options.checksums is None
+        target, info = self.target(backend_path, loaded).stat_beside(
+            None if loaded else lambda: self.target(backend_path).manifest
+        )
+        blocks = self.blocks_of(backend_path)
+        if blocks is not None:
+            return self._open_filling(backend_path, obj, target, info, blocks, since)
+        fill = self._filler(obj, target, info)
+        return self.cache.fetch(obj, fill, expected_size=info.get("size"), since=since)
+
+    def _blocks_known_now(self, backend_path: str) -> BlockList | None:
+        """The block manifest entry of ``backend_path`` when it is known without asking the
+        backend (the manifest is loaded in this process) and a fill may start before the
+        object's ``info()`` is in (no shared tier, which keys copies by that identity)."""
+        if self._manifest is None or self.shared is not None:
+            return None
+        return self.blocks_of(backend_path)
+
+    def _open_filling_beside(
+        self, backend_path: str, obj: ObjectId, blocks: BlockList, since: int
+    ) -> io.RawIOBase:
+        """:meth:`_open_filling` started before the object's ``info()`` is in: the block
+        manifest gives its size, so the fill's first GETs go out at once and the HEAD runs
+        beside them (``blocks.fill_blocks``: one round trip for a cold file, not two).
+        Returns once the HEAD is in; raises what it raised (a missing, forbidden or
+        directory object), ahead of the fill's own failure, once the fill it stopped is
+        gone (nothing cached, no temp file, the key's lock free)."""
+        from fsspec_shards.storage.cache.following import close_settled
+
+        target = self.target(backend_path)
+        info = target.stat_on_a_thread()
+        opened: Exception | None = None
+        try:
+            raw = self._open_filling(backend_path, obj, target, info, blocks, since)
+        except Exception as exc:  # (cache full, written meanwhile, ...): after the HEAD's
+            opened = exc
+        failure = info.exception()
+        if failure is not None:
+            if opened is None:
+                close_settled(raw)  # (the fill stops at its next byte)
+            raise failure
+        if opened is not None:
+            raise opened
+        return raw
+
     def _open_filling(
         self,
         backend_path: str,
         obj: ObjectId,
         target: Target,
-        info: dict,
+        info: dict | Future[dict],
         blocks: BlockList,
         since: int,
     ) -> io.RawIOBase:
         """The object from the cache, readable block by block while it fills
-        (:mod:`.cache.following`)."""
+        (:mod:`.cache.following`); ``info`` may be still to come (no shared tier then)."""
         from fsspec_shards.storage.cache.following import open_while_filling
-        from fsspec_shards.storage.transfer.blocks import BlockProgress
+        from fsspec_shards.storage.transfer.block_progress import BlockProgress
 
         def fill(out: BinaryIO, progress: BlockProgress) -> dict:
             download_blocks = lambda into: planner.fill(  # noqa: E731
                 target, into, info, blocks=blocks, progress=progress
             )
+            if isinstance(info, Future):
+                return download_blocks(out)
             return self._filler(obj, target, info, download_blocks)(out)
 
         return open_while_filling(
@@ -495,7 +539,7 @@ class Fetcher:
         handle = self._local_copy(backend_path, fill=True)
         if handle is not None:
             with handle:
-                return _read_local_range(handle, None, None)
+                return read_local_range(handle, None, None)
         target = self.target(backend_path)
         buffer = io.BytesIO()
         planner.fill(target, buffer, target.stat())
@@ -507,45 +551,15 @@ class Fetcher:
         handle = self._local_copy(backend_path, fill=self.options.ranged_reads == "cache")
         if handle is not None:
             with handle:
-                return [_read_local_range(handle, *bounds) for bounds in ranges]
+                return [read_local_range(handle, *bounds) for bounds in ranges]
         target = self.target(backend_path)
-        return self._read_backend_ranges(target, ranges, target.stat())
+        return read_backend_ranges(target, ranges, target.stat())
 
     def _local_copy(self, backend_path: str, fill: bool) -> BinaryIO | None:
         """The cached copy opened for reading (with ``fill``, downloaded on a miss), or None."""
         if not self.options.cache:
             return None
         return self._open_cached(backend_path) if fill else self._cached_handle(backend_path)
-
-    def _read_backend_ranges(self, target: Target, ranges: list[Range], info: dict) -> list[bytes]:
-        """Byte ranges straight from the backend, retried and resumed, all of one version of
-        the object: identity- and size-checked on every response (no checksum: a range
-        cannot be verified alone). A change of version reads them again from the new one;
-        answers that prove no version (``versions.Unproven``) get the object read whole, the
-        one shape in which they are used, and the ranges cut from it."""
-        changed: VersionMismatch | None = None
-        for _ in range(self.policy.attempts):
-            expect = target.expect(info).version
-            try:
-                return [self._read_backend_range(target, *bounds, expect) for bounds in ranges]
-            except VersionMismatch as exc:
-                changed = exc
-            except Unproven:  # answers prove no version: the object whole, then the ranges
-                with tempfile.TemporaryFile() as spool:  # on disk: the object may be large
-                    planner.fill(target, spool, info)
-                    return [_read_local_range(spool, *bounds) for bounds in ranges]
-            logger.info("%s changed while its ranges were read: reading again", target.shown)
-            info = target.stat()
-        raise changed
-
-    def _read_backend_range(
-        self, target: Target, start: int | None, end: int | None, expect: Version
-    ) -> bytes:
-        """``[start, end)`` of the version ``expect`` straight from the backend."""
-        first, last = _resolve_range(start, end, expect.size)
-        if first >= last:
-            return b""
-        return read_range(target, first, last, expect, lambda n: self.incr("bytes_downloaded", n))
 
 
 def _backend(
@@ -580,21 +594,3 @@ def _rebuilt_after_fork(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSys
     if not getattr(fs, "async_impl", False):
         return fs
     return type(fs)(*fs.storage_args, **fs.storage_options)
-
-
-def _resolve_range(start: int | None, end: int | None, size: int | None) -> tuple[int, int]:
-    """``[start, end)`` as absolute offsets, with Python's negative-index and clamping rules."""
-    if size is None:
-        if (start or 0) < 0 or end is None or end < 0:
-            raise ValueError("a negative or open-ended range needs the object's size")
-        return start or 0, end
-    first = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
-    last = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
-    return first, max(first, last)
-
-
-def _read_local_range(handle: BinaryIO, start: int | None, end: int | None) -> bytes:
-    size = handle.seek(0, io.SEEK_END)  # (a file still filling has its final size too)
-    first, last = _resolve_range(start, end, size)
-    handle.seek(first)
-    return handle.read(last - first)

@@ -38,9 +38,9 @@ from fsspec_shards.redact import raising_clean
 from fsspec_shards.storage.backends.versions import Unproven, VersionMismatch
 from fsspec_shards.storage.core.verification import WholeHasher
 from fsspec_shards.storage.transfer import planner
-from fsspec_shards.storage.transfer.blocks import check_listed_size
 from fsspec_shards.storage.transfer.one_stream import read_range
 from fsspec_shards.storage.transfer.target import INTEGRITY_PASSES, Target
+from fsspec_shards.storage.transfer.whole_file import check_listed_size
 
 logger = logging.getLogger("fsspec_shards.storage.files")
 

@@ -3,8 +3,11 @@
 It serves objects from memory with Range support (an object stored as `get?key=a` is named
 by its query too; others ignore the query, as signed URLs need), and, per object, follows
 a plan: an
-ordered list of actions, one taken by each GET of that object (HEAD requests take none).
-Actions: `Pass()`, `Replace(data)` (the object is replaced, then this GET is served),
+ordered list of actions, one taken by each GET of that object (HEAD requests take their
+own plan, `head_plan`: `Hold`, `Refuse` and `OtherVersion` there). Actions:
+`Hold(seconds, then)` (the answer is held that long, then `then` is taken), `Refuse(status)`
+(an empty answer with that status), `Pass()`, `Replace(data)` (the object is replaced,
+then this GET is served),
 `WrongStart(shift)` (a 206 for bytes `shift` further on than asked, with an honest
 Content-Range), `OtherVersion(data, ...)` (this GET is answered from other bytes, as a
 stale replica would, ignoring `If-Match`: with no ETag or Last-Modified, or with the other
@@ -17,7 +20,7 @@ time, then a stall until the client gives up).
 Last-Modified. With `identity=True` each version has an ETag and a Last-Modified, and
 `If-Match` is honoured (412 for another version). `identity_on_get=False`: only HEAD
 answers say which version (GETs carry no ETag or Last-Modified and ignore `If-Match`).
-Every request is logged.
+Every request is logged, with when it arrived.
 """
 
 from __future__ import annotations
@@ -34,6 +37,21 @@ from tests.faults import Cut, Pass, Replace, WholeBody
 from tests.integration.servers import _quiet_about_vanished_clients
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """Hold the answer `seconds`, then take action `then` (by default: serve as asked)."""
+
+    seconds: float
+    then: object = dataclasses.field(default_factory=Pass)
+
+
+@dataclasses.dataclass(frozen=True)
+class Refuse:
+    """Answer with `status` and no body (404: not there; 403: forbidden)."""
+
+    status: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +102,8 @@ class Logged:
     action: object = None
     """What the plan had this request do (None: served as asked); requests that arrive
     together reach the log in either order, so a test finds its fault by this."""
+    arrived: float = 0.0
+    """When the request arrived (``time.monotonic``)."""
 
 
 @dataclasses.dataclass
@@ -100,6 +120,7 @@ class HostileServer:
         self.identity_on_get = identity_on_get
         self.objects: dict[str, _Object] = {}
         self.plans: dict[str, list] = {}
+        self.head_plans: dict[str, list] = {}
         self.log: list[Logged] = []
         self.lock = threading.Lock()
         server = self
@@ -123,14 +144,21 @@ class HostileServer:
         host, port = self.address
         return f"http://{host}:{port}/{path.lstrip('/')}"
 
-    def put(self, path: str, data: bytes, plan: list | None = None) -> str:
-        """Store `data` at `path` (a new version) with the plan for its next GETs."""
+    def put(
+        self, path: str, data: bytes, plan: list | None = None, head_plan: list | None = None
+    ) -> str:
+        """Store `data` at `path` (a new version) with the plan for its next GETs (and
+        `head_plan` for its next HEADs)."""
         with self.lock:
             previous = self.objects.get("/" + path.lstrip("/"))
             version = previous.version + 1 if previous else 1
             self.objects["/" + path.lstrip("/")] = _Object(data, version)
             self.plans["/" + path.lstrip("/")] = list(plan or [])
+            self.head_plans["/" + path.lstrip("/")] = list(head_plan or [])
         return self.url(path)
+
+    def heads(self, path: str) -> list[Logged]:
+        return [entry for entry in self.log if entry.method == "HEAD" and entry.path.endswith(path)]
 
     def gets(self, path: str) -> list[Logged]:
         return [entry for entry in self.log if entry.method == "GET" and entry.path.endswith(path)]
@@ -151,8 +179,9 @@ class HostileServer:
         with self.lock:
             path = target if target in self.objects else target.split("?", 1)[0]
             action = Pass()
-            if method == "GET" and self.plans.get(path):
-                action = self.plans[path].pop(0)
+            plans = self.plans if method == "GET" else self.head_plans
+            if plans.get(path):
+                action = plans[path].pop(0)
             if isinstance(action, Replace):
                 previous = self.objects[path]
                 self.objects[path] = _Object(action.data, previous.version + 1)
@@ -181,14 +210,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.headers.get("If-Match"),
                 status,
                 None if isinstance(action, Pass) else action,
+                self._arrived,
             )
         )
 
     def _answer(self, method: str) -> None:
+        self._arrived = time.monotonic()
         obj, action = self.hostile._take(self.path, method)
-        if obj is None:
-            self._log(method, 404, action)
-            self.send_response(404)
+        if isinstance(action, Hold):
+            time.sleep(action.seconds)
+            action = action.then
+        status = action.status if isinstance(action, Refuse) else 404 if obj is None else None
+        if status is not None:
+            self._log(method, status, action)
+            self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return

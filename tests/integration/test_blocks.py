@@ -418,3 +418,191 @@ def test_a_piece_answered_from_another_version_is_never_spliced_into_the_first_b
         assert any(isinstance(get.action, OtherVersion) for get in gets)  # one piece met it
         assert len(gets) >= 4, _asked(server, "mixed.tar")  # the first block was in pieces
         assert all(cached == data for cached in _cached_files(tmp_path / "cache"))
+
+
+# -- a later cold shard: its HEAD beside its first GETs ---------------------------------------
+
+SHARDS = {name: random.Random(name).randbytes(12 * BLOCK + 99) for name in ("a.tar", "b.tar")}
+
+
+def _listed_shards(tmp_path, transport, **wds):
+    """Two shards listed in a sums file and a block manifest on a hostile server; the
+    server, a filesystem that read the first shard (so the manifest is loaded, as for every
+    later shard of a process) and the second shard's URL (yielded: the server closes after)."""
+    from tests.integration.hostile_http import HostileServer
+
+    lists = {}
+    for name, data in SHARDS.items():
+        hasher = BlockHasher(BLOCK)
+        hasher.update(data)
+        lists[name] = hasher.block_list()
+    with HostileServer() as server:
+        for name, data in SHARDS.items():
+            server.put(name, data)
+        sums = [(name, blocks.checksum) for name, blocks in lists.items()]
+        server.put("SHA256SUMS", format_sums(sums).encode())
+        server.put("SHA256SUMS.blocks", format_block_manifest(list(lists.items()), BLOCK).encode())
+        fs = fsspec.filesystem(
+            "wds",
+            target_protocol="http",
+            skip_instance_cache=True,
+            cache_dir=str(tmp_path / "cache"),
+            checksums=server.url("SHA256SUMS"),
+            transport=transport,
+            backoff=0.01,
+            max_backoff=0.05,
+            **wds,
+        )
+        assert fs.cat_file(server.url("a.tar")) == SHARDS["a.tar"]
+        server.log.clear()
+        yield server, fs, server.url("b.tar")
+
+
+def _left_in_cache(fs, url) -> tuple[list[bytes], list[str], bool]:
+    """The cache's data files, its temp data files, and whether the key's lock is free."""
+    from fsspec_shards.storage.cache import layout, locks
+
+    directory = fs.fetcher.options.cache_dir
+    temp = [n for n in os.listdir(layout.temp_directory(directory)) if layout.parse_temp_name(n)]
+    key = fs.fetcher.object(url).key
+    return _cached_files(directory), temp, locks.is_free(layout.key_lock_path(directory, key))
+
+
+def test_a_later_cold_shards_head_goes_out_beside_its_first_get(tmp_path, transport):
+    # The block manifest gives the shard's size: the fill need not wait for the HEAD. Both
+    # are held 0.3 s: each arrives while the other is held (one after the other on main).
+    from tests.integration.hostile_http import Hold
+
+    held = 0.3
+    for server, fs, url in _listed_shards(tmp_path, transport):
+        server.put("b.tar", SHARDS["b.tar"], plan=[Hold(held)], head_plan=[Hold(held)])
+        with fs.open(url, "rb") as handle:
+            assert handle.read() == SHARDS["b.tar"]
+        head = server.heads("b.tar")[0]
+        first_get = min(server.gets("b.tar"), key=lambda entry: entry.arrived)
+        assert first_get.arrived < head.arrived + held, "the GET waited for the HEAD's answer"
+        assert head.arrived < first_get.arrived + held
+        assert len(server.heads("b.tar")) == 1
+        assert sorted(_cached_files(tmp_path / "cache")) == sorted(SHARDS.values())
+        assert fs.cache_stats()["integrity_failures"] == 0
+
+
+@pytest.mark.parametrize("head_held", [0.0, 0.3], ids=["head first", "answers first"])
+def test_a_head_of_another_version_than_the_gets_caches_no_mix(tmp_path, transport, head_held):
+    # The HEAD answers from a stale replica (another ETag, other bytes of the same size):
+    # the object counts as changed, the blocks verified stay, nothing is mixed, and what is
+    # cached is recorded with the identity of the version its bytes are of.
+    from tests.integration.hostile_http import Hold, OtherVersion
+
+    other = random.Random(99).randbytes(len(SHARDS["b.tar"]))
+    stale = Hold(head_held, then=OtherVersion(other, etag=True, modified=True))
+    for server, fs, url in _listed_shards(tmp_path, transport):
+        server.put("b.tar", SHARDS["b.tar"], head_plan=[stale])
+        try:
+            with fs.open(url, "rb") as handle:
+                assert handle.read() == SHARDS["b.tar"]
+        except OSError as exc:  # (a clear error is allowed: never other bytes)
+            assert "changed" in str(exc), exc
+        assert sorted(_cached_files(tmp_path / "cache")) in (
+            sorted(SHARDS.values()),
+            [SHARDS["a.tar"]],
+        )
+        assert fs.cache_stats()["integrity_failures"] == 0
+        metadata = fs.fetcher.cache.metadata(fs.fetcher.object(url))
+        if metadata is not None:
+            assert "ETag=v2-" in metadata["identity"], metadata  # the GETs' version, not v1002
+        assert any(isinstance(head.action, OtherVersion) for head in server.heads("b.tar"))
+
+
+def _outcome(fs, url):
+    try:
+        with fs.open(url, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("status", [404, 403])
+@pytest.mark.parametrize("refused", ["head only", "head and gets"])
+def test_a_listed_object_the_head_refuses_raises_as_before_and_leaves_nothing(
+    tmp_path, transport, status, refused
+):
+    # The fill runs beside the HEAD: when the HEAD fails, open() raises what the HEAD
+    # raised (as when it came first: the cache-off read still asks it first), the fill
+    # stops, and the cache keeps nothing of it; the next open works.
+    from tests.integration.hostile_http import Refuse
+
+    data = SHARDS["b.tar"]
+    refusals = [Refuse(status)] * 20
+    plans = {"head_plan": refusals, "plan": refusals if refused == "head and gets" else []}
+    for server, fs, url in _listed_shards(tmp_path, transport):
+        server.put("b.tar", data, **plans)
+        got = _outcome(fs, url)
+        files, temp, lock_free = _left_in_cache(fs, url)
+        server.put("b.tar", data, **plans)
+        streamed = fsspec.filesystem(
+            "wds",
+            target_protocol="http",
+            skip_instance_cache=True,
+            cache=False,
+            checksums=server.url("SHA256SUMS"),
+            transport=transport,
+            backoff=0.01,
+            max_backoff=0.05,
+        )
+        before = _outcome(streamed, url)  # the HEAD first, as every cold read did before
+        assert type(got) is type(before), (got, before)
+        if isinstance(got, bytes):
+            assert got == data
+            continue
+        assert str(got) == str(before)
+        assert url.split("//")[1] in str(got)
+        assert (files, temp, lock_free) == ([SHARDS["a.tar"]], [], True)
+        server.put("b.tar", data)
+        assert _outcome(fs, url) == data
+
+
+CONCURRENT_READER = """
+import sys, time, json, fsspec
+options = json.loads(sys.argv[2])
+fs, path = fsspec.core.url_to_fs(sys.argv[1], wds=options)
+assert fs.fetcher.blocks_of(path) is not None  # the manifest is loaded: a later shard
+time.sleep(max(0.0, float(sys.argv[3]) - time.time()))
+with fs.open(path, "rb") as handle:
+    data = handle.read()
+print(json.dumps({"ok": data == open(sys.argv[4], "rb").read()}))
+"""
+
+
+def test_concurrent_cold_opens_from_processes_download_a_shard_once(tmp_path, transport):
+    from tests.integration.hostile_http import Hold
+
+    data = SHARDS["b.tar"]
+    expected = tmp_path / "expected"
+    expected.write_bytes(data)
+    for server, _, url in _listed_shards(tmp_path, transport):
+        server.put("b.tar", data, head_plan=[Hold(0.3)] * 3)
+        options = {"cache_dir": str(tmp_path / "cache"), "transport": transport}
+        options["checksums"] = server.url("SHA256SUMS")
+        start = str(time.time() + 3.0)
+        readers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    CONCURRENT_READER,
+                    f"wds::{url}",
+                    json.dumps(options),
+                    start,
+                    str(expected),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        results = [json.loads(reader.communicate(timeout=TIMEOUT)[0]) for reader in readers]
+        assert results == [{"ok": True}] * 3
+        starts = [_range_start(get) for get in server.gets("b.tar")]
+        assert len(starts) == len(set(starts)), starts  # no byte asked twice: one download
+        assert _cached_files(tmp_path / "cache").count(data) == 1

@@ -6,7 +6,12 @@ after a cut, both transports):
 - A :class:`Version` is taken from ``info()`` when a read starts (:func:`expected_version`
   knows each backend's fields); what that lacks, the first response fills in. Requests are
   conditional on it where the backend allows (``If-Match`` on a strong ETag, version id,
-  generation).
+  generation). A block fill may start before ``info()`` is in (its size is the block
+  manifest's): its first answer then names the version, and ``info()``, once in, must
+  describe that version (:meth:`Version.agree`) or the object changed during the read.
+- Adoption is atomic: answers that arrive together on several threads are checked and
+  adopted one at a time (:meth:`Version.check` holds the version's lock), so of two answers
+  of different versions the second is a :class:`VersionMismatch`, never adopted too.
 - Every identity field an answer carries is compared with the expected one: size (the
   Content-Range total, a 200's length), ETag, version id / generation and, when the answer
   carries neither of those while the object has one, Last-Modified. A difference is a
@@ -33,6 +38,7 @@ import datetime
 import email.utils
 import errno
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +153,7 @@ class Version:
         self.unproven_whole = False
         """An answer of the whole object that proved no version was used: a cut in it
         cannot be resumed (the read starts over from byte 0)."""
+        self._lock = threading.Lock()  # (answers to concurrent requests: one at a time)
 
     def __repr__(self) -> str:
         return (
@@ -173,13 +180,27 @@ class Version:
         answer is not ``whole`` (the whole object from byte 0), or if the answer (for bytes
         from ``start``) would be spliced onto such a whole answer accepted before; else
         adopt what they say that this lacks."""
-        mismatch = self._difference(facts)
-        if mismatch is not None:
-            raise VersionMismatch(errno.ESTALE, mismatch)
-        if not self.blocks_checked:
-            self._check_proof(facts, start, whole)
-        if not self._confirmed_by(facts):
-            self.unconfirmed += 1
+        with self._lock:
+            mismatch = self._difference(facts)
+            if mismatch is not None:
+                raise VersionMismatch(errno.ESTALE, mismatch)
+            if not self.blocks_checked:
+                self._check_proof(facts, start, whole)
+            if not self._confirmed_by(facts):
+                self.unconfirmed += 1
+            self._adopt(facts)
+
+    def agree(self, described: Version) -> None:
+        """Adopt what ``described`` (the version a fresh ``info()`` describes) says that this
+        lacks; :class:`VersionMismatch` if it is another version than the answers so far
+        were of (the object changed during the read). Atomic with :meth:`check`."""
+        with self._lock:
+            mismatch = self._difference(_facts_of(described))
+            if mismatch is not None:
+                raise VersionMismatch(errno.ESTALE, f"its info() says {mismatch}")
+            self._adopt(_facts_of(described))
+
+    def _adopt(self, facts: Facts) -> None:
         if self.size is None:
             self.size = facts.total
         if not self.etag:
@@ -192,13 +213,7 @@ class Version:
     def matches(self, info_version: Version) -> bool:
         """Whether ``info_version`` (from a fresh ``info()``) describes this version: what a
         caller checks when responses said nothing of their version."""
-        described = Facts(
-            total=info_version.size,
-            etag=info_version.etag,
-            version=info_version.version,
-            modified=info_version.modified,
-        )
-        return self._difference(described) is None
+        return self._difference(_facts_of(info_version)) is None
 
     def _difference(self, facts: Facts) -> str | None:
         """How ``facts`` show another version, or None."""
@@ -257,6 +272,13 @@ class Version:
         if self.modified is not None:
             return facts.modified is not None
         return facts.total is not None
+
+
+def _facts_of(version: Version) -> Facts:
+    """What an answer carrying exactly ``version``'s fields would say."""
+    return Facts(
+        total=version.size, etag=version.etag, version=version.version, modified=version.modified
+    )
 
 
 def parse_content_range(value: str | None) -> tuple[int | None, int | None, int | None]:

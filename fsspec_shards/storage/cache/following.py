@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.cache import layout, locks
-from fsspec_shards.storage.transfer.blocks import BlockProgress, verified_run_end
+from fsspec_shards.storage.transfer.block_progress import BlockProgress, verified_run_end
 
 logger = logging.getLogger("fsspec_shards.storage.cache.following")
 
@@ -340,6 +340,12 @@ class ProgressiveReader(io.RawIOBase):
             while not locks.is_free(progress.lock_path):
                 time.sleep(_POLL_MAX_SECONDS)
 
+    def settle(self) -> None:
+        """Wait for the fill of this process that this reader follows, if any, to end
+        (published or failed: its outcome is not raised here)."""
+        if isinstance(self._progress, LocalFill):
+            self._progress.ended.wait()
+
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a file being filled has no descriptor to hand out")
 
@@ -390,6 +396,15 @@ def open_while_filling(
             raise local.progress.failure from None
         return reopen()
     return ProgressiveReader(file, blocks.size, local, reopen)
+
+
+def close_settled(raw: io.RawIOBase) -> None:
+    """Close ``raw`` (what :func:`open_while_filling` returned) once the fill of this process
+    it follows, if any, ended: what a caller that gives it up for another failure needs
+    (the fill stopped: its temp file is gone and the key's lock free when this returns)."""
+    if isinstance(raw, ProgressiveReader):
+        raw.settle()
+    raw.close()
 
 
 class _FetchOnAThread:

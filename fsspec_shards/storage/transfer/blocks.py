@@ -5,7 +5,7 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
 
 - The fill (:func:`fill_blocks`) writes the object into the cache's temp file and checks
   each block against its digest the moment its last byte arrives. A good block is marked
-  verified in a :class:`BlockProgress`; a bad one stops the request it came in, is counted
+  verified in a ``block_progress.BlockProgress``; a bad one stops the request it came in, is counted
   in ``integrity_failures`` and fetched again by range from its first byte; a block bad in
   :data:`~fsspec_shards.storage.transfer.one_stream.INTEGRITY_PASSES` downloads raises
   ``IntegrityError`` naming the object and the block. With several ranges in flight, blocks
@@ -15,16 +15,24 @@ SHA-256 per block), a cold object need not be whole before a reader starts:
   ``range_plan.FIRST_BYTES``) decide whether more streams start: a server that ignores
   Range (a 200 to a range request) gets one stream, which asks for all the blocks left in
   one request, so the object crosses the link about once instead of once per range.
-- Readers wait on the :class:`BlockProgress` and never read past a block that is not
+- Readers wait on the ``BlockProgress`` and never read past a block that is not
   verified; the cache publishes it to other processes (``cache/following.py``, through a
-  :class:`ProgressListener`).
+  ``block_progress.ProgressListener``).
 - A block manifest only checks bytes earlier, never instead of the whole file
-  (``verification.py``): the fill hashes the whole file on the same pass (a worker thread
+  (``verification.py``): the fill hashes the whole file on the same pass
+  (``whole_file.py``: a worker thread
   reads back each run of verified blocks as it completes, with every expected algorithm),
   and the last block is marked verified only when the whole file matched every checksum
   known for it. A whole-file mismatch is an ``IntegrityError`` naming both manifests;
   readers never reach the file's end. Answers need not prove their version here
   (``Version.blocks_checked``): every block is checked against its digest.
+- The block manifest gives the object's size, so a fill may start before the object's
+  ``info()`` (its HEAD) is in, which then runs beside its first requests: one round trip
+  for a cold file, not two. Until it is in, the first answer names the version and the
+  others must agree with it (``versions.py``); once in, its size must be the manifest's,
+  its version the answers' (else the object changed, as when an answer shows another
+  version), and the whole-file check takes its checksums and identity
+  (``whole_file.WholeFileCheck``). A failed ``info()`` stops the fill: nothing is published.
 - With ``cache=False``, ``files.BlockCheckedFile`` applies the same block rule to streamed
   reads. Without a block manifest none of this applies: the object is verified whole first.
 """
@@ -36,19 +44,17 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, BinaryIO, Protocol
+from concurrent.futures import Future
+from typing import Any, BinaryIO
 
 from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
-from fsspec_shards.storage.backends.versions import VersionMismatch
+from fsspec_shards.storage.backends.versions import Version, VersionMismatch
 from fsspec_shards.storage.core.retry import TransientError
+from fsspec_shards.storage.core.verification import Expectation
+from fsspec_shards.storage.transfer.block_progress import BlockProgress
 from fsspec_shards.storage.transfer.first_block import Piece, PiecedBlock, fetch_pieces
-from fsspec_shards.storage.transfer.one_stream import (
-    Frontier,
-    OrderedHasher,
-    preallocate,
-    pwrite_all,
-)
+from fsspec_shards.storage.transfer.one_stream import Frontier, preallocate, pwrite_all
 from fsspec_shards.storage.transfer.range_plan import FIRST_BYTES, Ramp, Stopped, run_stream
 from fsspec_shards.storage.transfer.target import (
     INTEGRITY_PASSES,
@@ -57,102 +63,13 @@ from fsspec_shards.storage.transfer.target import (
     Target,
     resume,
 )
+from fsspec_shards.storage.transfer.whole_file import WholeFileCheck, check_listed_size
 
 logger = logging.getLogger("fsspec_shards.storage.transfer.blocks")
 
 SPAN_BYTES = 16 * 1024 * 1024
 """Bytes per ranged GET when a fill has several in flight (whole blocks: rounded up)."""
 _RAMP_SECONDS = 0.3
-
-
-# -- progress: which blocks are verified ---------------------------------------------------
-
-
-class ProgressListener(Protocol):
-    """Who is told of a fill's progress (the cache's record for other processes)."""
-
-    def changed(self, progress: BlockProgress, force: bool) -> None:
-        """More blocks are verified (``force``: the last one, or all at once)."""
-
-    def failed(self, progress: BlockProgress, error: BaseException) -> None:
-        """The fill ended without verifying every block."""
-
-
-class BlockProgress:
-    """Which blocks of one fill are verified: written by the fill, read by readers (who
-    wait on a condition) and told to ``listener``."""
-
-    def __init__(self, blocks: BlockList, listener: ProgressListener | None = None) -> None:
-        self.blocks = blocks
-        self.listener = listener
-        self.verified = bytearray(len(blocks))
-        self.failure: BaseException | None = None
-        self.wanted: int | None = None
-        """The block a reader waits on: the next range to fetch is the one holding it."""
-        self._done = 0
-        self._condition = threading.Condition()
-
-    @property
-    def complete(self) -> bool:
-        return self._done == len(self.blocks)
-
-    def mark(self, index: int) -> None:
-        """Block ``index`` is written and matches its digest."""
-        with self._condition:
-            if not self.verified[index]:
-                self.verified[index] = 1
-                self._done += 1
-            self._condition.notify_all()
-        if self.listener is not None:
-            self.listener.changed(self, force=self.complete)
-
-    def mark_all(self) -> None:
-        """Every block is verified (the whole object was, e.g. copied from the shared tier)."""
-        with self._condition:
-            self.verified[:] = b"\x01" * len(self.blocks)
-            self._done = len(self.blocks)
-            self._condition.notify_all()
-        if self.listener is not None:
-            self.listener.changed(self, force=True)
-
-    def fail(self, error: BaseException) -> None:
-        """The fill ended without verifying every block: readers waiting get ``error``."""
-        with self._condition:
-            if self.failure is None and not self.complete:
-                self.failure = error
-            self._condition.notify_all()
-        if self.listener is not None and not self.complete:
-            self.listener.failed(self, error)
-
-    def readable_end(self, offset: int) -> int:
-        """Wait until the block holding ``offset`` is verified; the end of the verified run
-        from there (bytes ``[offset, end)`` may be handed out)."""
-        index = self.blocks.block_at(offset)
-        with self._condition:
-            while not self.verified[index]:
-                if self.failure is not None:
-                    raise self.failure
-                self.wanted = index
-                self._condition.wait(1.0)
-            return verified_run_end(self.blocks, self.verified, index)
-
-    def wait_first(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until some block is verified, or the fill failed."""
-        with self._condition:
-            self._condition.wait_for(lambda: self._done or self.failure, timeout)
-
-    def next_wanted(self) -> int | None:
-        """The block a reader waits on, if any and not verified yet."""
-        wanted = self.wanted
-        return None if wanted is None or self.verified[wanted] else wanted
-
-
-def verified_run_end(blocks: BlockList, verified: Any, index: int) -> int:
-    """The end byte of the run of verified blocks starting at ``index``."""
-    end = index
-    while end < len(blocks) and verified[end]:
-        end += 1
-    return blocks.bounds(end - 1)[1]
 
 
 # -- the fill ------------------------------------------------------------------------------
@@ -210,7 +127,7 @@ class _Plan:
 def fill_blocks(
     target: Target,
     out: BinaryIO,
-    expected: Expected,
+    expected: Expected | Future[dict[str, Any]],
     blocks: BlockList,
     progress: BlockProgress,
     ranges_in_flight: int | str = 1,
@@ -218,7 +135,9 @@ def fill_blocks(
 ) -> dict[str, Any]:
     """Write the object into the file ``out``, checking every block against ``blocks`` as it
     completes and marking it in ``progress`` (module docstring). ``expected``: what the
-    version must deliver (``Target.expect`` with ``blocks``). Returns the metadata a
+    version must deliver (``Target.expect`` with ``blocks``), or the object's ``info()``
+    still to come (``Target.stat_on_a_thread``): the fill then starts at once and takes the
+    version from its first answers (:class:`WholeFileCheck`). Returns the metadata a
     download returns (``size``, ``identity``, ``checksum``).
 
     With ``ranges_in_flight`` other than 1 the object is fetched as spans of about
@@ -229,23 +148,31 @@ def fill_blocks(
     The whole file is hashed on the same pass and checked against every checksum known
     (``verification.py``); the last block is marked only then.
     Raises ``IntegrityError`` when the object's size is not the manifest's, a block stays
-    bad, or the whole file does not match, and the failure that ended a transfer.
+    bad, or the whole file does not match, the failure that ended a transfer, and that of
+    an ``info()`` still to come (the fill stops).
     """
-    if expected.version.size is not None:
+    pending = expected if isinstance(expected, Future) else None
+    if pending is not None:
+        version = Version(size=blocks.size)
+        version.blocks_checked = True
+        expected = Expected(version, Expectation(()), "")
+    elif expected.version.size is not None:
         check_listed_size(target, blocks, expected.version.size)
     state = _FillState(target, expected, blocks, progress)
     descriptor = out.fileno()
     out.flush()
     preallocate(descriptor, blocks.size)
-    checksums = expected.checksums
-    hasher = OrderedHasher(checksums.algorithms)
-    hasher.update_from_file(descriptor, 0, blocks.size, state.in_order)
+    whole = WholeFileCheck(target, blocks, descriptor, state.in_order, state.info_in)
+    if pending is None:
+        whole.start(expected)
     try:
-        _fetch_blocks(state, descriptor, ranges_in_flight, range_bytes)
-        computed = hasher.checksums()
+        _fetch_blocks(state, descriptor, ranges_in_flight, range_bytes, whole, pending)
+        computed = whole.computed()
     except BaseException:
-        hasher.abandon()
+        whole.abandon()
         raise
+    checked = whole.expected
+    checksums = checked.checksums
     mismatch = checksums.mismatch(computed)
     if mismatch is not None:
         target.incr("integrity_failures")
@@ -259,29 +186,24 @@ def fill_blocks(
         )
     if len(blocks):  # the last block, held back until the whole file checked out
         progress.mark(len(blocks) - 1)
-    return {**expected.metadata(blocks.size), "identity": state.expected.identity}
-
-
-def check_listed_size(target: Target, blocks: BlockList, size: int | None) -> None:
-    """``IntegrityError`` unless the object's ``size`` is the one its block manifest lists."""
-    if size != blocks.size:
-        target.incr("integrity_failures")
-        raise IntegrityError(
-            target.shown,
-            f"{blocks.size} bytes (block manifest)",
-            f"{size} bytes",
-            "the object is not the one the block manifest lists",
-        )
+    return {**checked.metadata(blocks.size), "identity": state.expected.identity}
 
 
 def _fetch_blocks(
-    state: _FillState, descriptor: int, ranges_in_flight: int | str, range_bytes: int
+    state: _FillState,
+    descriptor: int,
+    ranges_in_flight: int | str,
+    range_bytes: int,
+    whole: WholeFileCheck,
+    pending: Future[dict[str, Any]] | None,
 ) -> None:
     """Every block of the object written into ``descriptor`` and verified (see
-    :func:`fill_blocks`); raises what ended the fill."""
+    :func:`fill_blocks`); raises what ended the fill (``pending``'s failure among them)."""
     target = state.target
     ramp = Ramp(ranges_in_flight, target.link, target.plan_dir)
     streams = _Streams(state, descriptor, ramp, range_bytes)
+    if pending is not None:
+        whole.follow(pending, streams.failed)
     try:
         streams.run()
     finally:
@@ -371,7 +293,7 @@ class _Streams:
             return _fill_span(state, descriptor, 1, until, self.stop, moved, piece)
 
         try:
-            statuses = fetch_pieces(block, fetch, self.stop, self._failed)
+            statuses = fetch_pieces(block, fetch, self.stop, self.failed)
         finally:
             self.pieces_ended()
         if self.stop.is_set():
@@ -383,8 +305,9 @@ class _Streams:
                 state.bad_block(0, block.actual)
             _fill_span(state, descriptor, 0, 1, self.stop, moved)
 
-    def _failed(self, error: BaseException) -> None:
-        """A piece failed: the fill stops and raises it."""
+    def failed(self, error: BaseException) -> None:
+        """A piece, or the object's ``info()`` beside the fill, failed: the fill stops and
+        raises it."""
         self.failures.append(error)
         self.stop.set()
         self.plan.empty.set()
@@ -454,6 +377,24 @@ class _FillState:
         logger.warning(
             "integrity check failed for %s %s: fetching the block again", self.target.shown, where
         )
+
+    def info_in(self, info: dict[str, Any]) -> Expected:
+        """The object's ``info()`` came in beside a fill that started without it: its version
+        must be the one the answers so far were of (``Version.agree``), else the object
+        changed (:meth:`changed`); the fill expects what ``info()`` says from now on (the
+        backend's checksums, the identity recorded). Returns that."""
+        described = self.target.expect(info, self.blocks)
+        with self.lock:
+            version = self.expected.version
+            try:
+                version.agree(described.version)
+            except VersionMismatch as exc:
+                mismatch = exc
+            else:
+                self.expected = Expected(version, described.checksums, described.identity)
+                return self.expected
+        self.changed(mismatch)
+        return self.expected
 
     def changed(self, error: VersionMismatch) -> None:
         """The object changed under the fill: verified blocks stay (they match the

@@ -13,8 +13,9 @@ Three strategies move the bytes:
 
 Each pass reads the object's ``info()`` in one place (``Target.expect``: the version rule of
 ``versions.py``, the verification rule of ``verification.py``, the identity the cache
-records) and ends with the one check: the size and every checksum known (manifests' and
-backend's), hashed on the one pass (large objects on a worker thread:
+records; a block fill may start before ``info()`` is in and take it when it comes:
+``blocks.py``) and ends with the one check: the size and every checksum known (manifests'
+and backend's), hashed on the one pass (large objects on a worker thread:
 ``one_stream.OrderedHasher``).
 
 Invariants:
@@ -35,6 +36,7 @@ import errno
 import io
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -42,7 +44,8 @@ from fsspec_shards.checksums import BlockList
 from fsspec_shards.errors import IntegrityError
 from fsspec_shards.storage.backends.versions import Unproven, Version, VersionMismatch
 from fsspec_shards.storage.core.verification import BACKEND, Mismatch
-from fsspec_shards.storage.transfer.blocks import BlockProgress, fill_blocks
+from fsspec_shards.storage.transfer.block_progress import BlockProgress
+from fsspec_shards.storage.transfer.blocks import fill_blocks
 from fsspec_shards.storage.transfer.one_stream import OrderedHasher, fill_one_stream, preallocate
 from fsspec_shards.storage.transfer.range_plan import AUTO_ABOVE, one_request
 from fsspec_shards.storage.transfer.ranges import fill_ranges
@@ -64,7 +67,7 @@ thread per download would cost more than it saves)."""
 def fill(
     target: Target,
     out: BinaryIO,
-    info: dict[str, Any] | None = None,
+    info: dict[str, Any] | Future[dict[str, Any]] | None = None,
     *,
     blocks: BlockList | None = None,
     progress: BlockProgress | None = None,
@@ -73,18 +76,22 @@ def fill(
     """Write the whole object into ``out`` (a seekable, truncatable binary file), verified.
 
     ``blocks``: the object's block manifest entry (verified blocks, marked in ``progress``
-    as they land). Returns ``{"size", "identity", "checksum"}`` (checksum: the verified
-    ``"algo:hex"`` or None). A pass whose bytes fail verification is discarded and the
-    object downloaded once more (:data:`~.target.INTEGRITY_PASSES`); ``IntegrityError``
-    when that fails too. A pass that sees another version of the object starts over from
-    byte 0 with a fresh ``info()``. Failures of the transfer itself surface as the retry
-    layer raises them (permanent at once, transient when spent).
+    as they land); with it, ``info`` may be still to come (``Target.stat_on_a_thread``):
+    the fill starts at once, beside it (``blocks.fill_blocks``). Returns ``{"size",
+    "identity", "checksum"}`` (checksum: the verified ``"algo:hex"`` or None). A pass
+    whose bytes fail verification is discarded and the object downloaded once more
+    (:data:`~.target.INTEGRITY_PASSES`); ``IntegrityError`` when that fails too. A pass
+    that sees another version of the object starts over from byte 0 with a fresh
+    ``info()``. Failures of the transfer itself surface as the retry layer raises them
+    (permanent at once, transient when spent).
     """
     info = info if info is not None else target.stat()
     if blocks is not None:
         progress = progress if progress is not None else BlockProgress(blocks)
-        expected = target.expect(info, blocks)
+        expected = info if isinstance(info, Future) else target.expect(info, blocks)
         return fill_blocks(target, out, expected, blocks, progress, target.ranges_in_flight)
+    if isinstance(info, Future):
+        raise TypeError("an info() still to come needs a block manifest entry")
     return _Passes(target, out, chunks or ChunkSizer()).run(info)
 
 
