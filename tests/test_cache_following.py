@@ -17,6 +17,7 @@ from fsspec_shards.storage.cache.following import (
     LocalFill,
     ProgressiveReader,
     ProgressRecord,
+    close_settled,
     read_record,
 )
 from fsspec_shards.storage.transfer.block_progress import BlockProgress
@@ -100,3 +101,22 @@ def test_the_last_bytes_of_a_fill_here_are_returned_once_the_fetch_ended(tmp_pat
     waiting.join(5)
     assert got == [DATA[BLOCK:]]
     reader.close()
+
+
+def test_a_reader_given_up_closes_once_the_fill_here_ended(tmp_path):
+    # What an opener does when the object's HEAD failed beside the fill: the fill stops at
+    # its next byte; the opener raises only once it is gone (its lock free, its file removed).
+    temp = tmp_path / "part"
+    temp.write_bytes(DATA)
+    progress = BlockProgress(_blocks())
+    local = LocalFill(progress, str(temp), ProgressRecord(str(tmp_path), "ab" * 32, str(temp)))
+    reader = ProgressiveReader(io.FileIO(str(temp), "rb"), len(DATA), local, lambda: None)
+    ending = threading.Timer(0.2, local.ended.set)
+    ending.start()
+    started = time.monotonic()
+    close_settled(reader)
+    assert local.ended.is_set() and reader.closed
+    assert time.monotonic() - started >= 0.15
+    published = io.FileIO(str(temp), "rb")  # a published file: closed at once
+    close_settled(published)
+    assert published.closed
