@@ -4,7 +4,7 @@ The ``bench_peers.py`` setting (the same samples and shards, moto behind the pac
 a torch ``DataLoader`` with 2 workers and batch 16, an empty cache), for this project and
 webdataset only. The proxy logs every connection, request and answer
 (``pacing_proxy.py --log``); each fresh child process marks when the dataset was made,
-each worker's first sample and the first batch, and every full (generation 2) garbage
+each worker's start and first sample and the first batch, and every full (generation 2) garbage
 collection in any of its processes. All on one clock (``time.perf_counter``), from the
 moment the child starts making its dataset.
 
@@ -86,7 +86,12 @@ else:
         .to_tuple("cls").map(lambda fields: mark({"cls": int(fields[0])}))
     )
 print(json.dumps(["dataset made", os.getpid(), time.perf_counter()]), flush=True)
-batches = iter(DataLoader(dataset, batch_size=16, num_workers=2))
+def started_worker(_):
+    print(json.dumps(["worker started", os.getpid(), time.perf_counter()]), flush=True)
+
+
+loader = DataLoader(dataset, batch_size=16, num_workers=2, worker_init_fn=started_worker)
+batches = iter(loader)
 next(batches)
 print(json.dumps(["first batch", os.getpid(), time.perf_counter()]), flush=True)
 for _ in batches:

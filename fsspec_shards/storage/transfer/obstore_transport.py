@@ -231,6 +231,8 @@ def _seconds(moment: datetime | None) -> float | None:
 
 _stores: dict[tuple, Any] = {}
 _stores_lock = threading.Lock()
+_builds: dict[tuple, threading.Lock] = {}
+"""One lock per store key: held while that store is built."""
 _regions: dict[str, str] = {}
 _parents_stores: list[dict[tuple, Any]] = []
 """In a forked child: the stores of the parent, kept referenced forever. Dropping one runs
@@ -239,8 +241,9 @@ workers); they are never used either."""
 
 
 def _forget_stores_after_fork() -> None:
-    global _stores, _stores_lock
+    global _stores, _stores_lock, _builds
     _stores_lock = threading.Lock()
+    _builds = {}
     _parents_stores.append(_stores)
     _stores = {}
 
@@ -310,10 +313,20 @@ class ObstoreTransport:
         return origin, key, version
 
     def _store(self, origin: str, timeout: float | None) -> Any:
+        """The store of ``origin`` in this process, built once: threads asking at once (a
+        worker's first HEAD beside its manifest's GETs) wait for one build instead of each
+        building one (a build holds the GIL for about 5 ms)."""
         key = (self.spec.key, origin, timeout)
         with _stores_lock:
             store = _stores.get(key)
-        if store is None:
+            building = _builds.setdefault(key, threading.Lock())
+        if store is not None:
+            return store
+        with building:
+            with _stores_lock:
+                store = _stores.get(key)
+            if store is not None:
+                return store
             try:
                 built = self._build(origin, timeout)
             except (ValueError, TypeError) as exc:  # obstore refused the configuration
@@ -323,9 +336,9 @@ class ObstoreTransport:
                 failure = ValueError(f"obstore rejects {self.spec.shown}: {redact_text(problem)}")
             else:
                 with _stores_lock:
-                    return _stores.setdefault(key, built)
-            raise failure
-        return store
+                    _stores[key] = built
+                return built
+        raise failure
 
     def _build(self, origin: str, timeout: float | None) -> Any:
         from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
