@@ -231,8 +231,7 @@ def _seconds(moment: datetime | None) -> float | None:
 
 _stores: dict[tuple, Any] = {}
 _stores_lock = threading.Lock()
-_builds: dict[tuple, threading.Lock] = {}
-"""One lock per store key: held while that store is built."""
+_builds: dict[tuple, threading.Lock] = {}  # per store key, held while it is built
 _regions: dict[str, str] = {}
 _parents_stores: list[dict[tuple, Any]] = []
 """In a forked child: the stores of the parent, kept referenced forever. Dropping one runs
@@ -313,31 +312,23 @@ class ObstoreTransport:
         return origin, key, version
 
     def _store(self, origin: str, timeout: float | None) -> Any:
-        """The store of ``origin`` in this process, built once: threads asking at once (a
-        worker's first HEAD beside its manifest's GETs) wait for one build instead of each
-        building one (a build holds the GIL for about 5 ms)."""
+        """The store of ``origin`` in this process, built once even where threads ask at once
+        (a worker's first HEAD beside its manifest's GETs: a build holds the GIL ~5 ms)."""
         key = (self.spec.key, origin, timeout)
         with _stores_lock:
-            store = _stores.get(key)
             building = _builds.setdefault(key, threading.Lock())
-        if store is not None:
-            return store
         with building:
-            with _stores_lock:
-                store = _stores.get(key)
+            store = _stores.get(key)
             if store is not None:
                 return store
             try:
-                built = self._build(origin, timeout)
+                store = _stores[key] = self._build(origin, timeout)
+                return store
             except (ValueError, TypeError) as exc:  # obstore refused the configuration
                 problem = str(exc).split("\n", 1)[0]
                 for secret in self.spec.secrets:
                     problem = problem.replace(secret, REDACTED)
                 failure = ValueError(f"obstore rejects {self.spec.shown}: {redact_text(problem)}")
-            else:
-                with _stores_lock:
-                    _stores[key] = built
-                return built
         raise failure
 
     def _build(self, origin: str, timeout: float | None) -> Any:
