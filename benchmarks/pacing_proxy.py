@@ -18,6 +18,15 @@ closes its stdin (or dies) or after ``--lifetime`` seconds.
 Run it in a process of its own when the reader's CPU time is measured (:func:`paced`): in
 the reader's process its threads would count as the reader's and share its GIL.
 
+With ``log`` (``--log FILE``) it writes one JSON line per event, timed on
+``time.perf_counter()`` (the system's monotonic clock, the same in every process on Linux):
+``[t, connection, "accept"]``, ``[t, connection, "request", request line, Range header]``
+when a request's first bytes arrive (before the request latency), ``[t, connection,
+"answer", status line]`` at an answer's first bytes and ``[t, connection, "answered",
+bytes]`` (headers included) when the next request begins or the server closes. A request
+timeline of one read (``timeline_first_batch.py``) is these lines beside the reader's own
+marks.
+
     python benchmarks/pacing_proxy.py --upstream 127.0.0.1:8080 --rate 25MB --latency 0.02
     # prints "listening 127.0.0.1:<port>" and proxies until stdin closes
 
@@ -30,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
+import json
 import re
 import select
 import socket
@@ -100,6 +111,7 @@ class PacingProxy:
         host: str = LOOPBACK,
         port: int = 0,
         max_connections: int = 64,
+        log: str | None = None,
     ) -> None:
         self.upstream = upstream
         self.pacing = pacing
@@ -112,6 +124,17 @@ class PacingProxy:
         self._lock = threading.Lock()
         self._acceptor = threading.Thread(target=self._accept, name="pacing-accept", daemon=True)
         self.connections = 0  # accepted so far (benchmarks report it)
+        self._log = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - until stop()
+        self._log_lock = threading.Lock()
+        self._numbers = itertools.count()
+
+    def _event(self, connection: int, *what: object) -> None:
+        """One line of the request log (module docstring), if there is one (and it is not
+        closed: a connection cut by :meth:`stop` may end after it)."""
+        line = json.dumps([time.perf_counter(), connection, *what]) + "\n"
+        with self._log_lock:
+            if self._log is not None:
+                self._log.write(line)
 
     def start(self) -> PacingProxy:
         self._acceptor.start()
@@ -130,6 +153,10 @@ class PacingProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
         self._acceptor.join(timeout=5)
+        with self._log_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
 
     def __enter__(self) -> PacingProxy:
         return self.start()
@@ -156,6 +183,8 @@ class PacingProxy:
 
     def _serve(self, client: socket.socket) -> None:
         self._track(client, True)
+        connection = next(self._numbers)
+        self._event(connection, "accept")
         server = None
         try:
             time.sleep(self.pacing.connect_latency)
@@ -166,11 +195,14 @@ class PacingProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             answered = threading.Event()
             answered.set()  # the first bytes the client sends are a request
+            tally = [0]  # bytes of the answer in flight (the log's "answered")
             upward = threading.Thread(
-                target=self._requests, args=(client, server, answered), daemon=True
+                target=self._requests,
+                args=(client, server, answered, connection, tally),
+                daemon=True,
             )
             upward.start()
-            self._responses(server, client, answered)
+            self._responses(server, client, answered, connection, tally)
             upward.join()
         except OSError:
             pass
@@ -181,7 +213,9 @@ class PacingProxy:
                     sock.close()
             self._slots.release()
 
-    def _requests(self, client: socket.socket, server: socket.socket, answered) -> None:
+    def _requests(
+        self, client: socket.socket, server: socket.socket, answered, connection: int, tally
+    ) -> None:
         """Client to server: each request (bytes after an answer) waits ``request_latency``."""
         buffer = bytearray(_PIECE)
         try:
@@ -191,6 +225,11 @@ class PacingProxy:
                     break
                 if answered.is_set():
                     answered.clear()
+                    if self._log is not None:
+                        if tally[0]:  # the answer before this request ended
+                            self._event(connection, "answered", tally[0])
+                            tally[0] = 0
+                        self._event(connection, "request", *_request_of(buffer[:size]))
                     time.sleep(self.pacing.request_latency)
                 server.sendall(memoryview(buffer)[:size])
         except OSError:
@@ -198,7 +237,9 @@ class PacingProxy:
         with contextlib.suppress(OSError):
             server.shutdown(socket.SHUT_WR)
 
-    def _responses(self, server: socket.socket, client: socket.socket, answered) -> None:
+    def _responses(
+        self, server: socket.socket, client: socket.socket, answered, connection: int, tally
+    ) -> None:
         """Server to client, paced to ``rate``."""
         bucket = _Bucket(self.pacing.rate, self.pacing.burst)
         piece = self.pacing.burst
@@ -208,14 +249,32 @@ class PacingProxy:
                 size = server.recv_into(buffer)
                 if not size:
                     break
+                if self._log is not None:
+                    if not answered.is_set():  # a request came since: a new answer
+                        self._event(connection, "answer", _status_of(buffer[:size]))
+                    tally[0] += size
                 answered.set()
                 bucket.spend(size)
                 self._link.spend(size)
                 client.sendall(memoryview(buffer)[:size])
         except OSError:
             pass
+        if tally[0]:
+            self._event(connection, "answered", tally[0])
         with contextlib.suppress(OSError):
             client.shutdown(socket.SHUT_WR)
+
+
+def _request_of(data: bytes | bytearray) -> tuple[str, str]:
+    """The request line and Range header of a request's first bytes (for the log)."""
+    lines = bytes(data).split(b"\r\n")
+    ranges = [line for line in lines[1:] if line.lower().startswith(b"range:")]
+    return lines[0].decode("latin-1"), ranges[0].decode("latin-1") if ranges else ""
+
+
+def _status_of(data: bytes | bytearray) -> str:
+    """An answer's status line (for the log)."""
+    return bytes(data).split(b"\r\n", 1)[0].decode("latin-1")
 
 
 @dataclass(frozen=True)
@@ -232,9 +291,11 @@ def paced(
     request_latency: float | None = None,
     lifetime: float = 3600.0,
     total_rate: float | None = None,
+    log: str | None = None,
 ) -> Iterator[Address]:
     """A :class:`PacingProxy` in a process of its own in front of ``upstream``; yields where
-    it listens (``.host``, ``.port``: what ``servers.Backend.through`` takes)."""
+    it listens (``.host``, ``.port``: what ``servers.Backend.through`` takes); ``log``: a file
+    for its request log (module docstring)."""
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -250,6 +311,7 @@ def paced(
         repr(lifetime),
         "--total-rate",
         "0" if total_rate is None else repr(float(total_rate)),
+        *(["--log", log] if log else []),
     ]
     process = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
@@ -280,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--request-latency", type=float, default=None, help="s per request")
     parser.add_argument("--total-rate", default="0", help="all connections together (0: unlimited)")
     parser.add_argument("--max-connections", type=int, default=64)
+    parser.add_argument("--log", default=None, help="write a request log here (JSON lines)")
     parser.add_argument("--lifetime", type=float, default=3600.0, help="exit after this many s")
     arguments = parser.parse_args(argv)
     host, port = arguments.upstream.rsplit(":", 1)
@@ -297,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         port=arguments.port,
         max_connections=arguments.max_connections,
+        log=arguments.log,
     ).start()
     print(f"listening {proxy.host}:{proxy.port}", flush=True)
     deadline = time.monotonic() + arguments.lifetime

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
+import time
 
 import pytest
 
@@ -126,6 +128,35 @@ def test_equal_options_share_stores_and_other_keys_do_not():
     options = {"key": "AKID", "secret": "one", **S3_ENDPOINT}
     assert spec_of("s3", options).key == spec_of("s3", dict(options)).key
     assert spec_of("s3", options).key != spec_of("s3", {**options, "secret": "two"}).key
+
+
+def test_threads_asking_for_one_store_at_once_build_it_once():
+    """A worker's first HEAD and its manifest's GETs ask for the same store together: one
+    build (about 5 ms under the GIL each), the other waits for it."""
+    transport = ObstoreTransport("s3", spec_of("s3", {"key": "AKID", "secret": "s", **S3_ENDPOINT}))
+    real_build, built = transport._build, []
+    both_asked = threading.Barrier(2)
+
+    def slow_build(origin, timeout):
+        built.append(origin)
+        time.sleep(0.2)  # the other thread asks meanwhile
+        return real_build(origin, timeout)
+
+    transport._build = slow_build
+    stores = []
+
+    def ask():
+        both_asked.wait()
+        stores.append(transport._store("one-bucket", 7.0))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert built == ["one-bucket"]
+    assert stores[0] is stores[1]
+    assert transport._store("one-bucket", 7.0) is stores[0]
 
 
 def test_errors_keep_their_status_across_processes():

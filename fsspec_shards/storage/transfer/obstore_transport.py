@@ -231,6 +231,7 @@ def _seconds(moment: datetime | None) -> float | None:
 
 _stores: dict[tuple, Any] = {}
 _stores_lock = threading.Lock()
+_builds: dict[tuple, threading.Lock] = {}  # per store key, held while it is built
 _regions: dict[str, str] = {}
 _parents_stores: list[dict[tuple, Any]] = []
 """In a forked child: the stores of the parent, kept referenced forever. Dropping one runs
@@ -239,8 +240,9 @@ workers); they are never used either."""
 
 
 def _forget_stores_after_fork() -> None:
-    global _stores, _stores_lock
+    global _stores, _stores_lock, _builds
     _stores_lock = threading.Lock()
+    _builds = {}
     _parents_stores.append(_stores)
     _stores = {}
 
@@ -310,22 +312,24 @@ class ObstoreTransport:
         return origin, key, version
 
     def _store(self, origin: str, timeout: float | None) -> Any:
+        """The store of ``origin`` in this process, built once even where threads ask at once
+        (a worker's first HEAD beside its manifest's GETs: a build holds the GIL ~5 ms)."""
         key = (self.spec.key, origin, timeout)
         with _stores_lock:
+            building = _builds.setdefault(key, threading.Lock())
+        with building:
             store = _stores.get(key)
-        if store is None:
+            if store is not None:
+                return store
             try:
-                built = self._build(origin, timeout)
+                store = _stores[key] = self._build(origin, timeout)
+                return store
             except (ValueError, TypeError) as exc:  # obstore refused the configuration
                 problem = str(exc).split("\n", 1)[0]
                 for secret in self.spec.secrets:
                     problem = problem.replace(secret, REDACTED)
                 failure = ValueError(f"obstore rejects {self.spec.shown}: {redact_text(problem)}")
-            else:
-                with _stores_lock:
-                    return _stores.setdefault(key, built)
-            raise failure
-        return store
+        raise failure
 
     def _build(self, origin: str, timeout: float | None) -> Any:
         from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
