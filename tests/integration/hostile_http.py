@@ -49,9 +49,11 @@ class Hold:
 
 @dataclasses.dataclass(frozen=True)
 class Refuse:
-    """Answer with `status` and no body (404: not there; 403: forbidden)."""
+    """Answer with `status` and no body (404: not there; 403: forbidden); with `ranged`
+    False, a request with a Range header is served as asked (only a stat is refused)."""
 
     status: int
+    ranged: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +222,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if isinstance(action, Hold):
             time.sleep(action.seconds)
             action = action.then
-        status = action.status if isinstance(action, Refuse) else 404 if obj is None else None
+        refused = isinstance(action, Refuse) and (action.ranged or not self.headers.get("Range"))
+        status = action.status if refused else 404 if obj is None else None
         if status is not None:
             self._log(method, status, action)
             self.send_response(status)
