@@ -131,6 +131,8 @@ class PacingProxy:
     def _event(self, connection: int, *what: object) -> None:
         """One line of the request log (module docstring), if there is one (and it is not
         closed: a connection cut by :meth:`stop` may end after it)."""
+        if self._log is None:
+            return
         line = json.dumps([time.perf_counter(), connection, *what]) + "\n"
         with self._log_lock:
             if self._log is not None:

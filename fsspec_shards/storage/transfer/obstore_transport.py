@@ -315,6 +315,9 @@ class ObstoreTransport:
         """The store of ``origin`` in this process, built once even where threads ask at once
         (a worker's first HEAD beside its manifest's GETs: a build holds the GIL ~5 ms)."""
         key = (self.spec.key, origin, timeout)
+        store = _stores.get(key)  # (every request asks: no lock once it is built)
+        if store is not None:
+            return store
         with _stores_lock:
             building = _builds.setdefault(key, threading.Lock())
         with building:
